@@ -1,0 +1,131 @@
+"""The public functions: argument checks, then the one dispatch point, then a kernel."""
+import numpy as np
+
+from cupy_gda import _checks, _dispatch, reference
+from cupy_gda._interop import Bridge
+
+
+def _contiguous(xs):
+    import cupy
+    return [None if x is None else cupy.ascontiguousarray(x) for x in xs]
+
+
+def _check_out(fn, out, shape, dtype, gpu):
+    if out is None:
+        return
+    legend = "[B, T, H, V]" if len(shape) == 4 else "[B, H, V]"
+    _checks._shape(fn, "out", out, legend, shape)
+    if out.dtype != dtype:
+        raise TypeError(f"{fn}: out must have v's dtype {dtype.name}, got {out.dtype.name}")
+    if gpu and not out.flags.c_contiguous:
+        raise ValueError(f"{fn}: out must be C-contiguous")
+
+
+def _host(x):
+    return x.get() if hasattr(x, "get") else np.asarray(x)
+
+
+def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_state=None,
+                    output_final_state=False, cu_seqlens=None, method="auto", out=None,
+                    check_indices=True):
+    """Gated linear attention over a whole sequence (the GLA forward pass).
+
+    For each sequence n and head h, t = 1..T::
+
+        S_t = diag(g_t) · S_{t-1} + k_t v_tᵀ      S_0 = initial_state[n, h] or 0
+        o_t = scale · S_tᵀ q_t
+
+    Args:
+        q, k: [B, T, H, K] float32, float16 or bfloat16 (float64 too for NumPy).
+        v: [B, T, H, V], q's dtype.
+        gate: [B, T, H, K] multiplicative gate, any real value; float32 or q's dtype.
+        log_gate: instead of gate, its log (fla's ``g``; -inf means gate 0). Exactly one is given.
+        scale: output scale (1.0 by default; fla's default is K ** -0.5).
+        initial_state: [N, H, K, V] float32, N = B (or len(cu_seqlens) - 1).
+        output_final_state: also return the final state [N, H, K, V] float32.
+        cu_seqlens: [N + 1] int32/int64 offsets of packed sequences (B must be 1).
+        method: "auto", or a kernel family: "recurrent" (GPU and CPU), "chunk" (CPU).
+        out: optional [B, T, H, V] array of v's dtype that receives o.
+        check_indices: check cu_seqlens' values (one device sync on the GPU); pass False when
+            capturing the call in a CUDA graph.
+
+    Returns o [B, T, H, V] of v's dtype, or (o, final_state). NumPy in, NumPy out (math in
+    float64 for float64 inputs, else float32); CuPy in, CuPy out; a framework's CUDA array in
+    (PyTorch, JAX, ...), the same framework's array out, computed on the GPU.
+    """
+    fn = "gated_attention"
+    br = Bridge(fn, dict(q=q, k=k, v=v, gate=gate, log_gate=log_gate, initial_state=initial_state,
+                         cu_seqlens=cu_seqlens, out=out))
+    with br.context():
+        q, k, v, gate, log_gate, h0, cu, out = (br.native(x) for x in (
+            q, k, v, gate, log_gate, initial_state, cu_seqlens, out))
+        p = _checks.check_forward(fn, q, k, v, gate, log_gate, h0, cu, cpu=not br.gpu)
+        scale = _checks.check_scale(fn, scale)
+        m = _dispatch.pick(fn, method, p, br.gpu)
+        _check_out(fn, out, (p.B, p.T, p.H, p.V), v.dtype, br.gpu)
+        if cu is not None and (check_indices or not br.gpu):
+            _checks.check_cu_seqlens_values(fn, _host(cu), p.T)
+        if br.gpu:
+            from cupy_gda import _gpu
+            q, k, v, g, h0, cu = _contiguous((q, k, v, gate if gate is not None else log_gate, h0, cu))
+            o, ht = _gpu.recurrent_forward(p, q, k, v, g, scale, h0, cu, output_final_state, out)
+        else:
+            cpu_fn = reference.gated_attention_chunked if m == "chunk" else reference.gated_attention_ref
+            o, ht = cpu_fn(q, k, v, gate, log_gate=log_gate, scale=scale, initial_state=h0,
+                           output_final_state=True, cu_seqlens=cu, dtype=p.cpu_dtype)
+            o = o.astype(v.dtype, copy=False)
+            ht = ht.astype(p.cpu_dtype, copy=False)
+            if out is not None:
+                out[...] = o
+                o = out
+        if output_final_state:
+            return br.back(o), br.back(ht)
+        return br.back(o)
+
+
+def gated_attention_step(q, k, v, gate=None, *, log_gate=None, state, scale=1.0,
+                         state_indices=None, out=None, check_indices=True):
+    """One decoding step: one token per sequence, the state updated in place.
+
+    Args:
+        q, k, gate (or log_gate): [B, H, K]; v: [B, H, V] (dtypes as in gated_attention).
+        state: [N, H, K, V] float32, C-contiguous; rows ``state_indices`` are updated in place,
+            the others are untouched.
+        state_indices: [B] int32/int64 rows of ``state`` (default 0..B-1); no duplicates.
+        out: optional [B, H, V] array of v's dtype that receives o.
+        check_indices: check state_indices' range and uniqueness (one device sync on the GPU);
+            pass False when capturing the call in a CUDA graph. Unchecked rows outside [0, N)
+            touch no state and give NaN outputs.
+
+    Returns o [B, H, V] of v's dtype. Equal to gated_attention on T = 1 with
+    initial_state=state[state_indices]. JAX arrays are immutable: use that functional form.
+    """
+    fn = "gated_attention_step"
+    br = Bridge(fn, dict(q=q, k=k, v=v, gate=gate, log_gate=log_gate, state=state,
+                         state_indices=state_indices, out=out))
+    if br.lib == "jax":
+        raise TypeError(f"{fn}: JAX arrays are immutable, so state cannot be updated in place; use "
+                        f"the functional form o, state = gated_attention(q[:, None], k[:, None], "
+                        f"v[:, None], gate[:, None], initial_state=state, output_final_state=True)")
+    with br.context():
+        q, k, v, gate, log_gate, state, idx, out = (br.native(x) for x in (
+            q, k, v, gate, log_gate, state, state_indices, out))
+        p = _checks.check_step(fn, q, k, v, gate, log_gate, state, idx, cpu=not br.gpu)
+        scale = _checks.check_scale(fn, scale)
+        if not state.flags.c_contiguous:
+            raise ValueError(f"{fn}: state must be C-contiguous (it is updated in place)")
+        _check_out(fn, out, (p.B, p.H, p.V), v.dtype, br.gpu)
+        if idx is not None and (check_indices or not br.gpu):
+            _checks.check_state_indices_values(fn, _host(idx).astype(np.int64), p.N)
+        if br.gpu:
+            from cupy_gda import _gpu
+            q, k, v, g, idx = _contiguous((q, k, v, gate if gate is not None else log_gate, idx))
+            o = _gpu.step(p, q, k, v, g, state, scale, idx, out)
+        else:
+            o = reference.gated_attention_step_ref(q, k, v, gate, log_gate=log_gate, state=state,
+                                                   scale=scale, state_indices=idx,
+                                                   dtype=p.cpu_dtype).astype(v.dtype, copy=False)
+            if out is not None:
+                out[...] = o
+                o = out
+        return br.back(o)

@@ -1,0 +1,87 @@
+"""The one compile path: kernel file + sorted defines -> source text -> module.
+
+At run time the module comes from ``cupy.RawModule`` (NVRTC, for the current device, memoised per
+device; CuPy also caches the binary on disk, keyed by the text). Without a GPU, :func:`compile_cubin`
+runs the same text through NVRTC for an explicit architecture (used by the compile tests and CI).
+"""
+import functools
+import re
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+# installed: cupy_gda/kernels (setup.cfg maps the top-level kernels/ there); source tree: ../kernels
+KERNEL_DIR = next(p for p in (_HERE / "kernels", _HERE.parent / "kernels") if (p / "common.cuh").is_file())
+OPTIONS = ("-std=c++17",)       # no fast math: expf and division stay IEEE
+
+
+class KernelCompileError(RuntimeError):
+    pass
+
+
+@functools.lru_cache(maxsize=None)
+def _read(name):
+    return (KERNEL_DIR / name).read_text()
+
+
+def source(kernel, defines):
+    """Source text of kernels/<kernel>.cu with a #define preamble and common.cuh prepended."""
+    pre = "".join(f"#define {k} {v}\n" for k, v in sorted(defines.items()))
+    return f"// {kernel}.cu\n{pre}{_read('common.cuh')}\n{_read(kernel + '.cu')}"
+
+
+def _describe(kernel, defines):
+    return f"kernels/{kernel}.cu with " + " ".join(f"-D{k}={v}" for k, v in sorted(defines.items()))
+
+
+_memo = None
+
+
+def get_function(kernel, defines):
+    """The compiled entry point ``kernel`` for the current device (memoised per device and defines)."""
+    global _memo
+    if _memo is None:
+        import cupy
+        _memo = cupy.memoize(for_each_device=True)(_load)
+    return _memo(kernel, tuple(sorted(defines.items())))
+
+
+def _load(kernel, items):
+    import cupy
+    defines = dict(items)
+    try:
+        mod = cupy.RawModule(code=source(kernel, defines), options=OPTIONS)
+        return mod.get_function(kernel)
+    except cupy.cuda.compiler.CompileException as e:
+        raise KernelCompileError(f"compiling {_describe(kernel, defines)} failed:\n{e}") from None
+
+
+_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS = re.compile(r"Used (\d+) registers")
+
+
+def compile_cubin(kernel, defines, arch="sm_90"):
+    """Compile through NVRTC for ``arch`` without a GPU. Returns (cubin bytes, resource dict)
+    with keys registers, stack, spill_stores, spill_loads (from ptxas -v), and the log."""
+    from cupy_backends.cuda.libs import nvrtc
+    opts = list(OPTIONS) + [f"--gpu-architecture={arch}", "--ptxas-options=-v"]
+    prog = nvrtc.createProgram(source(kernel, defines), f"{kernel}.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, opts)
+        except nvrtc.NVRTCError as e:
+            raise KernelCompileError(f"compiling {_describe(kernel, defines)} for {arch} failed: "
+                                     f"{e}\n{nvrtc.getProgramLog(prog)}") from None
+        log = nvrtc.getProgramLog(prog)
+        cubin = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    stack = _STACK.search(log)
+    regs = _REGS.search(log)
+    res = {
+        "registers": int(regs.group(1)) if regs else None,
+        "stack": int(stack.group(1)) if stack else None,
+        "spill_stores": int(stack.group(2)) if stack else None,
+        "spill_loads": int(stack.group(3)) if stack else None,
+        "log": log,
+    }
+    return cubin, res

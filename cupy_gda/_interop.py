@@ -1,0 +1,98 @@
+"""Where a call runs: the arrays decide.
+
+- NumPy arrays: the CPU path; results are NumPy arrays.
+- CuPy arrays: the GPU kernels on CuPy's current stream, on the arrays' device.
+- Any other array exporting ``__dlpack__`` from a CUDA device (PyTorch, JAX, ...): taken in
+  zero-copy through DLPack, run on the GPU, handed back as that framework's array type. For
+  PyTorch the kernels run on torch's current stream (so no synchronisation is needed either way);
+  for other frameworks the DLPack stream handshake orders the work.
+- A framework's CPU array (``__dlpack_device__`` of kDLCPU): through NumPy, then back.
+"""
+import contextlib
+
+import numpy as np
+
+_KDL_CPU, _KDL_CUDA, _KDL_CUDA_MANAGED = 1, 2, 13
+
+
+def _library(x):
+    lib = type(x).__module__.split(".")[0]
+    return "jax" if lib == "jaxlib" else lib
+
+
+def _where(fn, name, x):
+    """(library, device) of one argument; device is 'cpu' or a CUDA ordinal."""
+    if isinstance(x, np.ndarray):
+        return "numpy", "cpu"
+    lib = _library(x)
+    if lib == "cupy":
+        return "cupy", x.device.id
+    dl = getattr(x, "__dlpack_device__", None)
+    if dl is not None and hasattr(x, "__dlpack__"):
+        dev_type, dev_id = dl()
+        if dev_type in (_KDL_CUDA, _KDL_CUDA_MANAGED):
+            return lib, int(dev_id)
+        if dev_type == _KDL_CPU:
+            return lib, "cpu"
+    raise TypeError(f"{fn}: {name} must be an array (NumPy, CuPy, or a CUDA or CPU array that "
+                    f"exports __dlpack__), got {type(x).__module__}.{type(x).__qualname__}")
+
+
+def _describe(lib, dev):
+    return f"a {lib} array on {'cpu' if dev == 'cpu' else f'cuda:{dev}'}"
+
+
+class Bridge:
+    """The library and device of a call's arrays, with the conversions in and out."""
+
+    def __init__(self, fn, args):
+        first = None
+        for name, x in args.items():
+            if x is None:
+                continue
+            w = _where(fn, name, x)
+            if first is None:
+                first = (name, w)
+            elif w != first[1]:
+                raise ValueError(f"{fn}: all arrays must come from one library on one device; "
+                                 f"{first[0]} is {_describe(*first[1])}, {name} is {_describe(*w)}")
+        self.lib, self.device = first[1] if first else ("numpy", "cpu")
+        self.gpu = self.device != "cpu"
+        self._stream = None
+        if self.lib == "torch" and self.gpu:
+            import torch
+            self._stream = torch.cuda.current_stream(self.device).cuda_stream
+
+    def context(self):
+        """Device (and for PyTorch, stream) context in which kernels are launched."""
+        if not self.gpu:
+            return contextlib.nullcontext()
+        import cupy
+        stack = contextlib.ExitStack()
+        stack.enter_context(cupy.cuda.Device(self.device))
+        if self._stream is not None:
+            stack.enter_context(cupy.cuda.ExternalStream(self._stream, self.device))
+        return stack
+
+    def native(self, x):
+        """x as a NumPy (CPU) or CuPy (GPU) array, without copying. Call inside context()."""
+        if x is None or self.lib in ("numpy", "cupy"):
+            return x
+        if self.gpu:
+            import cupy
+            return cupy.from_dlpack(x)
+        return np.from_dlpack(x)
+
+    def back(self, y):
+        """A result as the caller's array type. Call inside context()."""
+        if y is None or self.lib in ("numpy", "cupy"):
+            return y
+        if self.lib == "torch":
+            import torch
+            return torch.from_dlpack(y)
+        if self.lib == "jax":
+            import jax.dlpack
+            return jax.dlpack.from_dlpack(y)
+        import importlib
+        from_dlpack = getattr(importlib.import_module(self.lib), "from_dlpack", None)
+        return from_dlpack(y) if from_dlpack is not None else y

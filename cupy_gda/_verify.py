@@ -1,0 +1,213 @@
+"""Random cases checked against the float64 reference, shared by ``cupy-gda verify`` and the tests.
+
+Accuracy contract: err(path) <= 2 * err(emulation) + 1e-6 * max|ref|, where err is the RMS of the
+difference to the float64 loop reference on the same (rounded) inputs, and the emulation is the
+same loop in float32 NumPy (for half dtypes: float32 math, output rounded to the half dtype).
+"""
+from typing import NamedTuple, Optional, Tuple
+
+import numpy as np
+
+from cupy_gda import reference
+
+ATOL = 1e-6           # times max|ref|
+
+
+def _dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def _gate_unif(rng, shape):
+    return rng.uniform(0, 1, shape)
+
+
+def _gate_logsig(rng, shape):
+    x = rng.standard_normal(shape)
+    return np.exp(-np.logaddexp(0, -x) / 16)          # exp(logsigmoid(x) / 16)
+
+
+def _gate_zeros(rng, shape):
+    g = rng.uniform(0, 1, shape)
+    g[rng.uniform(size=shape) < 0.1] = 0.0
+    return g
+
+
+def _gate_ones(rng, shape):
+    return np.ones(shape)
+
+
+def _gate_tiny(rng, shape):
+    g = rng.uniform(0, 1, shape)
+    g[rng.uniform(size=shape) < 0.5] = 1e-30
+    return g
+
+
+def _gate_neg(rng, shape):
+    return rng.uniform(-1, 1, shape)
+
+
+GATES = {"unif": _gate_unif, "logsig": _gate_logsig, "zeros": _gate_zeros, "ones": _gate_ones,
+         "tiny": _gate_tiny, "neg": _gate_neg}
+
+
+class Case(NamedTuple):
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    dtype: str = "float32"
+    gate: str = "logsig"
+    log: bool = False                       # pass log(gate) as log_gate
+    lengths: Optional[Tuple[int, ...]] = None   # varlen: packed segment lengths (B = 1)
+    init: bool = True                       # random initial state
+    step: bool = False                      # gated_attention_step (T = 1 tokens, N = B + 3 rows)
+
+    @property
+    def id(self):
+        api = "step" if self.step else "varlen" if self.lengths else "fwd"
+        dims = f"B{self.B}-T{self.T}-H{self.H}-K{self.K}-V{self.V}"
+        lens = "-L" + "_".join(map(str, self.lengths)) if self.lengths else ""
+        gate = ("log_" if self.log else "gate_") + self.gate
+        return f"{api}-{dims}{lens}-{self.dtype}-{gate}{'' if self.init else '-noinit'}"
+
+
+def varlen_case(lengths, H=4, K=24, V=24, **kw):
+    return Case(1, sum(lengths), H, K, V, lengths=tuple(lengths), **kw)
+
+
+def step_case(B, H, K, V, **kw):
+    return Case(B, 1, H, K, V, step=True, **kw)
+
+
+def standard_cases():
+    """The sweep of ``cupy-gda verify``: the seed shape first, then the awkward ones."""
+    cs = [Case(2, 128, 4, 24, 24)]
+    cs += [Case(2, T, 4, 24, 24) for T in (1, 63, 64, 65, 1000)]
+    cs += [Case(2, 65, 2, d, d) for d in (1, 8, 40, 64, 96, 128, 160, 256)]
+    cs += [Case(2, 65, 4, 32, 48), Case(2, 65, 4, 128, 64), Case(2, 40, 3, 5, 1), Case(2, 40, 3, 1, 7)]
+    cs += [Case(2, 128, 4, 24, 24, gate=g) for g in GATES if g != "logsig"]
+    cs += [Case(2, 128, 4, 24, 24, gate=g, log=True) for g in ("logsig", "zeros", "tiny")]
+    cs += [Case(2, 128, 4, 24, 24, init=False)]
+    cs += [Case(2, 128, 4, 64, 64, dtype=dt, gate=g) for dt in ("float16", "bfloat16")
+           for g in ("logsig", "neg")]
+    cs += [Case(2, 65, 2, 100, 100, dtype=dt, log=True) for dt in ("float16", "bfloat16")]
+    cs += [varlen_case((1, 17, 64, 300)), varlen_case((1, 17, 64, 300), dtype="bfloat16"),
+           varlen_case((0, 5, 0, 40), init=False)]
+    cs += [step_case(8, 4, 24, 24), step_case(64, 4, 128, 128), step_case(5, 3, 100, 36),
+           step_case(4, 2, 256, 256, gate="zeros"), step_case(8, 4, 64, 64, dtype="bfloat16"),
+           step_case(8, 4, 24, 24, dtype="float16", gate="logsig", log=True)]
+    return cs
+
+
+def make_inputs(case, seed=0):
+    """NumPy arrays of the case, q/k/v/gate already rounded to case.dtype."""
+    rng = np.random.default_rng(seed)
+    c = case
+    lead = (c.B, c.H) if c.step else (c.B, c.T, c.H)
+    dt = _dtype(c.dtype)
+    q = (rng.standard_normal(lead + (c.K,)) / np.sqrt(c.K)).astype(dt)
+    k = (rng.standard_normal(lead + (c.K,)) / np.sqrt(c.K)).astype(dt)
+    v = rng.standard_normal(lead + (c.V,)).astype(dt)
+    g = GATES[c.gate](rng, lead + (c.K,))
+    if c.log:
+        with np.errstate(divide="ignore"):
+            g = np.log(g)
+    args = dict(q=q, k=k, v=v)
+    # half cases pass the gate in q's dtype, except tiny gates (1e-30 is 0 in float16)
+    g_dt = dt if c.dtype != "float32" and c.gate != "tiny" else np.float32
+    args["log_gate" if c.log else "gate"] = g.astype(g_dt)
+    N = c.B + 3 if c.step else (len(c.lengths) if c.lengths else c.B)
+    if c.step or c.init:
+        key = "state" if c.step else "initial_state"
+        args[key] = rng.standard_normal((N, c.H, c.K, c.V)).astype(np.float32)
+    if c.lengths:
+        args["cu_seqlens"] = np.concatenate([[0], np.cumsum(c.lengths)]).astype(np.int32)
+    if c.step:
+        args["state_indices"] = rng.permutation(N)[:c.B].astype(np.int64)
+    return args
+
+
+def _f64(x):
+    return np.asarray(x).astype(np.float64)
+
+
+def rms(x):
+    return float(np.sqrt(np.mean(np.square(x)))) if x.size else 0.0
+
+
+class Result(NamedTuple):
+    name: str            # "o" or "state"
+    max_abs: float
+    rel_rms: float
+    err: float           # RMS error of the path
+    bound: float         # 2 * RMS error of the emulation + ATOL * max|ref|
+    ok: bool
+
+
+def compare(name, got, ref, emu):
+    got, ref, emu = _f64(got), _f64(ref), _f64(emu)
+    bound = 2 * rms(emu - ref) + ATOL * (float(np.max(np.abs(ref))) if ref.size else 0.0)
+    if got.shape != ref.shape:
+        return Result(name, np.inf, np.inf, np.inf, bound, False)
+    diff = got - ref
+    finite = np.isfinite(got) == np.isfinite(ref)
+    if not finite.all():
+        return Result(name, np.inf, np.inf, np.inf, bound, False)
+    diff = np.where(np.isfinite(ref), diff, 0.0)
+    err = rms(diff)
+    rr = err / max(rms(np.where(np.isfinite(ref), ref, 0.0)), 1e-300)
+    return Result(name, float(np.max(np.abs(diff))) if diff.size else 0.0, rr, err, bound,
+                  bool(err <= bound))
+
+
+def references(case, args):
+    """(ref, emu) pairs of (o, state) for the case: float64 loop, and the low-precision emulation."""
+    dt = _dtype(case.dtype)
+    if case.step:
+        out = {}
+        for label, mdt in (("ref", np.float64), ("emu", np.float32)):
+            st = args["state"].astype(mdt)
+            kw = {k: v for k, v in args.items() if k != "state"}
+            o = reference.gated_attention_step_ref(**kw, state=st, dtype=mdt)
+            out[label] = (o, st)
+    else:
+        out = {}
+        for label, mdt in (("ref", np.float64), ("emu", np.float32)):
+            o, st = reference.gated_attention_ref(**args, output_final_state=True, dtype=mdt)
+            out[label] = (o, st)
+    o_emu = out["emu"][0].astype(dt) if case.dtype != "float32" else out["emu"][0]
+    return out["ref"], (o_emu, out["emu"][1])
+
+
+def run_case(case, backend="numpy", seed=0, method="auto"):
+    """Run the public API on ``backend`` ("numpy" or "cupy") and compare; returns [Result]."""
+    import cupy_gda
+    args = make_inputs(case, seed)
+    (o_ref, s_ref), (o_emu, s_emu) = references(case, args)
+    if backend == "cupy":
+        import cupy
+        dev = {k: cupy.asarray(v) for k, v in args.items()}
+        to_host = cupy.asnumpy
+    else:
+        dev = {k: v.copy() for k, v in args.items()}
+        to_host = np.asarray
+    if case.step:
+        o = cupy_gda.gated_attention_step(**dev)
+        s = dev["state"]
+        rows = args["state_indices"]
+        s_host = to_host(s)
+        untouched = np.setdiff1d(np.arange(s_host.shape[0]), rows)
+        if not np.array_equal(s_host[untouched], args["state"][untouched]):
+            return [Result("untouched rows", np.inf, np.inf, np.inf, 0.0, False)]
+        s_host, s_ref, s_emu = s_host[rows], s_ref[rows], s_emu[rows]
+    else:
+        o, s = cupy_gda.gated_attention(**dev, output_final_state=True, method=method)
+        s_host = to_host(s)
+    o = to_host(o)
+    if o.dtype != args["v"].dtype:
+        return [Result("o dtype", np.inf, np.inf, np.inf, 0.0, False)]
+    return [compare("o", o, o_ref, o_emu), compare("state", s_host, s_ref, s_emu)]
