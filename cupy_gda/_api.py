@@ -5,9 +5,37 @@ from cupy_gda import _checks, _dispatch, reference
 from cupy_gda._interop import Bridge
 
 
+try:
+    from cupy import ndarray as _cupy_ndarray
+    from cupy.cuda.runtime import getDevice as _current_device
+except Exception:  # noqa: BLE001 - without CuPy there is no GPU path and no fast path
+    _cupy_ndarray = _current_device = None
+
+# Host-side fast path: a call whose CuPy arguments have the signature of an earlier, checked
+# call (shapes, dtypes, strides, device, flags) goes straight to that call's launch plan.
+_FAST = {}
+
+
+def _sig(x):
+    """What a plan depends on in one argument, or None if it is not a CuPy array."""
+    if x is None:
+        return ()
+    if type(x) is not _cupy_ndarray:
+        return None
+    return x.shape, x.dtype, x.strides, x.data.device_id
+
+
+def _fast_key(*parts):
+    return None if None in parts else parts
+
+
 def _contiguous(xs):
     import cupy
     return [None if x is None else cupy.ascontiguousarray(x) for x in xs]
+
+
+def _all_contiguous(xs):
+    return all(x is None or x.flags.c_contiguous for x in xs)
 
 
 def _check_out(fn, out, shape, dtype, gpu):
@@ -19,6 +47,7 @@ def _check_out(fn, out, shape, dtype, gpu):
         raise TypeError(f"{fn}: out must have v's dtype {dtype.name}, got {out.dtype.name}")
     if gpu and not out.flags.c_contiguous:
         raise ValueError(f"{fn}: out must be C-contiguous")
+    _checks.check_writeable(fn, "out", out)
 
 
 def _host(x):
@@ -53,6 +82,16 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
     float64 for float64 inputs, else float32); CuPy in, CuPy out; a framework's CUDA array in
     (PyTorch, JAX, ...), the same framework's array out, computed on the GPU.
     """
+    g = gate if gate is not None else log_gate
+    if cu_seqlens is None and out is None and type(q) is _cupy_ndarray:
+        key = _fast_key(_sig(q), _sig(k), _sig(v), _sig(g), gate is None, _sig(initial_state),
+                        bool(output_final_state), method, _current_device())
+        plan = _FAST.get(key)
+        if plan is not None and type(scale) in (float, int):
+            o, ht = plan(q, k, v, g, scale, initial_state, None, output_final_state, None)
+            return (o, ht) if output_final_state else o
+    else:
+        key = None
     fn = "gated_attention"
     br = Bridge(fn, dict(q=q, k=k, v=v, gate=gate, log_gate=log_gate, initial_state=initial_state,
                          cu_seqlens=cu_seqlens, out=out))
@@ -67,8 +106,14 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
             _checks.check_cu_seqlens_values(fn, _host(cu), p.T)
         if br.gpu:
             from cupy_gda import _gpu
-            q, k, v, g, h0, cu = _contiguous((q, k, v, gate if gate is not None else log_gate, h0, cu))
-            o, ht = _gpu.recurrent_forward(p, q, k, v, g, scale, h0, cu, output_final_state, out)
+            g = gate if gate is not None else log_gate
+            cached = (key is not None and key[-1] == q.data.device_id
+                      and _all_contiguous((q, k, v, g, h0)))
+            q, k, v, g, h0, cu = _contiguous((q, k, v, g, h0, cu))
+            plan = _gpu.plan("recurrent", p, cu is not None and cu.dtype == np.int64)
+            o, ht = plan(q, k, v, g, scale, h0, cu, output_final_state, out)
+            if cached:
+                _FAST[key] = plan
         else:
             cpu_fn = reference.gated_attention_chunked if m == "chunk" else reference.gated_attention_ref
             o, ht = cpu_fn(q, k, v, gate, log_gate=log_gate, scale=scale, initial_state=h0,
@@ -100,6 +145,16 @@ def gated_attention_step(q, k, v, gate=None, *, log_gate=None, state, scale=1.0,
     Returns o [B, H, V] of v's dtype. Equal to gated_attention on T = 1 with
     initial_state=state[state_indices]. JAX arrays are immutable: use that functional form.
     """
+    g = gate if gate is not None else log_gate
+    if out is None and type(q) is _cupy_ndarray and (state_indices is None or not check_indices):
+        key = _fast_key(_sig(q), _sig(k), _sig(v), _sig(g), gate is None, _sig(state),
+                        state.data.ptr % 16 if type(state) is _cupy_ndarray else None,
+                        _sig(state_indices), _current_device())
+        plan = _FAST.get(key)
+        if plan is not None and type(scale) in (float, int):
+            return plan(q, k, v, g, state, scale, state_indices, None)
+    else:
+        key = None
     fn = "gated_attention_step"
     br = Bridge(fn, dict(q=q, k=k, v=v, gate=gate, log_gate=log_gate, state=state,
                          state_indices=state_indices, out=out))
@@ -114,13 +169,21 @@ def gated_attention_step(q, k, v, gate=None, *, log_gate=None, state, scale=1.0,
         scale = _checks.check_scale(fn, scale)
         if not state.flags.c_contiguous:
             raise ValueError(f"{fn}: state must be C-contiguous (it is updated in place)")
+        _checks.check_writeable(fn, "state", state)
         _check_out(fn, out, (p.B, p.H, p.V), v.dtype, br.gpu)
         if idx is not None and (check_indices or not br.gpu):
             _checks.check_state_indices_values(fn, _host(idx).astype(np.int64), p.N)
         if br.gpu:
             from cupy_gda import _gpu
-            q, k, v, g, idx = _contiguous((q, k, v, gate if gate is not None else log_gate, idx))
-            o = _gpu.step(p, q, k, v, g, state, scale, idx, out)
+            g = gate if gate is not None else log_gate
+            cached = (key is not None and key[-1] == q.data.device_id
+                      and _all_contiguous((q, k, v, g, idx)))
+            q, k, v, g, idx = _contiguous((q, k, v, g, idx))
+            plan = _gpu.plan("step", p, idx is not None and idx.dtype == np.int64,
+                             _gpu.alignment(state.data.ptr))
+            o = plan(q, k, v, g, state, scale, idx, out)
+            if cached:
+                _FAST[key] = plan
         else:
             o = reference.gated_attention_step_ref(q, k, v, gate, log_gate=log_gate, state=state,
                                                    scale=scale, state_indices=idx,

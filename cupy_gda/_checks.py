@@ -91,8 +91,21 @@ def check_scale(fn, scale):
     return float(scale)
 
 
+def _required(fn, **arrays):
+    for name, x in arrays.items():
+        if x is None:
+            raise TypeError(f"{fn}: {name} must be an array (NumPy, CuPy, or a CUDA or CPU array "
+                            f"that exports __dlpack__), got None")
+
+
+def check_writeable(fn, name, x):
+    if not getattr(x.flags, "writeable", True):         # CuPy arrays are always writeable
+        raise ValueError(f"{fn}: {name} must be writeable (it receives results), got a read-only array")
+
+
 def check_forward(fn, q, k, v, gate, log_gate, initial_state, cu_seqlens, cpu):
     """Shapes and dtypes of a gated_attention call. Returns a Problem."""
+    _required(fn, q=q, k=k, v=v)
     gate_name, g = _gate(fn, gate, log_gate)
     _rank(fn, "q", q, "[B, T, H, K]")
     B, T, H, K = q.shape
@@ -120,6 +133,7 @@ def check_forward(fn, q, k, v, gate, log_gate, initial_state, cu_seqlens, cpu):
 
 def check_step(fn, q, k, v, gate, log_gate, state, state_indices, cpu):
     """Shapes and dtypes of a gated_attention_step call. Returns a Problem with T = 1."""
+    _required(fn, q=q, k=k, v=v)
     gate_name, g = _gate(fn, gate, log_gate)
     _rank(fn, "q", q, "[B, H, K]")
     B, H, K = q.shape

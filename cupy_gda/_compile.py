@@ -36,13 +36,17 @@ def _describe(kernel, defines):
 _memo = None
 
 
-def get_function(kernel, defines):
-    """The compiled entry point ``kernel`` for the current device (memoised per device and defines)."""
+def get_function(kernel, defines, smem=0):
+    """The compiled entry point ``kernel`` for the current device (memoised per device and
+    defines), allowed ``smem`` bytes of dynamic shared memory."""
     global _memo
     if _memo is None:
         import cupy
         _memo = cupy.memoize(for_each_device=True)(_load)
-    return _memo(kernel, tuple(sorted(defines.items())))
+    fn = _memo(kernel, tuple(sorted(defines.items())))
+    if smem and fn.max_dynamic_shared_size_bytes < smem:   # the default leaves 48 KB - static
+        fn.max_dynamic_shared_size_bytes = smem
+    return fn
 
 
 def _load(kernel, items):

@@ -15,7 +15,7 @@ def pick(fn, method, p, gpu):
     where = "gpu" if gpu else "cpu"
     if method == "auto":
         return "recurrent" if gpu else "chunk"
-    if method not in METHODS:
+    if not isinstance(method, str) or method not in METHODS:
         names = ", ".join(repr(m) for m in ("auto", *METHODS))
         raise ValueError(f"{fn}: method must be one of {names}, got {method!r}")
     if where not in METHODS[method]:

@@ -24,36 +24,64 @@ def _round_up(n, m):
     return -(-n // m) * m
 
 
-def recurrent_tiles(K, V):
-    """(KT, BV, TC) for gda_recurrent_fwd: at most 4 state rows per lane, <= 256 threads,
-    staging tiles within the 48 KB of static shared memory."""
+def recurrent_tiles(K, V, NH, sms=132):
+    """(KT, BV, TC) for gda_recurrent_fwd. Lanes hold groups of 4 state rows (16-byte shared
+    loads), at most 8 rows a lane. Blocks of 256 threads, or 128 where the NH = N*H
+    sequence-heads would give fewer than 2 blocks per SM (a block's time is its T steps one
+    after another). TC up to 32 steps, with at most 8 prefetched q/k/g elements per thread
+    (registers) and 100 KB of shared memory."""
     KT = min(32, _pow2_at_least(-(-K // 4)))
     cols = 32 // KT                                     # columns one warp covers
     BV = min(_round_up(V, cols), 256 // KT)
-    KP = _round_up(K, KT)
+    if NH * -(-V // BV) < 2 * sms:
+        BV = min(BV, max(cols, 128 // KT))
     TC = 32
-    while (3 * TC * KP + 2 * TC * BV) * 4 > SMEM_STATIC:
+    while TC > 1 and (TC * K > 8 * KT * BV or recurrent_smem(K, KT, BV, TC) > 100 * 1024):
         TC //= 2
     return KT, BV, TC
 
 
-def step_tiles(K, V, aligned16):
-    """(KW, VEC) for gda_step: 16-byte state accesses where V and the state's address allow."""
-    VEC = 4 if V % 4 == 0 and aligned16 else 2 if V % 2 == 0 else 1
+def recurrent_smem(K, KT, BV, TC):
+    """Dynamic shared memory bytes of gda_recurrent_fwd (mirrors the kernel's layout)."""
+    KP = _round_up(K, 4 * KT)
+    return (3 * TC * KP + TC * BV) * 4          # plus TC * BV * (KT + 1) floats static
+
+
+def step_tiles(K, V, align):
+    """(KW, VEC) for gda_step: VEC*4-byte state accesses where V and the state's address
+    alignment ``align`` (bytes, a power of 2 up to 16) allow."""
+    VEC = next(n for n in (4, 2, 1) if V % n == 0 and align % (4 * n) == 0)
     KW = 4 if K <= 32 else 8 if K <= 128 else 16
     return KW, VEC
 
 
-def recurrent_defines(p, seq_int64):
-    KT, BV, TC = recurrent_tiles(p.K, p.V)
+def alignment(ptr):
+    """The largest power of 2 up to 16 that divides ``ptr``."""
+    return next(a for a in (16, 8, 4, 2, 1) if ptr % a == 0)
+
+
+def recurrent_defines(p, seq_int64, sms=132):
+    KT, BV, TC = recurrent_tiles(p.K, p.V, p.N * p.H, sms)
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), KT=KT, BV=BV, TC=TC)
 
 
-def step_defines(p, idx_int64, aligned16):
-    KW, VEC = step_tiles(p.K, p.V, aligned16)
+def step_defines(p, idx_int64, align):
+    KW, VEC = step_tiles(p.K, p.V, align)
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
                 LOG_GATE=int(p.log_gate), IDX_INT64=int(idx_int64), KW=KW, VEC=VEC)
+
+
+def _sm_count():
+    import cupy
+    dev = cupy.cuda.Device()
+    n = _SMS.get(dev.id)
+    if n is None:
+        n = _SMS[dev.id] = dev.attributes["MultiProcessorCount"]
+    return n
+
+
+_SMS = {}
 
 
 def empty(shape, dtype):
@@ -68,31 +96,69 @@ def _ptr(x):
     return NULL if x is None else x
 
 
-def recurrent_forward(p, q, k, v, g, scale, h0, cu_seqlens, want_final, out):
-    """o [B, T, H, V] (and the final state) by gda_recurrent_fwd; arrays are contiguous CuPy."""
-    d = recurrent_defines(p, cu_seqlens is not None and cu_seqlens.dtype == np.int64)
-    o = out if out is not None else empty((p.B, p.T, p.H, p.V), v.dtype)
-    ht = empty((p.N, p.H, p.K, p.V), np.float32) if want_final else None
-    NV = -(-p.V // d["BV"])
-    grid = p.N * p.H * NV
-    if grid:
-        fn = _compile.get_function("gda_recurrent_fwd", d)
-        fn((grid,), (d["KT"] * d["BV"],),
-           (q, k, v, g, o, _ptr(h0), _ptr(ht), _ptr(cu_seqlens), np.int64(p.T), np.int32(p.H),
-            np.int32(NV), np.float32(scale)))
-    return o, ht
+class RecurrentPlan:
+    """gda_recurrent_fwd compiled and sized for one Problem on the current device: calling it
+    costs one allocation per output and one launch."""
+
+    def __init__(self, p, seq_int64):
+        d = recurrent_defines(p, seq_int64, _sm_count())
+        NV = -(-p.V // d["BV"])
+        self.grid, self.block = (p.N * p.H * NV,), (d["KT"] * d["BV"],)
+        self.smem = recurrent_smem(p.K, d["KT"], d["BV"], d["TC"])
+        self.fn = _compile.get_function("gda_recurrent_fwd", d, self.smem)
+        self.o_shape, self.o_dtype = (p.B, p.T, p.H, p.V), _np_dtype(p.dtype)
+        self.ht_shape = (p.N, p.H, p.K, p.V)
+        self.sizes = (np.int64(p.T), np.int32(p.H), np.int32(NV))
+
+    def __call__(self, q, k, v, g, scale, h0, cu_seqlens, want_final, out):
+        """o [B, T, H, V] (and the final state); arrays are contiguous CuPy."""
+        o = out if out is not None else empty(self.o_shape, self.o_dtype)
+        ht = empty(self.ht_shape, np.float32) if want_final else None
+        if self.grid[0]:
+            self.fn(self.grid, self.block,
+                    (q, k, v, g, o, _ptr(h0), _ptr(ht), _ptr(cu_seqlens), *self.sizes,
+                     np.float32(scale)),
+                    shared_mem=self.smem)
+        return o, ht
 
 
-def step(p, q, k, v, g, state, scale, state_indices, out):
-    """o [B, H, V] by gda_step; ``state`` is updated in place."""
-    aligned16 = state.data.ptr % 16 == 0
-    d = step_defines(p, state_indices is not None and state_indices.dtype == np.int64, aligned16)
-    o = out if out is not None else empty((p.B, p.H, p.V), v.dtype)
-    NV = -(-p.V // (32 * d["VEC"]))
-    grid = p.B * p.H * NV
-    if grid:
-        fn = _compile.get_function("gda_step", d)
-        fn((grid,), (d["KW"] * 32,),
-           (q, k, v, g, o, state, _ptr(state_indices), np.int32(p.H), np.int64(p.N),
-            np.int32(NV), np.float32(scale)))
-    return o
+class StepPlan:
+    """gda_step compiled and sized for one Problem on the current device."""
+
+    def __init__(self, p, idx_int64, align):
+        d = step_defines(p, idx_int64, align)
+        NV = -(-p.V // (32 * d["VEC"]))
+        self.grid, self.block = (p.B * p.H * NV,), (d["KW"] * 32,)
+        self.fn = _compile.get_function("gda_step", d)
+        self.o_shape, self.o_dtype = (p.B, p.H, p.V), _np_dtype(p.dtype)
+        self.sizes = (np.int32(p.H), np.int64(p.N), np.int32(NV))
+
+    def __call__(self, q, k, v, g, state, scale, state_indices, out):
+        """o [B, H, V]; ``state`` is updated in place."""
+        o = out if out is not None else empty(self.o_shape, self.o_dtype)
+        if self.grid[0]:
+            self.fn(self.grid, self.block,
+                    (q, k, v, g, o, state, _ptr(state_indices), *self.sizes, np.float32(scale)))
+        return o
+
+
+def _np_dtype(name):
+    import cupy
+    return cupy.dtype(name)
+
+
+_PLANS = {}
+
+
+def current_device():
+    import cupy
+    return cupy.cuda.runtime.getDevice()
+
+
+def plan(kind, *key):
+    """The memoised RecurrentPlan / StepPlan for (Problem, flags) on the current device."""
+    full = (kind, current_device()) + key
+    pl = _PLANS.get(full)
+    if pl is None:
+        pl = _PLANS[full] = (RecurrentPlan if kind == "recurrent" else StepPlan)(*key)
+    return pl

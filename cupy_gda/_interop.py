@@ -42,6 +42,23 @@ def _describe(lib, dev):
     return f"a {lib} array on {'cpu' if dev == 'cpu' else f'cuda:{dev}'}"
 
 
+class _StreamHandle:
+    """An object speaking the CUDA stream protocol (for cupy.cuda.Stream.from_external)."""
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return 0, self.ptr
+
+
+def _external_stream(cupy, ptr, device):
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:                   # CuPy >= 14
+        return from_external(_StreamHandle(ptr))
+    return cupy.cuda.ExternalStream(ptr, device)
+
+
 class Bridge:
     """The library and device of a call's arrays, with the conversions in and out."""
 
@@ -71,7 +88,7 @@ class Bridge:
         stack = contextlib.ExitStack()
         stack.enter_context(cupy.cuda.Device(self.device))
         if self._stream is not None:
-            stack.enter_context(cupy.cuda.ExternalStream(self._stream, self.device))
+            stack.enter_context(_external_stream(cupy, self._stream, self.device))
         return stack
 
     def native(self, x):
@@ -96,3 +113,19 @@ class Bridge:
         import importlib
         from_dlpack = getattr(importlib.import_module(self.lib), "from_dlpack", None)
         return from_dlpack(y) if from_dlpack is not None else y
+
+
+def gpu_available():
+    """(True, description) where CuPy can run kernels on a GPU, else (False, why not)."""
+    try:
+        import cupy
+    except Exception as e:  # noqa: BLE001 - any import failure means no GPU path
+        return False, f"CuPy does not import ({type(e).__name__}: {e})"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001
+        return False, f"no usable CUDA driver or device ({type(e).__name__}: {e})"
+    if n < 1:
+        return False, "no CUDA device"
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+    return True, name.decode() if isinstance(name, bytes) else str(name)

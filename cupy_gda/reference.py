@@ -123,6 +123,7 @@ def _chunked_core(q, k, v, g, S, scale, BT):
         A = np.cumprod(gc, axis=1)                                         # [b, t, H, K]
         # 2. intra-chunk: o_t = sum_{s <= t} (q_t ⊙ D[s, t] · k_s) v_s
         W = np.einsum("bthk,bsthk,bshk->bhts", qc, D, kc)
+        W = np.where(upper[:C, :C].T, W, 0)        # s > t: no term at all (0 * NaN is NaN)
         o_c = np.einsum("bhts,bshv->bthv", W, vc)
         # 3. inter-chunk: o_t += (q_t ⊙ A_t)ᵀ S_{chunk start}
         o_c += np.einsum("bthk,bhkv->bthv", qc * A, S)

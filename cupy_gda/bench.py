@@ -1,0 +1,1103 @@
+"""``cupy-gda bench``: every implementation present, at named shapes, against the copy floor.
+
+Rows per shape (``--impl`` selects by family or by name):
+
+- ``ours-auto`` and ``ours-<m>`` for each family of ``_dispatch.METHODS`` with a GPU kernel
+  (found at run time); ``ours-step`` (``gated_attention_step``, state updated in place) for
+  ``decode``. ``... (host)`` rows (seed, decode): host wall time per call of back-to-back calls.
+- ``textbook``: benchmarks/textbook_gda.cu (one block per (b, h), S in shared memory, three
+  barriers per step), float32 forward shapes only, checked against ours before it is timed.
+- ``fla-chunk_gla`` and ``fla-fused_recurrent_gla`` when ``torch`` and ``fla`` import (never a
+  dependency). They run in a child process, so that a Triton autotune running past
+  ``--fla-timeout`` can be stopped without stopping the benchmark.
+- ``floor``: the bytes that must move (q, k, v, g read once, o written once; decode: + the state
+  read and written once) over the device-to-device copy bandwidth measured in the same run.
+
+Timing: CUDA events around each call, each call queued behind a short spin kernel so that the
+host's launch time stays out of the device time; warm-up first (it compiles); the median of many
+calls is reported (min, p10, p90 in the JSON). Inputs as in docs: q, k ~ N(0, 1/K), v ~ N(0, 1),
+gate = exp(logsigmoid(x) / 16), x ~ N(0, 1), made on the device; below ~3x the L2 size an input
+set is repeated and the calls rotate among the copies, so repeated calls do not time the L2.
+
+Importing this module touches no GPU (CuPy is imported inside the functions that need it).
+"""
+import gc
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+import cupy_gda
+from cupy_gda import _dispatch, _verify, reference
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TEXTBOOK_CU = REPO_ROOT / "benchmarks" / "textbook_gda.cu"
+
+DEFAULT_REPS = 100
+QUICK_REPS = 20
+MIN_REPS = 5                    # a row's budget never cuts it below this many timed calls
+DEFAULT_BUDGET_S = 5.0          # seconds of timed calls per row, at most (beyond MIN_REPS)
+COPY_BYTES = 1 << 30            # the copy that measures the bandwidth ceiling
+COPY_REPS = 20
+L2_DEFAULT = 60 << 20           # when the device does not say
+ROTATE_L2 = 3                   # rotate input sets until they span this many L2 sizes
+MAX_SETS = 4096
+REF_T_MAX = 4096                # the NumPy references run on T <= this ...
+REF_HEADS = 2                   # ... of the first sequence's first heads
+TEXTBOOK_TOL = 1e-4             # max |textbook - ours| / max |ours|
+HOST_CALLS = 200                # calls per batch of a host-time row
+HOST_BATCHES = 20
+SPIN_MIN_NS, SPIN_MAX_NS = 50_000, 10_000_000
+WORKER_PREFIX = "@@cupy_gda.bench "
+WORKER_TIMEOUT_RC = 3
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+# ------------------------------------------------------------------------------------ shapes
+
+class Shape(NamedTuple):
+    name: str
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    dtype: str = "float32"      # q, k, v and o; the gate is float32 always
+    step: bool = False          # decode: gated_attention_step, one token, state [B, H, K, V]
+    host: bool = False          # also time the whole Python call from the host
+
+    @property
+    def legend(self):
+        dims = f"B{self.B} H{self.H}" if self.step else f"B{self.B} T{self.T} H{self.H}"
+        return f"{dims} K{self.K} V{self.V} {self.dtype}{' step' if self.step else ''}"
+
+
+def _all_shapes():
+    s = [Shape("seed", 2, 128, 4, 24, 24, host=True),
+         Shape("gla64", 4, 2048, 8, 64, 64),
+         Shape("long24", 8, 4096, 16, 24, 24),
+         Shape("big128", 8, 4096, 16, 128, 128),
+         Shape("big128-bf16", 8, 4096, 16, 128, 128, dtype="bfloat16"),
+         Shape("decode", 64, 1, 32, 128, 128, step=True, host=True)]
+    s += [Shape(f"tsweep-{n}k", 1, n * 1024, 16, 128, 128) for n in (1, 2, 4, 8, 16, 32, 64)]
+    return {x.name: x for x in s}
+
+
+SHAPES = _all_shapes()
+GROUPS = {"all": tuple(SHAPES), "tsweep": tuple(n for n in SHAPES if n.startswith("tsweep-"))}
+QUICK_SHAPES = ("seed", "gla64", "big128", "decode")
+
+
+def parse_shapes(text):
+    """Shapes named in a comma-separated list (names, or the groups 'all' and 'tsweep'), in the
+    order given, each once. ValueError names the choices."""
+    names = []
+    for part in text.split(","):
+        p = part.strip()
+        if not p:
+            continue
+        if p in GROUPS:
+            names += GROUPS[p]
+        elif p in SHAPES:
+            names.append(p)
+        else:
+            raise ValueError(f"unknown shape {p!r}; choose from {', '.join([*GROUPS, *SHAPES])}")
+    if not names:
+        raise ValueError("no shape named")
+    return [SHAPES[n] for n in dict.fromkeys(names)]
+
+
+def must_move_bytes(shape):
+    """Bytes every implementation must move: q, k, g (float32), v read once, o written once;
+    decode adds the float32 state, read once and written once."""
+    io = ITEMSIZE[shape.dtype]
+    tokens = shape.B * shape.H * (1 if shape.step else shape.T)
+    n = tokens * (shape.K * (2 * io + 4) + 2 * shape.V * io)
+    if shape.step:
+        n += 2 * shape.B * shape.H * shape.K * shape.V * 4
+    return n
+
+
+def input_set_bytes(shape):
+    """Bytes of one input set: q, k, g, v (decode: + the state)."""
+    io = ITEMSIZE[shape.dtype]
+    tokens = shape.B * shape.H * (1 if shape.step else shape.T)
+    n = tokens * (shape.K * (2 * io + 4) + shape.V * io)
+    if shape.step:
+        n += shape.B * shape.H * shape.K * shape.V * 4
+    return n
+
+
+def n_sets(set_bytes, l2_bytes):
+    """Input sets to rotate among: enough to span ROTATE_L2 L2 sizes, 1 for large sets."""
+    return int(min(MAX_SETS, max(1, math.ceil(ROTATE_L2 * l2_bytes / max(set_bytes, 1)))))
+
+
+# ------------------------------------------------------------------------------ implementations
+
+FLA_IMPLS = ("fla-chunk_gla", "fla-fused_recurrent_gla")
+HOST = " (host)"
+
+
+def gpu_methods():
+    """The kernel families with a GPU implementation, in _dispatch.METHODS order."""
+    return [m for m, where in _dispatch.METHODS.items() if "gpu" in where]
+
+
+def impl_names():
+    """Every implementation a row can name (host rows add ' (host)' to an ours name)."""
+    return ["ours-auto", *(f"ours-{m}" for m in gpu_methods()), "ours-step", "textbook",
+            *FLA_IMPLS]
+
+
+def family(impl):
+    """'ours', 'textbook', 'fla' or 'floor': speedups compare a row with other families."""
+    return impl.split(" ")[0].split("-")[0]
+
+
+def parse_impls(text):
+    """Selectors from a comma-separated list of families or implementation names."""
+    sel = [s.strip() for s in text.split(",") if s.strip()]
+    known = impl_names()
+    families = list(dict.fromkeys(family(n) for n in known))
+    for s in sel:
+        if s not in known and s not in families:
+            raise ValueError(f"unknown implementation {s!r}; choose from "
+                             f"{', '.join(families + known)}")
+    if not sel:
+        raise ValueError("no implementation named")
+    return tuple(dict.fromkeys(sel))
+
+
+def selected(impl, selectors):
+    base = impl[:-len(HOST)] if impl.endswith(HOST) else impl
+    return any(s == base or s == family(base) for s in selectors)
+
+
+def plan(shapes, selectors, fla=True):
+    """The (shape, impl) units to run, in order; fla units only where fla is importable."""
+    units = []
+    for s in shapes:
+        if s.step:
+            cands = ["ours-step"] + (["ours-step" + HOST] if s.host else [])
+            cands += ["fla-fused_recurrent_gla"] if fla else []
+        else:
+            cands = ["ours-auto", *(f"ours-{m}" for m in gpu_methods())]
+            cands += ["ours-auto" + HOST] if s.host else []
+            cands += ["textbook"] + (list(FLA_IMPLS) if fla else [])
+        units += [(s, i) for i in cands if selected(i, selectors)]
+    return units
+
+
+def fla_available():
+    """(True, '') when torch and fla can be found (not imported here), else (False, why)."""
+    missing = []
+    for mod in ("torch", "fla"):
+        try:
+            found = importlib.util.find_spec(mod) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(mod)
+    if missing:
+        return False, (f"{' and '.join(missing)} not importable (put fla's package folder on "
+                       f"PYTHONPATH, e.g. PYTHONPATH=.baselines)")
+    return True, ""
+
+
+def _impl_rank(impl):
+    order = ["ours-auto", *(f"ours-{m}" for m in gpu_methods()), "ours-step",
+             "ours-auto" + HOST, "ours-step" + HOST, "textbook", *FLA_IMPLS, "floor"]
+    return order.index(impl) if impl in order else len(order)
+
+
+# ---------------------------------------------------------------------------------------- rows
+
+ROW_KEYS = ("shape", "impl", "family", "kind", "status", "note", "api", "B", "T", "H", "K", "V",
+            "dtype", "ms", "min_ms", "p10_ms", "p90_ms", "reps", "bytes", "floor_ms", "gbps",
+            "pct_floor", "speedup", "rel_err", "f32_rel_err", "err", "bound", "contract_ok",
+            "rel_err_vs_ours", "extra_bytes")
+KINDS = ("device", "host", "floor")       # device-event time, host wall time, the copy floor
+STATUSES = ("ok", "skipped", "failed")
+
+
+def new_row(shape, impl, kind="device", **kw):
+    r = dict.fromkeys(ROW_KEYS)
+    r.update(shape=shape.name, impl=impl, family=family(impl), kind=kind, status="ok", note="",
+             api="step" if shape.step else "forward", B=shape.B, T=shape.T, H=shape.H,
+             K=shape.K, V=shape.V, dtype=shape.dtype, bytes=must_move_bytes(shape))
+    unknown = set(kw) - set(ROW_KEYS)
+    if unknown:
+        raise KeyError(f"not row keys: {sorted(unknown)}")
+    r.update(kw)
+    return r
+
+
+def _pos(x):
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def finish_rows(rows):
+    """Fill GB/s, % of floor and speedup in place; returns rows. GB/s = must-move bytes / ms;
+    % of floor = floor_ms / ms; speedup = the fastest device-timed row of *another* family
+    (ours, textbook, fla) at the same shape over this row's ms (host and floor rows: none)."""
+    for r in rows:
+        ok = r["status"] == "ok" and _pos(r["ms"])
+        r["gbps"] = r["bytes"] / (r["ms"] * 1e-3) / 1e9 if ok and r["bytes"] else None
+        r["pct_floor"] = 100.0 * r["floor_ms"] / r["ms"] if ok and _pos(r["floor_ms"]) else None
+        r["speedup"] = None
+    timed = [r for r in rows if r["kind"] == "device" and r["status"] == "ok" and _pos(r["ms"])]
+    for r in timed:
+        others = [o["ms"] for o in timed if o["shape"] == r["shape"] and o["family"] != r["family"]]
+        if others:
+            r["speedup"] = min(others) / r["ms"]
+    return rows
+
+
+def sort_rows(rows, shape_order):
+    idx = {n: i for i, n in enumerate(shape_order)}
+    return sorted(rows, key=lambda r: (idx.get(r["shape"], len(idx)), _impl_rank(r["impl"])))
+
+
+def _clean(x):
+    """JSON-safe: NumPy scalars to Python, non-finite floats to None."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def row_json(r):
+    return _clean({k: r[k] for k in ROW_KEYS})
+
+
+def to_json(result):
+    return _clean({"header": result["header"], "copy": result["copy"], "shapes": result["shapes"],
+                   "rows": [row_json(r) for r in result["rows"]], "notes": result["notes"]})
+
+
+def write_json(result, path):
+    with open(path, "w") as f:
+        json.dump(to_json(result), f, indent=1, allow_nan=False)
+        f.write("\n")
+
+
+# ----------------------------------------------------------------------------------- formatting
+
+COLUMNS = (("shape", "<"), ("impl", "<"), ("ms", ">"), ("GB/s", ">"), ("% of floor", ">"),
+           ("speedup", ">"), ("rel_err", ">"), ("f32_err", ">"), ("contract", "<"),
+           ("vs_ours", ">"), ("note", "<"))
+
+
+def _fmt_ms(x):
+    if x is None:
+        return "-"
+    return (f"{x:.6f}" if x < 0.01 else f"{x:.4f}" if x < 1 else f"{x:.3f}" if x < 100
+            else f"{x:.1f}")
+
+
+def _fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def _cells(r):
+    note = r["note"] if r["status"] == "ok" else f"{r['status']}: {r['note']}"
+    contract = {True: "ok", False: "FAIL", None: "-"}[r["contract_ok"]]
+    gbps = r["gbps"]
+    return [r["shape"], r["impl"], _fmt_ms(r["ms"]),
+            "-" if gbps is None else f"{gbps:.0f}" if gbps >= 10 else f"{gbps:.2f}",
+            _fmt(r["pct_floor"], ".1f"), _fmt(r["speedup"], ".2f") + ("x" if r["speedup"] else ""),
+            _fmt(r["rel_err"], ".1e"), _fmt(r["f32_rel_err"], ".1e"), contract,
+            _fmt(r["rel_err_vs_ours"], ".1e"), note]
+
+
+def format_table(rows):
+    """Fixed-width table: shape | impl | ms | GB/s | % of floor | speedup | accuracy | note."""
+    heads = [c for c, _ in COLUMNS]
+    body = [_cells(r) for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(heads, *body)]
+
+    def line(cells):
+        return " | ".join(f"{c:{a}{w}}" for c, (_, a), w in zip(cells, COLUMNS, widths)).rstrip()
+
+    rule = "-+-".join("-" * w for w in widths)
+    return "\n".join([line(heads), rule] + [line(c) for c in body])
+
+
+def header_line(h):
+    return (f"# GPU {h['gpu']} (cc {h['cc']}), CUDA runtime {h['cuda_runtime']}, driver "
+            f"{h['driver']}, CuPy {h['cupy']}, cupy_gda {h['cupy_gda']}, commit {h['commit']}, "
+            f"{h['date']}")
+
+
+def _fmt_bytes(n):
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def summary_lines(result):
+    """Lines after the table: the copy, per shape the floor and extra memory, the legend."""
+    c = result["copy"]
+    out = [f"# copy: {_fmt_bytes(c['bytes'])} device-to-device, median {c['ms']:.3f} ms of "
+           f"{c['reps']} = {c['gbps']:.0f} GB/s (bytes read + written); floor = must-move bytes "
+           f"at that rate"]
+    for s in result["shapes"]:
+        extra = ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in s["extra_bytes"].items())
+        out.append(f"# {s['shape']} ({s['legend']}): must move {s['bytes'] / 1e6:.2f} MB, floor "
+                   f"{_fmt_ms(s['floor_ms'])} ms; {s['n_sets']} input set(s) rotated; extra device "
+                   f"memory beyond inputs and outputs: {extra or 'none measured'}")
+    out.append("# ms: median of per-call CUDA-event times (each call queued behind a spin kernel, "
+               "so host launch time is excluded); '(host)' rows: host wall time per call, "
+               f"{HOST_CALLS} back-to-back calls and one sync")
+    out.append("# speedup: fastest row of another family (ours / textbook / fla) over this row; "
+               "rel_err: relative RMS error vs the float64 NumPy loop on the first sequence, "
+               f"first {REF_HEADS} heads, T <= {REF_T_MAX} (f32_err: the float32 NumPy loop's); "
+               "contract: err <= 2 f32 err + 1e-6 max|ref|; vs_ours: relative RMS difference "
+               "to ours-auto (decode: ours-step) over the whole output")
+    return out + [f"# {n}" for n in result["notes"]]
+
+
+def plot(rows, path):
+    """Log-log time vs T of the tsweep shapes, one line per implementation. Returns a message."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return f"matplotlib not importable: no plot written to {path}"
+    lines = {}
+    for r in rows:
+        if (r["shape"].startswith("tsweep-") and r["status"] == "ok" and _pos(r["ms"])
+                and r["kind"] in ("device", "floor")):
+            lines.setdefault(r["impl"], []).append((r["T"], r["ms"]))
+    if not lines:
+        return f"no timed tsweep rows: no plot written to {path}"
+    fig = Figure(figsize=(7.5, 5.0))
+    ax = fig.add_subplot()
+    for impl, pts in lines.items():
+        pts.sort()
+        ax.loglog([p[0] for p in pts], [p[1] for p in pts], "--" if impl == "floor" else "-o",
+                  label=impl, markersize=4)
+    r0 = next(r for r in rows if r["shape"].startswith("tsweep-"))
+    ax.set_xlabel(f"T (B={r0['B']}, H={r0['H']}, K={r0['K']}, V={r0['V']}, {r0['dtype']})")
+    ax.set_ylabel("ms (median)")
+    ax.set_title("gated attention forward: time vs T")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return f"plot written to {path}"
+
+
+# ------------------------------------------------------------------------------- the device side
+
+def _cupy():
+    import cupy
+    return cupy
+
+
+def _err(e):
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0][:200]}" if msg else type(e).__name__
+
+
+def git_commit():
+    """CUPY_GDA_COMMIT if set, else the checkout's short hash (+'-dirty'), else 'unknown'."""
+    env = os.environ.get("CUPY_GDA_COMMIT")
+    if env:
+        return env
+    try:
+        def git(*a):
+            return subprocess.run(["git", "-C", str(REPO_ROOT), *a], capture_output=True,
+                                  text=True, timeout=10)
+        r = git("rev-parse", "--short", "HEAD")
+        if r.returncode != 0 or not r.stdout.strip():
+            return "unknown"
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return r.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _cuda_version(v):
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+def header_info():
+    cp = _cupy()
+    dev = cp.cuda.Device()
+    props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    name = props["name"]
+    cc = str(dev.compute_capability)
+    return dict(gpu=name.decode() if isinstance(name, bytes) else str(name),
+                cc=f"{cc[:-1]}.{cc[-1]}", cuda_runtime=_cuda_version(cp.cuda.runtime.runtimeGetVersion()),
+                driver=_cuda_version(cp.cuda.runtime.driverGetVersion()), cupy=cp.__version__,
+                cupy_gda=cupy_gda.__version__, commit=git_commit(),
+                date=datetime.now().isoformat(timespec="seconds"),
+                l2_bytes=int(props.get("l2CacheSize") or L2_DEFAULT),
+                sms=int(props.get("multiProcessorCount") or 0))
+
+
+_SPIN_SRC = r"""
+extern "C" __global__ void bench_spin(unsigned long long ns)
+{   // holds the stream for ns nanoseconds, so the host queues the timed call behind it
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+"""
+
+
+class _CupyClock:
+    """Events, spin and sync on CuPy's current stream."""
+
+    def __init__(self):
+        cp = self._cp = _cupy()
+        self._spin = cp.RawModule(code=_SPIN_SRC, options=("-std=c++17",)).get_function("bench_spin")
+
+    def event(self):
+        return self._cp.cuda.Event()
+
+    def elapsed_ms(self, a, b):
+        return self._cp.cuda.get_elapsed_time(a, b)
+
+    def sync(self):
+        self._cp.cuda.get_current_stream().synchronize()
+
+    def spin(self, ns):
+        self._spin((1,), (1,), (np.uint64(ns),))
+
+
+class _TorchClock:
+    """Events, spin and sync on torch's current stream (fla's kernels run there)."""
+
+    def __init__(self, torch):
+        self._t = torch
+        # torch's default stream is CuPy's (the legacy default stream): CuPy's spin will do
+        self._cupy_spin = None if hasattr(torch.cuda, "_sleep") else _CupyClock()
+
+    def event(self):
+        return self._t.cuda.Event(enable_timing=True)
+
+    def elapsed_ms(self, a, b):
+        return a.elapsed_time(b)
+
+    def sync(self):
+        self._t.cuda.synchronize()
+
+    def spin(self, ns):
+        if self._cupy_spin is not None:
+            self._cupy_spin.spin(ns)
+        else:
+            self._t.cuda._sleep(int(2 * ns))     # cycles; the SM clock is <= 2 GHz, so >= ns
+
+
+class _Rotor:
+    """Cycles through the input sets, one per call."""
+
+    def __init__(self, sets):
+        self.sets, self.i = sets, 0
+
+    def __call__(self):
+        s = self.sets[self.i % len(self.sets)]
+        self.i += 1
+        return s
+
+
+def stats(ms):
+    a = np.asarray(ms, dtype=np.float64)
+    return dict(ms=float(np.median(a)), min_ms=float(a.min()), p10_ms=float(np.percentile(a, 10)),
+                p90_ms=float(np.percentile(a, 90)), reps=int(a.size))
+
+
+def reps_for(reps, est_ms, budget_s):
+    """reps, cut to fit budget_s at est_ms a call, but never below MIN_REPS (or reps if fewer)."""
+    fit = int(budget_s * 1e3 / max(est_ms, 1e-3))
+    return max(min(reps, MIN_REPS), min(reps, fit))
+
+
+def spin_ns_for(host_s):
+    return int(min(SPIN_MAX_NS, max(SPIN_MIN_NS, 3 * host_s * 1e9 + 20_000)))
+
+
+def measure(clock, call, reps, budget_s):
+    """Warm up (compiles), estimate, then time calls: each call between two events, queued
+    behind a spin that outlasts the host's launch time. Returns stats()."""
+    call()
+    clock.sync()
+    host, dev = [], []
+    for _ in range(3):
+        a, b = clock.event(), clock.event()
+        clock.sync()
+        a.record()
+        t0 = time.perf_counter()
+        call()
+        host.append(time.perf_counter() - t0)
+        b.record()
+        b.synchronize()
+        dev.append(clock.elapsed_ms(a, b))
+    spin = spin_ns_for(float(np.median(host)))
+    n = reps_for(reps, float(np.median(dev)) + spin * 1e-6, budget_s)
+    starts = [clock.event() for _ in range(n)]
+    ends = [clock.event() for _ in range(n)]
+    clock.sync()
+    for a, b in zip(starts, ends):
+        clock.spin(spin)
+        a.record()
+        call()
+        b.record()
+    ends[-1].synchronize()
+    return stats([clock.elapsed_ms(a, b) for a, b in zip(starts, ends)])
+
+
+def host_times(call, sync, batches, per_batch):
+    """Host wall ms per call: batches of back-to-back calls, one sync at the end of each."""
+    call()
+    sync()
+    out = []
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(per_batch):
+            call()
+        sync()
+        out.append((time.perf_counter() - t0) / per_batch * 1e3)
+    return out
+
+
+def _peak_hook():
+    cp = _cupy()
+
+    class PeakHook(cp.cuda.MemoryHook):
+        """Peak bytes handed out by CuPy's memory pool while registered."""
+        name = "cupy_gda_bench_peak"
+
+        def __init__(self):
+            self.live, self.cur, self.peak = {}, 0, 0
+
+        def malloc_postprocess(self, **kw):
+            self.live[kw["mem_ptr"]] = kw["size"]
+            self.cur += kw["size"]
+            self.peak = max(self.peak, self.cur)
+
+        def free_postprocess(self, **kw):
+            self.cur -= self.live.pop(kw["mem_ptr"], 0)
+
+    return PeakHook()
+
+
+def _nbytes(out):
+    if out is None:
+        return 0
+    if isinstance(out, (tuple, list)):
+        return sum(_nbytes(x) for x in out)
+    return int(out.nbytes)
+
+
+def peak_extra(call):
+    """Bytes CuPy's pool hands out during one call beyond the arrays the call returns."""
+    cp = _cupy()
+    hook = _peak_hook()
+    cp.cuda.Device().synchronize()
+    with hook:
+        out = call()
+        cp.cuda.Device().synchronize()
+    return max(0, hook.peak - _nbytes(out))
+
+
+def measure_copy(clock, nbytes=COPY_BYTES, reps=COPY_REPS, seed=0):
+    """Device-to-device copy bandwidth, bytes read + written over the median time."""
+    cp = _cupy()
+    src = cp.random.default_rng(seed + 12345).standard_normal(nbytes // 4, dtype=cp.float32)
+    dst = cp.empty_like(src)
+    rt = cp.cuda.runtime
+
+    def call():
+        rt.memcpyAsync(dst.data.ptr, src.data.ptr, src.nbytes, rt.memcpyDeviceToDevice,
+                       cp.cuda.get_current_stream().ptr)
+
+    st = measure(clock, call, reps, budget_s=60.0)
+    return dict(bytes=int(nbytes), gbps=2 * nbytes / (st["ms"] * 1e-3) / 1e9, **st)
+
+
+def _cast_io(x, dtype):
+    """x (float32, on the device) in dtype; through the host, the path the tests use."""
+    if dtype == "float32":
+        return x
+    cp = _cupy()
+    return cp.asarray(cp.asnumpy(x).astype(_verify._dtype(dtype)))
+
+
+def make_inputs(shape, count, seed=0):
+    """count input sets, dicts of q, k, v, g (and state for decode) on the device."""
+    cp = _cupy()
+    rng = cp.random.default_rng(seed)
+    lead = (shape.B, shape.H) if shape.step else (shape.B, shape.T, shape.H)
+    f32 = cp.float32
+    sets = []
+    for _ in range(count):
+        q = (rng.standard_normal(lead + (shape.K,), dtype=f32) * f32(shape.K ** -0.5)).astype(f32)
+        k = (rng.standard_normal(lead + (shape.K,), dtype=f32) * f32(shape.K ** -0.5)).astype(f32)
+        v = rng.standard_normal(lead + (shape.V,), dtype=f32)
+        x = rng.standard_normal(lead + (shape.K,), dtype=f32)
+        g = cp.exp(-cp.logaddexp(f32(0), -x) / f32(16)).astype(f32)     # exp(logsigmoid(x)/16)
+        del x
+        s = dict(q=_cast_io(q, shape.dtype), k=_cast_io(k, shape.dtype),
+                 v=_cast_io(v, shape.dtype), g=g)
+        if shape.step:
+            s["state"] = rng.standard_normal((shape.B, shape.H, shape.K, shape.V), dtype=f32)
+        sets.append(s)
+    return sets
+
+
+def _slice_dims(shape):
+    return min(REF_T_MAX, shape.T), min(REF_HEADS, shape.H)
+
+
+def reference_slices(shape, s):
+    """{'ref': {...}, 'emu': {...}}: the float64 and float32 NumPy loops on the first sequence's
+    first heads (T cut to REF_T_MAX) of input set s; 'o', and for decode 'state'. For half
+    dtypes the float32 output is rounded to the dtype (the emulation of _verify)."""
+    cp = _cupy()
+    Ts, Hs = _slice_dims(shape)
+    out = {}
+    if shape.step:
+        h = {n: cp.asnumpy(s[n][0])[None, :Hs] for n in ("q", "k", "v", "g", "state")}
+        for label, dt in (("ref", np.float64), ("emu", np.float32)):
+            st = h["state"].astype(dt)
+            o = reference.gated_attention_step_ref(h["q"], h["k"], h["v"], h["g"], state=st,
+                                                   dtype=dt)
+            out[label] = dict(o=o, state=st)
+    else:
+        h = {n: cp.asnumpy(s[n][0, :Ts])[None, :, :Hs] for n in ("q", "k", "v", "g")}
+        for label, dt in (("ref", np.float64), ("emu", np.float32)):
+            out[label] = dict(o=reference.gated_attention_ref(h["q"], h["k"], h["v"], h["g"],
+                                                               dtype=dt))
+    if shape.dtype != "float32":
+        out["emu"]["o"] = out["emu"]["o"].astype(_verify._dtype(shape.dtype))
+    return out
+
+
+def output_slices(shape, o, state=None):
+    """The same slice of a device output (and decode's state) as reference_slices, on the host."""
+    cp = _cupy()
+    Ts, Hs = _slice_dims(shape)
+    if shape.step:
+        got = dict(o=cp.asnumpy(o[0])[None, :Hs])
+        if state is not None:
+            got["state"] = cp.asnumpy(state[0])[None, :Hs]
+        return got
+    return dict(o=cp.asnumpy(o[0, :Ts])[None, :, :Hs])
+
+
+def accuracy(refs, got):
+    """rel_err, f32_rel_err, err, bound, contract_ok over the tensors of got (the worst one)."""
+    worst, ok = None, True
+    for name, x in got.items():
+        ref, emu = refs["ref"][name], refs["emu"][name]
+        r = _verify.compare(name, x, ref, emu)
+        ref64 = _verify._f64(ref)
+        f32 = _verify.rms(_verify._f64(emu) - ref64) / max(_verify.rms(ref64), 1e-300)
+        ok = ok and r.ok
+        if worst is None or not r.rel_rms <= worst[0].rel_rms:
+            worst = (r, f32)
+    if worst is None:
+        return {}
+    r, f32 = worst
+    return dict(rel_err=r.rel_rms, f32_rel_err=f32, err=r.err, bound=r.bound, contract_ok=bool(ok))
+
+
+def _rel_rms_cupy(a, b):
+    cp = _cupy()
+    a, b = a.astype(cp.float64), b.astype(cp.float64)
+    return float(cp.linalg.norm(a - b) / max(float(cp.linalg.norm(b)), 1e-300))
+
+
+_textbooks = {}
+
+
+def _textbook(K, V):
+    """(kernel, threads, dynamic shared bytes) of benchmarks/textbook_gda.cu for K, V."""
+    cp = _cupy()
+    dev = cp.cuda.Device().id
+    key = (dev, K, V)
+    if key not in _textbooks:
+        if not TEXTBOOK_CU.is_file():
+            raise FileNotFoundError(f"{TEXTBOOK_CU} not found (run from a source checkout)")
+        nt = min(1024, -(-V // 32) * 32)
+        smem = (K * V + 3 * K + V) * 4
+        optin = int(cp.cuda.runtime.getDeviceProperties(dev).get("sharedMemPerBlockOptin", 0))
+        if optin and smem > optin:
+            raise ValueError(f"textbook kernel: a {K}x{V} state needs {smem} B of shared "
+                             f"memory, the device allows at most {optin}")
+        pre = f"#define K_DIM {K}\n#define V_DIM {V}\n#define NT {nt}\n"
+        fn = cp.RawModule(code=pre + TEXTBOOK_CU.read_text(),
+                          options=("-std=c++17",)).get_function("textbook_gda")
+        if smem > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = smem
+        _textbooks[key] = (fn, nt, smem)
+    return _textbooks[key]
+
+
+def _run_shape(shape, impls, floor_ms, clock, l2, reps, budget_s, seed, on_step):
+    """Rows of one shape (ours, textbook, host rows, and its floor) and its reference slices."""
+    cp = _cupy()
+    count = n_sets(input_set_bytes(shape), l2)
+    sets = make_inputs(shape, count, seed)
+    s0 = sets[0]
+    state0 = s0["state"].copy() if shape.step else None
+    refs = reference_slices(shape, s0)
+    rows = [new_row(shape, "floor", kind="floor", ms=floor_ms, floor_ms=floor_ms)]
+    base = {}
+
+    def api(s, method="auto", state=None):
+        if shape.step:
+            return cupy_gda.gated_attention_step(s["q"], s["k"], s["v"], s["g"],
+                                                 state=s["state"] if state is None else state)
+        return cupy_gda.gated_attention(s["q"], s["k"], s["v"], s["g"], method=method)
+
+    def ours_base():                      # ours-auto on set 0: textbook's check, vs_ours
+        if "o" not in base:
+            base["o"] = api(s0)
+        return base["o"]
+
+    def ours(impl):
+        method = impl[len("ours-"):]
+        if shape.step:                    # on a copy of set 0's state as it was drawn
+            state = state0.copy()
+            o = api(s0, state=state)
+            acc = accuracy(refs, output_slices(shape, o, state))
+            extra = peak_extra(lambda: api(s0, state=state))
+        else:
+            o = api(s0, method)
+            acc = accuracy(refs, output_slices(shape, o))
+            extra = peak_extra(lambda: api(s0, method))
+        rot = _Rotor(sets)
+        tm = measure(clock, lambda: api(rot(), method), reps, budget_s)
+        return new_row(shape, impl, floor_ms=floor_ms, extra_bytes=extra, **tm, **acc)
+
+    def host(impl):
+        method = impl[len("ours-"):-len(HOST)]
+        rot = _Rotor(sets)
+        ms = host_times(lambda: api(rot(), method), clock.sync,
+                        max(MIN_REPS, min(reps, HOST_BATCHES)), HOST_CALLS)
+        return new_row(shape, impl, kind="host", floor_ms=floor_ms, **stats(ms),
+                       note="host wall time per call")
+
+    def textbook(impl):
+        if shape.dtype != "float32":
+            return new_row(shape, impl, status="skipped", floor_ms=floor_ms,
+                           note="the textbook kernel is float32 only")
+        fn, nt, smem = _textbook(shape.K, shape.V)
+
+        def launch(s):
+            o = cp.empty((shape.B, shape.T, shape.H, shape.V), cp.float32)
+            fn((shape.B * shape.H,), (nt,), (s["q"], s["k"], s["v"], s["g"], o,
+                                              np.int64(shape.T), np.int32(shape.H),
+                                              np.float32(1.0)), shared_mem=smem)
+            return o
+
+        o, b = launch(s0), ours_base()
+        worst = float(cp.abs(o - b).max()) / max(float(cp.abs(b).max()), 1e-30)
+        acc = accuracy(refs, output_slices(shape, o))
+        vs = _rel_rms_cupy(o, b)
+        if not worst < TEXTBOOK_TOL:
+            return new_row(shape, impl, status="failed", floor_ms=floor_ms, rel_err_vs_ours=vs,
+                           note=f"differs from ours: max|diff|/max|ours| = {worst:.1e} > "
+                                f"{TEXTBOOK_TOL:.0e}, not timed", **acc)
+        extra = peak_extra(lambda: launch(s0))
+        rot = _Rotor(sets)
+        tm = measure(clock, lambda: launch(rot()), reps, budget_s)
+        return new_row(shape, impl, floor_ms=floor_ms, rel_err_vs_ours=vs, extra_bytes=extra,
+                       **tm, **acc)
+
+    for impl in impls:
+        on_step(f"{shape.name} {impl}")
+        kind = "host" if impl.endswith(HOST) else "device"
+        try:
+            if impl == "textbook":
+                r = textbook(impl)
+            elif kind == "host":
+                r = host(impl)
+            else:
+                r = ours(impl)
+        except Exception as e:  # noqa: BLE001 - a failing row is reported, the run goes on
+            r = new_row(shape, impl, kind=kind, status="failed", floor_ms=floor_ms, note=_err(e))
+        rows.append(r)
+    info = dict(shape=shape.name, legend=shape.legend, B=shape.B, T=shape.T, H=shape.H,
+                K=shape.K, V=shape.V, dtype=shape.dtype, api="step" if shape.step else "forward",
+                bytes=must_move_bytes(shape), floor_ms=floor_ms, n_sets=count,
+                set_bytes=input_set_bytes(shape), extra_bytes={})
+    return rows, info, refs
+
+
+def run(units, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, fla_timeout=120.0, seed=0,
+        on_step=None):
+    """Time every (shape, impl) unit of plan(). Returns dict(header, copy, shapes, rows, notes)."""
+    cp = _cupy()
+    on_step = on_step or (lambda label: None)
+    header = header_info()
+    clock = _CupyClock()
+    copy = measure_copy(clock, seed=seed)
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    shapes = list(dict.fromkeys(s for s, _ in units))
+    rows, infos, refs, notes = [], [], {}, []
+    for shape in shapes:
+        impls = [i for s, i in units if s == shape and i not in FLA_IMPLS]
+        floor_ms = must_move_bytes(shape) / (copy["gbps"] * 1e9) * 1e3
+        r, info, refs[shape.name] = _run_shape(shape, impls, floor_ms, clock,
+                                               header["l2_bytes"], reps, budget_s, seed, on_step)
+        rows += r
+        infos.append(info)
+        gc.collect()
+        pool.free_all_blocks()          # this shape's input sets went with _run_shape
+    fla_units = [(s, i) for s, i in units if i in FLA_IMPLS]
+    if fla_units:
+        job = dict(reps=reps, budget_s=budget_s, fla_timeout=fla_timeout, seed=seed,
+                   l2_bytes=header["l2_bytes"])
+        floors = {i["shape"]: i["floor_ms"] for i in infos}
+        rows += _fla_rows(fla_units, job, floors, refs, notes, on_step)
+    for info in infos:
+        info["extra_bytes"] = {r["impl"]: r["extra_bytes"] for r in rows
+                               if r["shape"] == info["shape"] and r["extra_bytes"] is not None}
+    rows = sort_rows(finish_rows(rows), [s.name for s in shapes])
+    return dict(header=header, copy=copy, shapes=infos, rows=rows, notes=notes)
+
+
+def failures(rows):
+    """Ours rows that failed to run or broke the accuracy contract."""
+    return [r for r in rows if r["family"] == "ours"
+            and (r["status"] == "failed" or r["contract_ok"] is False)]
+
+
+# ------------------------------------------------------------------ fla, in a child process
+
+def parse_worker_lines(text):
+    """The JSON messages in a worker's stdout (other lines, e.g. library warnings, skipped)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(WORKER_PREFIX):
+            try:
+                out.append(json.loads(line[len(WORKER_PREFIX):]))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def _fla_rows(units, job, floors, refs, notes, on_step):
+    """Rows of the fla units, timed by _fla_worker in child processes: one child runs the units
+    in order; when one stops it (a warm-up past --fla-timeout, or a crash), the unit it was on
+    is reported and a new child takes the rest."""
+    pending = [(s.name, impl) for s, impl in units]
+    results = {}
+    unavailable = None
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    with tempfile.TemporaryDirectory(prefix="cupy_gda_bench_") as tmp:
+        while pending and unavailable is None:
+            job_path = Path(tmp) / "job.json"
+            job_path.write_text(json.dumps(dict(job, items=pending, outdir=tmp)))
+            err_path = Path(tmp) / "stderr.txt"
+            backstop = len(pending) * (job["fla_timeout"] + 3 * job["budget_s"] + 120) + 120
+            with open(err_path, "w") as err:
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", "import sys; from cupy_gda.bench import _fla_worker; "
+                     "_fla_worker(sys.argv[1])", str(job_path)],
+                    stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+                killer = threading.Timer(backstop, proc.kill)
+                killer.start()
+                try:
+                    for line in proc.stdout:
+                        for msg in parse_worker_lines(line):
+                            if "unavailable" in msg:
+                                unavailable = msg["unavailable"]
+                                continue
+                            key = (msg.get("shape"), msg.get("impl"))
+                            results[key] = msg
+                            on_step(f"{key[0]} {key[1]}")
+                finally:
+                    rc = proc.wait()
+                    killer.cancel()
+            progressed = any(u in results for u in pending)
+            pending = [u for u in pending if u not in results]
+            if rc == WORKER_TIMEOUT_RC and progressed:
+                continue                    # the watchdog reported its unit; a new child goes on
+            if pending and unavailable is None:
+                tail = [ln for ln in err_path.read_text(errors="replace").splitlines() if ln.strip()]
+                first = pending.pop(0)
+                why = f"fla worker exited with code {rc}" + (f": {tail[-1][:200]}" if tail else "")
+                results[first] = dict(shape=first[0], impl=first[1], status="failed", note=why)
+                on_step(f"{first[0]} {first[1]}")
+        if unavailable is not None:
+            notes.append(f"fla: not importable in the worker ({unavailable}); no fla rows")
+            return []
+        rows = []
+        for name, impl in [(s.name, i) for s, i in units]:
+            msg = results[(name, impl)]
+            shape = SHAPES[name]
+            kw = {k: msg.get(k) for k in ("ms", "min_ms", "p10_ms", "p90_ms", "reps",
+                                          "rel_err_vs_ours", "extra_bytes")}
+            r = new_row(shape, impl, status=msg.get("status", "failed"), note=msg.get("note", ""),
+                        floor_ms=floors.get(name), **kw)
+            path = msg.get("slices")
+            if r["status"] == "ok" and path and Path(path).is_file():
+                with np.load(path) as z:
+                    r.update(accuracy(refs[name], {k: z[k] for k in z.files}))
+            rows.append(r)
+    return rows
+
+
+def _emit(msg):
+    sys.stdout.write(WORKER_PREFIX + json.dumps(_clean(msg)) + "\n")
+    sys.stdout.flush()
+
+
+def _watchdog(seconds, shape, impl):
+    """Ends this process (after reporting the unit as skipped) unless cancelled in time."""
+    def fire():
+        msg = dict(shape=shape, impl=impl, status="skipped",
+                   note=f"warm-up (autotune) took over {seconds:g} s (--fla-timeout)")
+        os.write(1, (WORKER_PREFIX + json.dumps(msg) + "\n").encode())
+        os._exit(WORKER_TIMEOUT_RC)
+    t = threading.Timer(seconds, fire)
+    t.daemon = True
+    t.start()
+    return t
+
+
+def _to_torch(torch, x):
+    """A CuPy array as a torch tensor, zero-copy (bfloat16 through a uint16 view if need be)."""
+    try:
+        return torch.from_dlpack(x)
+    except Exception:  # noqa: BLE001 - only the bfloat16 fallback below is known
+        if x.dtype.name == "bfloat16":
+            return torch.from_dlpack(x.view(np.uint16)).view(torch.bfloat16)
+        raise
+
+
+def _rel_rms_torch(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def _fla_worker(job_path):
+    """Child process: time fla's kernels on the units of the job file, one JSON line each."""
+    job = json.loads(Path(job_path).read_text())
+    try:
+        import torch
+        from fla.ops.gla import chunk_gla, fused_recurrent_gla
+    except Exception as e:  # noqa: BLE001 - whatever stops the import, fla is unavailable
+        _emit({"unavailable": _err(e)})
+        return
+    cp = _cupy()
+    fns = {"fla-chunk_gla": chunk_gla, "fla-fused_recurrent_gla": fused_recurrent_gla}
+    clock = _TorchClock(torch)
+    current, inp = None, None
+    with torch.no_grad():
+        for name, impl in job["items"]:
+            shape = SHAPES[name]
+            try:
+                if current != name:
+                    current, inp = None, None
+                    cp.get_default_memory_pool().free_all_blocks()
+                    torch.cuda.empty_cache()
+                    inp = _fla_inputs(shape, job, torch)
+                    current = name
+                res = _fla_unit(shape, impl, fns[impl], inp, job, clock, torch)
+            except Exception as e:  # noqa: BLE001 - a failing unit is reported, the rest run
+                res = dict(status="failed", note=_err(e))
+            _emit(dict(shape=name, impl=impl, **res))
+
+
+def _fla_inputs(shape, job, torch):
+    """The bench's input sets (same seed, same sets), with torch views and fla's log-gates."""
+    sets = make_inputs(shape, n_sets(input_set_bytes(shape), job["l2_bytes"]), job["seed"])
+    tsets = []
+    for s in sets:
+        t = {n: _to_torch(torch, x) for n, x in s.items()}
+        t["lg"] = torch.log(t["g"])                  # fla's gates are log-space
+        if shape.step:
+            for n in ("q", "k", "v", "lg"):
+                t[n + "1"] = t[n].unsqueeze(1)        # [B, 1, H, *]: T = 1
+        tsets.append(t)
+    torch.cuda.synchronize()
+    return dict(sets=sets, tsets=tsets)
+
+
+def _fla_unit(shape, impl, fn, inp, job, clock, torch):
+    cp = _cupy()
+    Ts, Hs = _slice_dims(shape)
+    if shape.step:
+        def one(t):
+            return fn(t["q1"], t["k1"], t["v1"], gk=t["lg1"], scale=1.0, initial_state=t["state"],
+                      output_final_state=True)
+    elif impl == "fla-chunk_gla":
+        def one(t):
+            return fn(t["q"], t["k"], t["v"], g=t["lg"], scale=1.0, initial_state=None,
+                      output_final_state=False)
+    else:
+        def one(t):
+            return fn(t["q"], t["k"], t["v"], gk=t["lg"], scale=1.0, initial_state=None,
+                      output_final_state=False)
+    t0, s0 = inp["tsets"][0], inp["sets"][0]
+
+    # warm-up: the first call at a new shape autotunes; bounded by the watchdog
+    start = time.perf_counter()
+    dog = _watchdog(job["fla_timeout"], shape.name, impl)
+    try:
+        one(t0)
+        torch.cuda.synchronize()
+    finally:
+        dog.cancel()
+    warm_s = time.perf_counter() - start
+
+    # accuracy: vs ours over the whole output, and the reference slice (compared by the parent)
+    o, ht = one(t0)
+    if shape.step:
+        st = s0["state"].copy()
+        ours_o = cupy_gda.gated_attention_step(s0["q"], s0["k"], s0["v"], s0["g"], state=st)
+        cp.cuda.Device().synchronize()
+        fo = o[:, 0]
+        vs = max(_rel_rms_torch(fo, _to_torch(torch, ours_o)),
+                 _rel_rms_torch(ht, _to_torch(torch, st)))
+        slices = dict(o=fo[0:1, :Hs].float().cpu().numpy(),
+                      state=ht[0:1, :Hs].float().cpu().numpy())
+    else:
+        ours_o = cupy_gda.gated_attention(s0["q"], s0["k"], s0["v"], s0["g"])
+        cp.cuda.Device().synchronize()
+        vs = _rel_rms_torch(o, _to_torch(torch, ours_o))
+        slices = dict(o=o[0:1, :Ts, :Hs].float().cpu().numpy())
+    path = Path(job["outdir"]) / f"{shape.name}__{impl}.npz"
+    np.savez(path, **slices)
+
+    # extra device memory: torch's allocator peak during one call, beyond what it returns
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = one(t0)
+    torch.cuda.synchronize()
+    returned = sum(x.numel() * x.element_size() for x in out if x is not None)
+    extra = max(0, torch.cuda.max_memory_allocated() - before - returned)
+    del out
+
+    rot = _Rotor(inp["tsets"])
+    tm = measure(clock, lambda: one(rot()), job["reps"], job["budget_s"])
+    return dict(status="ok", note=f"warm-up {warm_s:.1f} s", rel_err_vs_ours=vs,
+                extra_bytes=int(extra), slices=str(path), **tm)

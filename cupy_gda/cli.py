@@ -1,0 +1,240 @@
+"""``cupy-gda``: a thin command line over the library.
+
+    cupy-gda verify [-B 2 -T 63 -H 4 -K 24 -V 24 --dtype bfloat16 ...]   random cases vs float64
+    cupy-gda info                                                          versions, GPU, cache paths
+
+Subcommands are added to the ``main`` group (``bench`` will join them).
+"""
+import os
+import platform
+import sys
+
+import click
+
+import cupy_gda
+from cupy_gda import _compile, _dispatch, _interop, _verify
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+@click.group()
+@click.version_option(cupy_gda.__version__, prog_name="cupy-gda")
+def main():
+    """CUDA kernels for gated linear attention, run through CuPy."""
+
+
+# ---------------------------------------------------------------------------------------- verify
+
+def _selected_cases(shape, quick):
+    """The cases to run: one shape (forward + step) when any shape option is given, else the sweep."""
+    cases = _verify.standard_cases()
+    given = {k: v for k, v in shape.items() if v is not None}
+    if given:
+        # unset dims and flags come from the sweep's seed shape
+        c = cases[0]._replace(**given)
+        step = _verify.step_case(c.B, c.H, c.K, c.V, dtype=c.dtype, gate=c.gate, log=c.log)
+        return [c, step]
+    if quick:
+        # the first case of each API (fwd, varlen, step): a smoke test in seconds
+        firsts = {}
+        for c in cases:
+            firsts.setdefault(c.id.split("-", 1)[0], c)
+        return list(firsts.values())
+    return cases
+
+
+def _line(case_id, width, name, max_abs, rel_rms, err, bound, verdict):
+    return (f"{case_id:<{width}}  {name:<6} {max_abs:>9}  {rel_rms:>9}  {err:>9}  {bound:>9}  "
+            f"{verdict}")
+
+
+@main.command()
+@click.option("-B", "B", type=click.IntRange(min=1), help="Batch size (single-shape mode).")
+@click.option("-T", "T", type=click.IntRange(min=1), help="Sequence length (single-shape mode).")
+@click.option("-H", "H", type=click.IntRange(min=1), help="Heads (single-shape mode).")
+@click.option("-K", "K", type=click.IntRange(min=1), help="Key head dim (single-shape mode).")
+@click.option("-V", "V", type=click.IntRange(min=1), help="Value head dim (single-shape mode).")
+@click.option("--dtype", type=click.Choice(DTYPES), help="Dtype of q, k, v (single-shape mode).")
+@click.option("--gate", type=click.Choice(list(_verify.GATES)),
+              help="Gate distribution (single-shape mode).")
+@click.option("--log-gate/--no-log-gate", "log", default=None,
+              help="Pass log(gate) as log_gate (single-shape mode).")
+@click.option("--method", type=click.Choice(["auto", *_dispatch.METHODS]), default="auto",
+              show_default=True, help="Kernel family for the forward cases.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--quick", is_flag=True, help="Only the first case of each API (fwd, varlen, step).")
+@click.option("--require-gpu", is_flag=True, help="Fail (exit 1) without a usable GPU instead of "
+              "verifying the CPU path.")
+def verify(B, T, H, K, V, dtype, gate, log, method, seed, quick, require_gpu):
+    """Check random cases against the float64 NumPy reference.
+
+    Without shape options, runs the standard sweep (awkward T and head dims, gates, half dtypes,
+    varlen, step). Any of -B -T -H -K -V --dtype --gate --log-gate selects one shape instead (the
+    rest from the sweep's first case), run as a forward and a step case. Exits 1 on any failure.
+    """
+    ok, gpu = _interop.gpu_available()
+    if ok:
+        backend, where = "cupy", f"GPU: {gpu}"
+    elif require_gpu:
+        raise click.ClickException(f"no usable GPU: {gpu}")
+    else:
+        backend, where = "numpy", "no GPU"
+        click.echo(f"no usable GPU: {gpu}; verifying the CPU path instead")
+
+    cases = _selected_cases(dict(B=B, T=T, H=H, K=K, V=V, dtype=dtype, gate=gate, log=log), quick)
+    width = max(len(c.id) for c in cases)
+    # lines are collected and printed after the bar, so the bar (on stderr) never splits them
+    lines = [_line("case", width, "tensor", "max_abs", "rel_rms", "err", "bound", "result")]
+    checks = failed = 0
+    bar = click.progressbar(cases, label="verify", file=sys.stderr,
+                            item_show_func=lambda c: c.id if c else None)
+    with bar:
+        for case in bar:
+            try:
+                results = _verify.run_case(case, backend=backend, seed=seed, method=method)
+            except Exception as e:  # noqa: BLE001 - a crashing case is a failed check, not the end
+                msg = str(e).splitlines()[0] if str(e) else ""
+                lines.append(f"{case.id:<{width}}  error  {type(e).__name__}: {msg}  FAIL")
+                checks, failed = checks + 1, failed + 1
+                continue
+            for r in results:
+                lines.append(_line(case.id, width, r.name, f"{r.max_abs:.2e}", f"{r.rel_rms:.2e}",
+                                   f"{r.err:.2e}", f"{r.bound:.2e}", "PASS" if r.ok else "FAIL"))
+                checks += 1
+                failed += not r.ok
+    click.echo("\n".join(lines))
+    click.echo(f"verify: {len(cases)} cases, {checks} checks, {failed} failed "
+               f"({where}, backend {backend})")
+    if failed:
+        sys.exit(1)
+
+
+# ------------------------------------------------------------------------------------------ info
+
+def _probe(fn):
+    """fn() as text, or a one-line reason why it could not be read (never raises)."""
+    try:
+        return str(fn())
+    except Exception as e:  # noqa: BLE001 - a machine without a GPU fails in many ways
+        msg = str(e).splitlines()[0] if str(e) else ""
+        return f"unavailable ({type(e).__name__}: {msg})" if msg else f"unavailable ({type(e).__name__})"
+
+
+def _cuda_version(v):
+    # CUDA encodes versions as 1000 * major + 10 * minor
+    return f"{v // 1000}.{v % 1000 // 10} ({v})" if v else "none (0: no CUDA driver found)"
+
+
+def _cupy():
+    import cupy
+    return cupy
+
+
+@main.command()
+def info():
+    """Versions, GPU and cache paths (each field says why where it cannot be read)."""
+    import numpy
+    ok, gpu = _interop.gpu_available()
+    fields = [
+        ("cupy_gda", cupy_gda.__version__),
+        ("Python", f"{platform.python_version()} ({sys.executable})"),
+        ("NumPy", numpy.__version__),
+        ("CuPy", _probe(lambda: _cupy().__version__)),
+        ("CUDA runtime", _probe(lambda: _cuda_version(_cupy().cuda.runtime.runtimeGetVersion()))),
+        ("CUDA driver", _probe(lambda: _cuda_version(_cupy().cuda.runtime.driverGetVersion()))),
+        ("NVRTC", _probe(lambda: "%d.%d" % _cupy().cuda.nvrtc.getVersion())),
+        ("GPU", gpu if ok else f"none ({gpu})"),
+        ("compute capability",
+         _probe(lambda: f"sm_{_cupy().cuda.Device(0).compute_capability}") if ok else "n/a (no GPU)"),
+        # where CuPy keeps compiled kernels (cupy.cuda.compiler reads the same variable)
+        ("kernel cache", os.environ.get("CUPY_CACHE_DIR",
+                                        os.path.expanduser(os.path.join("~", ".cupy", "kernel_cache")))),
+        ("kernels", str(_compile.KERNEL_DIR)),
+    ]
+    width = max(len(k) for k, _ in fields)
+    for k, v in fields:
+        click.echo(f"{k + ':':<{width + 1}} {v}")
+
+
+# ----------------------------------------------------------------------------------------- bench
+
+from cupy_gda import bench as _bench  # noqa: E402 - the bench command's library side
+
+
+@main.command()
+@click.option("--shapes", "shapes_text", metavar="NAMES",
+              help="Comma-separated shapes, or 'all' (the default; with --quick: "
+              f"{','.join(_bench.QUICK_SHAPES)}), 'tsweep'. Shapes: {', '.join(_bench.SHAPES)}.")
+@click.option("--impl", "impl_text", metavar="NAMES", default="ours,textbook,fla",
+              show_default=True, help="Comma-separated families (ours, textbook, fla) or "
+              "implementation names (ours-auto, ours-<method>, ours-step, fla-chunk_gla, ...).")
+@click.option("--reps", type=click.IntRange(min=1),
+              help=f"Timed calls per row; the median is reported (default {_bench.DEFAULT_REPS}, "
+              f"--quick {_bench.QUICK_REPS}).")
+@click.option("--budget", type=click.FloatRange(min=0), default=_bench.DEFAULT_BUDGET_S,
+              show_default=True, help="Seconds of timed calls per row at most; slow rows get "
+              f"fewer calls, never fewer than {_bench.MIN_REPS}.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+              help="Also write the header and rows as JSON to this file.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="Write a PNG of time vs T (log-log) of the tsweep shapes (needs matplotlib).")
+@click.option("--quick", is_flag=True, help="A few shapes and fewer calls: a smoke run.")
+@click.option("--fla-timeout", type=click.FloatRange(min=0, min_open=True), default=120.0,
+              show_default=True, help="Seconds an fla warm-up (Triton autotune) may take before "
+              "its row is skipped.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+def bench(shapes_text, impl_text, reps, budget, json_path, plot_path, quick, fla_timeout, seed):
+    """Time every implementation present at named shapes, against the copy bandwidth floor.
+
+    Prints a header line (GPU, CUDA, CuPy, commit), then one row per shape and implementation:
+    shape | impl | ms | GB/s | % of floor | speedup | accuracy. ms is the median of CUDA-event
+    times; speedup is the fastest other family's time over this row's. fla rows appear when
+    torch and fla import (e.g. PYTHONPATH=.baselines). Exits 1 if an ours row fails or breaks
+    the accuracy contract.
+    """
+    try:
+        shapes = _bench.parse_shapes(shapes_text or (",".join(_bench.QUICK_SHAPES) if quick
+                                                     else "all"))
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--shapes") from None
+    try:
+        selectors = _bench.parse_impls(impl_text)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--impl") from None
+    if reps is None:
+        reps = _bench.QUICK_REPS if quick else _bench.DEFAULT_REPS
+    ok, gpu = _interop.gpu_available()
+    if not ok:
+        raise click.ClickException(f"no usable GPU: {gpu}")
+
+    fla_ok, fla_why = _bench.fla_available()
+    units = _bench.plan(shapes, selectors, fla=fla_ok)
+    if not units:
+        why = f" (fla: {fla_why})" if not fla_ok and any(
+            _bench.family(s) == "fla" for s in selectors) else ""
+        raise click.ClickException(f"nothing to run: no implementation in --impl {impl_text} "
+                                   f"applies to --shapes {shapes_text or 'all'}{why}")
+    if sys.stderr.isatty():
+        with click.progressbar(length=len(units), label="bench", file=sys.stderr,
+                               item_show_func=lambda s: s) as bar:
+            result = _bench.run(units, reps=reps, budget_s=budget, fla_timeout=fla_timeout,
+                                seed=seed, on_step=lambda label: bar.update(1, label))
+    else:   # a log (e.g. a remote run): one line per unit as it starts, so a cut-off run shows where
+        result = _bench.run(units, reps=reps, budget_s=budget, fla_timeout=fla_timeout, seed=seed,
+                            on_step=lambda label: click.echo(f"bench: {label}", err=True))
+    if not fla_ok and "fla" in {_bench.family(s) for s in selectors}:
+        result["notes"].append(f"fla: {fla_why}; no fla rows")
+
+    click.echo(_bench.header_line(result["header"]))
+    click.echo(_bench.format_table(result["rows"]))
+    for line in _bench.summary_lines(result):
+        click.echo(line)
+    if json_path:
+        _bench.write_json(result, json_path)
+        click.echo(f"# rows written to {json_path}")
+    if plot_path:
+        click.echo(f"# {_bench.plot(result['rows'], plot_path)}")
+    bad = _bench.failures(result["rows"])
+    if bad:
+        click.echo("# FAIL: " + ", ".join(f"{r['shape']} {r['impl']}" for r in bad))
+        sys.exit(1)

@@ -1,0 +1,158 @@
+"""Every public path on the case list, on NumPy always and on CuPy where a GPU is, checked
+against the float64 loop reference under the accuracy contract (outputs poisoned with NaN)."""
+import numpy as np
+import pytest
+from conftest import to_backend
+
+import cupy_gda
+from cupy_gda import _verify
+from cupy_gda._verify import Case, step_case, varlen_case
+from cupy_gda.reference import gated_attention_ref
+
+CASES = [pytest.param(c, id=c.id) for c in _verify.standard_cases()]
+EXTRA = [
+    Case(2, 1000, 4, 24, 24, gate="zeros"), Case(2, 300, 2, 64, 64, gate="neg"),
+    Case(2, 64, 4, 24, 24, dtype="float16", gate="tiny"),
+    Case(1, 33, 2, 200, 3), Case(1, 33, 2, 3, 200), Case(3, 65, 5, 17, 33, log=True),
+    varlen_case((64, 64, 1, 1), K=128, V=64), varlen_case((300,), gate="ones"),
+    step_case(3, 2, 1, 1), step_case(16, 2, 160, 160, gate="neg"), step_case(2, 1, 7, 9),
+]
+CASES += [pytest.param(c, id=c.id) for c in EXTRA]
+
+
+def _host(x):
+    return x.get() if hasattr(x, "get") else np.asarray(x)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_case_meets_accuracy_contract(case, backend):
+    results = _verify.run_case(case, backend, seed=11)
+    for r in results:
+        assert r.ok, f"{case.id} {r.name}: err {r.err:.3e} > bound {r.bound:.3e} (max abs {r.max_abs:.3e})"
+
+
+@pytest.mark.parametrize("method", ["chunk", "recurrent"])
+def test_cpu_methods_agree(method):
+    for case in (Case(2, 130, 3, 24, 40, gate="zeros"), varlen_case((5, 0, 70), K=8, V=8)):
+        for r in _verify.run_case(case, "numpy", seed=3, method=method):
+            assert r.ok, (case.id, r)
+
+
+def _inputs(B, T, H, K, V, seed, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    q = (rng.standard_normal((B, T, H, K)) / np.sqrt(K)).astype(dtype)
+    k = (rng.standard_normal((B, T, H, K)) / np.sqrt(K)).astype(dtype)
+    v = rng.standard_normal((B, T, H, V)).astype(dtype)
+    g = rng.uniform(0.5, 1, (B, T, H, K)).astype(np.float32)
+    return q, k, v, g
+
+
+def test_varlen_equals_separate_calls(backend):
+    lens = [1, 17, 64, 300, 0, 5]
+    H, K, V = 2, 24, 40
+    q, k, v, g = _inputs(1, sum(lens), H, K, V, 1)
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    h0 = np.random.default_rng(2).standard_normal((len(lens), H, K, V)).astype(np.float32)
+    X = [to_backend(x, backend) for x in (q, k, v, g, h0, cu)]
+    o, s = cupy_gda.gated_attention(*X[:4], initial_state=X[4], cu_seqlens=X[5], output_final_state=True)
+    o, s = _host(o), _host(s)
+    for n in range(len(lens)):
+        a, b = cu[n], cu[n + 1]
+        Y = [to_backend(np.ascontiguousarray(x[:, a:b]), backend) for x in (q, k, v, g)]
+        on, sn = cupy_gda.gated_attention(*Y, initial_state=to_backend(h0[n:n + 1], backend),
+                                          output_final_state=True)
+        np.testing.assert_allclose(o[:, a:b], _host(on), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(s[n:n + 1], _host(sn), rtol=1e-5, atol=1e-6)
+
+
+def test_step_equals_T1_call(backend):
+    B, H, K, V = 5, 3, 24, 36
+    q, k, v, g = (x[:, 0] for x in _inputs(B, 1, H, K, V, 3))
+    state = np.random.default_rng(4).standard_normal((B + 2, H, K, V)).astype(np.float32)
+    idx = np.array([6, 0, 3, 1, 5], np.int32)
+    h0 = state[idx].copy()
+    st = to_backend(state.copy(), backend)
+    o = cupy_gda.gated_attention_step(*(to_backend(x, backend) for x in (q, k, v, g)), state=st,
+                                      state_indices=to_backend(idx, backend))
+    o1, s1 = cupy_gda.gated_attention(*(to_backend(x[:, None], backend) for x in (q, k, v, g)),
+                                      initial_state=to_backend(h0, backend), output_final_state=True)
+    np.testing.assert_allclose(_host(o), _host(o1)[:, 0], rtol=1e-5, atol=1e-6)
+    st = _host(st)
+    np.testing.assert_allclose(st[idx], _host(s1), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(st[[2, 4]], state[[2, 4]])
+
+
+def test_n_steps_equal_one_call(backend):
+    B, T, H, K, V = 3, 20, 2, 64, 64
+    q, k, v, g = _inputs(B, T, H, K, V, 5)
+    X = [to_backend(x, backend) for x in (q, k, v, g)]
+    o, s = cupy_gda.gated_attention(*X, output_final_state=True)
+    state = to_backend(np.zeros((B, H, K, V), np.float32), backend)
+    steps = [_host(cupy_gda.gated_attention_step(*(to_backend(np.ascontiguousarray(x[:, t]), backend)
+                                                   for x in (q, k, v, g)), state=state))
+             for t in range(T)]
+    np.testing.assert_allclose(np.stack(steps, 1), _host(o), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_host(state), _host(s), rtol=1e-5, atol=1e-5)
+
+
+def test_out_argument_receives_o(backend):
+    q, k, v, g = _inputs(2, 33, 2, 8, 12, 6)
+    out = to_backend(np.full((2, 33, 2, 12), np.nan, np.float32), backend)
+    X = [to_backend(x, backend) for x in (q, k, v, g)]
+    o = cupy_gda.gated_attention(*X, out=out)
+    assert o is out
+    np.testing.assert_allclose(_host(out), gated_attention_ref(q, k, v, g), rtol=1e-4, atol=1e-5)
+
+
+def test_non_contiguous_inputs(backend):
+    q, k, v, g = _inputs(2, 40, 3, 16, 16, 7)
+    # [B, H, T, K] storage viewed as [B, T, H, K]: strided, not contiguous
+    X = [to_backend(np.ascontiguousarray(x.transpose(0, 2, 1, 3)), backend).transpose(0, 2, 1, 3)
+         for x in (q, k, v, g)]
+    assert not X[0].flags.c_contiguous
+    o = cupy_gda.gated_attention(*X)
+    assert o.flags.c_contiguous
+    np.testing.assert_allclose(_host(o), gated_attention_ref(q, k, v, g), rtol=1e-4, atol=1e-5)
+
+
+def test_empty_sequence_returns_initial_state(backend):
+    q, k, v, g = _inputs(2, 0, 2, 4, 3, 8)
+    h0 = np.random.default_rng(9).standard_normal((2, 2, 4, 3)).astype(np.float32)
+    o, s = cupy_gda.gated_attention(*(to_backend(x, backend) for x in (q, k, v, g)),
+                                    initial_state=to_backend(h0, backend), output_final_state=True)
+    assert o.shape == (2, 0, 2, 3)
+    np.testing.assert_array_equal(_host(s), h0)
+
+
+def test_many_sequences_and_heads(backend):
+    """B·H = 65,536 blocks' worth of (b, h) pairs with tiny dims: 1-D grid, no axis limit."""
+    B, T, H, K, V = 256, 3, 256, 2, 3
+    q, k, v, g = _inputs(B, T, H, K, V, 10)
+    o = cupy_gda.gated_attention(*(to_backend(x, backend) for x in (q, k, v, g)))
+    np.testing.assert_allclose(_host(o), gated_attention_ref(q, k, v, g), rtol=1e-4, atol=1e-5)
+    state = to_backend(np.zeros((B, H, K, V), np.float32), backend)
+    o1 = cupy_gda.gated_attention_step(*(to_backend(np.ascontiguousarray(x[:, 0]), backend)
+                                         for x in (q, k, v, g)), state=state)
+    np.testing.assert_allclose(_host(o1), _host(o)[:, 0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_tensors_over_2_31_elements():
+    """64-bit offsets: q, k, v, gate and o of 2^31 + 2^20 float16 elements each; the last
+    sequences (whose offsets pass 2^31) are checked against the reference."""
+    import cupy
+    B, T, H, K, V = 2**14 + 2**3, 2, 256, 256, 256
+    assert B * T * H * K > 2**31
+    rng = cupy.random.default_rng(0)
+    q = (rng.standard_normal((B, T, H, K), dtype=cupy.float32) * 0.06).astype(cupy.float16)
+    k = (rng.standard_normal((B, T, H, K), dtype=cupy.float32) * 0.06).astype(cupy.float16)
+    v = rng.standard_normal((B, T, H, V), dtype=cupy.float32).astype(cupy.float16)
+    g = rng.uniform(0.5, 1.0, (B, T, H, K), dtype=cupy.float32).astype(cupy.float16)
+    o = cupy_gda.gated_attention(q, k, v, g)
+    tail = slice(B - 3, B)
+    want = gated_attention_ref(*(x[tail].get() for x in (q, k, v, g)))
+    got = o[tail].get().astype(np.float64)
+    rel = np.sqrt(np.mean((got - want) ** 2) / np.mean(want ** 2))
+    assert rel < 2e-3, rel
+    del q, k, v, g, o
+    cupy.get_default_memory_pool().free_all_blocks()

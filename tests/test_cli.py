@@ -1,0 +1,151 @@
+"""The ``cupy-gda`` command line, through click's CliRunner (and once through ``python -m``)."""
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+import cupy_gda
+from cupy_gda import _compile, _verify, cli
+from conftest import HAS_GPU
+
+SMALL = ["-B", "1", "-T", "8", "-H", "2", "-K", "4", "-V", "3"]
+SMALL_IDS = ["fwd-B1-T8-H2-K4-V3-float32-gate_logsig", "step-B1-T1-H2-K4-V3-float32-gate_logsig"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli.main, list(args))
+
+
+def result_lines(output, verdict):
+    return [ln for ln in output.splitlines() if ln.endswith(verdict)]
+
+
+def test_info_prints_versions_and_paths():
+    r = invoke("info")
+    assert r.exit_code == 0, r.output
+    fields = dict(ln.split(":", 1) for ln in r.output.splitlines())
+    assert fields["cupy_gda"].strip() == cupy_gda.__version__
+    assert fields["kernels"].strip() == str(_compile.KERNEL_DIR)
+    for key in ("Python", "NumPy", "CuPy", "CUDA runtime", "CUDA driver", "NVRTC", "GPU",
+                "compute capability", "kernel cache"):
+        assert fields[key].strip(), key
+    if not HAS_GPU:
+        assert fields["GPU"].strip().startswith("none (")
+        assert fields["compute capability"].strip() == "n/a (no GPU)"
+
+
+def test_info_survives_broken_cupy(monkeypatch):
+    # every CuPy probe fails: each field says why, and the command still exits 0
+    def broken():
+        raise ImportError("libcuda.so.1: cannot open shared object file")
+    monkeypatch.setattr(cli, "_cupy", broken)
+    monkeypatch.setattr(cli._interop, "gpu_available", lambda: (False, "CuPy does not import"))
+    r = invoke("info")
+    assert r.exit_code == 0, r.output
+    for key in ("CuPy", "CUDA runtime", "CUDA driver", "NVRTC"):
+        assert f"{key}:" in r.output
+    assert r.output.count("unavailable (ImportError: libcuda.so.1") == 4
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the CPU fallback; a GPU is present")
+def test_verify_single_shape_without_gpu():
+    r = invoke("verify", *SMALL)
+    assert r.exit_code == 0, r.output
+    assert r.output.count("no usable GPU:") == 1
+    assert "verifying the CPU path instead" in r.output
+    passed = result_lines(r.output, "PASS")
+    assert [ln.split()[:2] for ln in passed] == [[i, t] for i in SMALL_IDS for t in ("o", "state")]
+    assert not result_lines(r.output, "FAIL")
+    assert "verify: 2 cases, 4 checks, 0 failed (no GPU, backend numpy)" in r.output
+
+
+def test_verify_default_sweep():
+    cases = _verify.standard_cases()
+    r = invoke("verify")
+    assert r.exit_code == 0, r.output
+    assert len(result_lines(r.output, "PASS")) == 2 * len(cases)
+    assert f"verify: {len(cases)} cases, {2 * len(cases)} checks, 0 failed" in r.output
+    assert cases[0].id in r.output and cases[-1].id in r.output
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU error; a GPU is present")
+def test_verify_require_gpu_fails_without_gpu():
+    r = invoke("verify", "--require-gpu", *SMALL)
+    assert r.exit_code == 1
+    assert "no usable GPU:" in r.output
+    assert not result_lines(r.output, "PASS")
+
+
+def test_verify_failure_exits_1(monkeypatch):
+    bad = _verify.Result("o", 1.5, 0.25, 0.5, 1e-6, False)
+    good = _verify.Result("state", 1e-7, 1e-8, 1e-8, 1e-6, True)
+    monkeypatch.setattr(_verify, "run_case", lambda case, **kw: [bad, good])
+    r = invoke("verify", *SMALL)
+    assert r.exit_code == 1, r.output
+    fails = result_lines(r.output, "FAIL")
+    assert [ln.split() for ln in fails] == [
+        [i, "o", "1.50e+00", "2.50e-01", "5.00e-01", "1.00e-06", "FAIL"] for i in SMALL_IDS]
+    assert len(result_lines(r.output, "PASS")) == 2
+    assert "verify: 2 cases, 4 checks, 2 failed" in r.output
+
+
+def test_verify_crashing_case_is_a_failure(monkeypatch):
+    def crash(case, **kw):
+        if case.step:
+            raise RuntimeError("kernel launch failed\nsecond line")
+        return [_verify.Result("o", 0.0, 0.0, 0.0, 1e-6, True)]
+    monkeypatch.setattr(_verify, "run_case", crash)
+    r = invoke("verify", *SMALL)
+    assert r.exit_code == 1, r.output
+    assert [ln.split()[:2] for ln in result_lines(r.output, "FAIL")] == [[SMALL_IDS[1], "error"]]
+    assert "RuntimeError: kernel launch failed" in r.output and "second line" not in r.output
+    assert "verify: 2 cases, 2 checks, 1 failed" in r.output
+
+
+def test_verify_options_reach_the_cases(monkeypatch):
+    seen = []
+    monkeypatch.setattr(_verify, "run_case",
+                        lambda case, **kw: seen.append((case, kw)) or [])
+    r = invoke("verify", "-T", "63", "-K", "100", "--dtype", "bfloat16", "--gate", "tiny",
+               "--log-gate", "--seed", "7", "--method", "recurrent")
+    assert r.exit_code == 0, r.output
+    (fwd, kw), (step, kw_step) = seen
+    # unset dims come from the sweep's seed shape (B2, H4, V24)
+    assert fwd == _verify.Case(2, 63, 4, 100, 24, dtype="bfloat16", gate="tiny", log=True)
+    assert step == _verify.step_case(2, 4, 100, 24, dtype="bfloat16", gate="tiny", log=True)
+    assert kw["seed"] == kw_step["seed"] == 7 and kw["method"] == "recurrent"
+    assert kw["backend"] == ("cupy" if HAS_GPU else "numpy")
+
+
+def test_verify_quick_runs_one_case_per_api(monkeypatch):
+    seen = []
+    monkeypatch.setattr(_verify, "run_case", lambda case, **kw: seen.append(case) or [])
+    r = invoke("verify", "--quick")
+    assert r.exit_code == 0, r.output
+    assert [c.id.split("-")[0] for c in seen] == ["fwd", "varlen", "step"]
+    assert seen[0] == _verify.standard_cases()[0]
+
+
+def test_verify_rejects_bad_options():
+    r = invoke("verify", "-K", "0")
+    assert r.exit_code == 2 and "-K" in r.output
+    r = invoke("verify", "--dtype", "float64")
+    assert r.exit_code == 2 and "float64" in r.output
+
+
+def test_python_dash_m():
+    p = subprocess.run([sys.executable, "-m", "cupy_gda", "--version"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == f"cupy-gda, version {cupy_gda.__version__}"
+
+
+@pytest.mark.gpu
+def test_verify_gpu_single_shape():
+    r = invoke("verify", "--require-gpu", *SMALL)
+    assert r.exit_code == 0, r.output
+    assert "no usable GPU" not in r.output
+    assert len(result_lines(r.output, "PASS")) == 4
+    assert "verify: 2 cases, 4 checks, 0 failed (GPU: " in r.output
+    assert r.output.rstrip().endswith("backend cupy)")

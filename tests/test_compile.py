@@ -1,0 +1,159 @@
+"""Every shipped kernel compiles through NVRTC, without a GPU, with the defines its launcher uses.
+
+For sm_80 and sm_90: a cubin, no compiler warning, and no local memory (stack frame, spills) in
+these hot loops. A bad define fails with KernelCompileError naming the file and the defines.
+Needs only NVRTC (the `nvidia-cuda-nvrtc-cu12` wheel of the `test` extra); where it cannot be
+loaded the module skips, except under CI=true, where that is an error.
+"""
+import functools
+import os
+import re
+
+import pytest
+
+from cupy_gda import _compile, _gpu
+from cupy_gda._checks import Problem
+
+
+def _nvrtc_version():
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+        return nvrtc.getVersion()
+    except Exception as e:          # ImportError, or CuPy's error when libnvrtc is not found
+        return f"{type(e).__name__}: {e}"
+
+
+_NVRTC = _nvrtc_version()
+if not isinstance(_NVRTC, tuple):
+    why = (f"NVRTC cannot be loaded ({_NVRTC}); "
+           "install it with `pip install nvidia-cuda-nvrtc-cu12` (in the `test` extra)")
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        raise RuntimeError(f"CI must run the compile tests, but {why}")
+    pytest.skip(why, allow_module_level=True)
+
+ARCHS = ("sm_80", "sm_90")
+SMEM_MAX = 99 * 1024        # shared memory a block may opt into on every sm_80+ GPU (sm_86/89)
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+# (K, V): tiny, odd, fla's 24, not a multiple of the lanes, the compiled maximum, K != V
+SHAPES = ((1, 1), (5, 1), (24, 24), (32, 48), (64, 64), (100, 100), (128, 64), (128, 128),
+          (256, 256))
+
+# (IO dtype, gate dtype, log_gate, 64-bit index): each IO dtype with a float32 and a same-dtype
+# gate, each with and without log_gate; the index width alternates
+VARIANTS = (
+    ("float32", "float32", False, False),
+    ("float32", "float32", True, True),
+    ("float16", "float32", False, True),
+    ("float16", "float32", True, False),
+    ("float16", "float16", False, False),
+    ("float16", "float16", True, True),
+    ("bfloat16", "float32", False, False),
+    ("bfloat16", "float32", True, True),
+    ("bfloat16", "bfloat16", False, True),
+    ("bfloat16", "bfloat16", True, False),
+)
+_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+# (B, H): gda_recurrent_fwd's tiles depend on the N*H sequence-heads (narrower blocks when few)
+FEW, MANY = (2, 4), (32, 16)
+
+
+def _case(kernel, arch, K, V, variant, BH=FEW, align=16):
+    dt, gdt, log_gate, int64 = variant
+    B, H = BH
+    p = Problem(B=B, T=64, H=H, K=K, V=V, N=B, dtype=dt, g_dtype=gdt, log_gate=log_gate)
+    if kernel == "gda_recurrent_fwd":
+        defines = _gpu.recurrent_defines(p, seq_int64=int64)
+        where = f"-NH{B * H}"
+    else:
+        defines = _gpu.step_defines(p, idx_int64=int64, align=align)
+        where = "" if align == 16 else f"-align{align}"
+    cid = (f"{kernel}-{arch}-K{K}-V{V}-{_SHORT[dt]}-g_{_SHORT[gdt]}"
+           f"{'-log' if log_gate else ''}{'-i64' if int64 else ''}{where}")
+    return pytest.param(kernel, arch, tuple(sorted(defines.items())), id=cid)
+
+
+def _cases():
+    """Per kernel and arch: every shape with a rotating variant, and every variant at the largest
+    shape (most registers), so each (dtype, gate dtype, log_gate) compiles on both archs, with
+    few and many sequence-heads: about 100 compiles, not the full product."""
+    out = []
+    for kernel in ("gda_recurrent_fwd", "gda_step"):
+        for a, arch in enumerate(ARCHS):
+            out += [_case(kernel, arch, K, V, VARIANTS[(i + 5 * a + 3 * n) % len(VARIANTS)], BH)
+                    for i, (K, V) in enumerate(SHAPES) for n, BH in enumerate((FEW, MANY))
+                    if kernel == "gda_recurrent_fwd" or n == 0]
+            out += [_case(kernel, arch, 256, 256, variant, (FEW, MANY)[j % 2])
+                    for j, variant in enumerate(VARIANTS)]
+    for a, arch in enumerate(ARCHS):
+        # gda_step's narrower state accesses: an 8- or 4-byte aligned state (VEC 2, VEC 1)
+        out.append(_case("gda_step", arch, 128, 64, VARIANTS[a], align=8))
+        out.append(_case("gda_step", arch, 100, 100, VARIANTS[a + 2], align=4))
+        out.append(_case("gda_step", arch, 24, 5, VARIANTS[a + 4]))
+    return list({c.id: c for c in out}.values())       # K=V=256 may be in both lists
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """compile_cubin memoised over the module: each (kernel, defines, arch) compiles once."""
+    @functools.lru_cache(maxsize=None)
+    def build(kernel, items, arch):
+        return _compile.compile_cubin(kernel, dict(items), arch)
+    return build
+
+
+@pytest.mark.parametrize("kernel, arch, items", _cases())
+def test_kernel_compiles_without_local_memory(compiled, kernel, arch, items):
+    cubin, res = compiled(kernel, items, arch)
+    log = res["log"].rstrip("\x00")
+    what = f"{_compile._describe(kernel, dict(items))} for {arch}"
+    assert cubin[:4] == b"\x7fELF", f"{what}: no cubin (got {len(cubin)} bytes)\n{log}"
+    assert f"Compiling entry function '{kernel}' for '{arch}'" in log, f"{what}: {log}"
+    assert "warning" not in log.lower(), f"{what}: compiler warnings\n{log}"
+    usage = {k: res[k] for k in ("registers", "stack", "spill_stores", "spill_loads")}
+    assert None not in usage.values(), f"{what}: no ptxas resource line in the log\n{log}"
+    assert usage["stack"] == usage["spill_stores"] == usage["spill_loads"] == 0, (
+        f"{what}: local memory in a hot kernel: {usage}\n{log}")
+    if kernel == "gda_recurrent_fwd":
+        # static (ptxas) + the dynamic bytes the launcher asks for fit every sm_80+ GPU
+        d = dict(items)
+        m = _SMEM.search(log)
+        static = int(m.group(1)) if m else 0
+        dynamic = _gpu.recurrent_smem(d["K_DIM"], d["KT"], d["BV"], d["TC"])
+        assert static + dynamic <= SMEM_MAX, (
+            f"{what}: shared memory {static} static + {dynamic} dynamic > {SMEM_MAX} bytes")
+
+
+@pytest.mark.parametrize("kernel, drop", [
+    pytest.param("gda_recurrent_fwd", "K_DIM", id="recurrent-no-K_DIM"),
+    pytest.param("gda_step", "IDX_INT64", id="step-no-IDX_INT64"),
+    pytest.param("gda_step", "IO_DTYPE", id="step-no-IO_DTYPE"),
+])
+def test_missing_define_names_file_and_defines(kernel, drop):
+    p = Problem(B=1, T=8, H=2, K=24, V=24, N=1, dtype="float16", g_dtype="float32", log_gate=False)
+    defines = (_gpu.recurrent_defines(p, False) if kernel == "gda_recurrent_fwd"
+               else _gpu.step_defines(p, False, 16))
+    del defines[drop]
+    with pytest.raises(_compile.KernelCompileError) as e:
+        _compile.compile_cubin(kernel, defines, "sm_90")
+    msg = str(e.value)
+    assert f"kernels/{kernel}.cu" in msg and "sm_90" in msg, msg
+    assert "-DV_DIM=24" in msg and f"-D{drop}=" not in msg, msg
+    assert "#error" in msg and drop in msg.split("failed:", 1)[1], msg
+
+
+@pytest.mark.parametrize("kernel, change, expect", [
+    pytest.param("gda_recurrent_fwd", {"KT": 3}, "KT must be a power of 2", id="recurrent-KT3"),
+    pytest.param("gda_recurrent_fwd", {"KT": 8, "BV": 3}, "multiple of 32", id="recurrent-KT8-BV3"),
+    pytest.param("gda_step", {"V_DIM": 6, "VEC": 4}, "V_DIM must be a multiple of VEC",
+                 id="step-V6-VEC4"),
+])
+def test_bad_tunable_fails_its_static_assert(kernel, change, expect):
+    p = Problem(B=1, T=8, H=2, K=24, V=24, N=1, dtype="float32", g_dtype="float32", log_gate=True)
+    defines = (_gpu.recurrent_defines(p, False) if kernel == "gda_recurrent_fwd"
+               else _gpu.step_defines(p, False, 16))
+    defines.update(change)
+    with pytest.raises(_compile.KernelCompileError, match=expect) as e:
+        _compile.compile_cubin(kernel, defines, "sm_80")
+    assert f"kernels/{kernel}.cu" in str(e.value) and "sm_80" in str(e.value)
