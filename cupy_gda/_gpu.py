@@ -25,25 +25,34 @@ def _round_up(n, m):
 
 
 def recurrent_tiles(K, V, NH, sms=132):
-    """(KT, BV, TC) for gda_recurrent_fwd. Lanes hold groups of 4 state rows (16-byte shared
-    loads), at most 8 rows a lane. Blocks of 256 threads, or 128 where the NH = N*H
-    sequence-heads would give fewer than 2 blocks per SM (a block's time is its T steps one
-    after another). TC up to 32 steps, with at most 8 prefetched q/k/g elements per thread
-    (registers) and 100 KB of shared memory."""
-    KT = min(32, _pow2_at_least(-(-K // 4)))
+    """(R, KT, BV, TC) for gda_recurrent_fwd.
+
+    R state rows per lane: 4 (fewest instructions per element) when the problem has state
+    elements enough for 1024 lanes per SM, else 2 or 1: a small problem is latency-bound (each
+    block runs its T steps one after another), and fewer rows per lane make a step shorter.
+    KT lanes per column hold the K rows (at most 8 a lane); blocks of 256 threads, or 128
+    where the NH = N*H sequence-heads would give fewer than 2 blocks per SM. TC up to 32 steps,
+    with at most 8 prefetched q/k/g and 8 v elements per thread (registers) and 100 KB of shared
+    memory.
+    """
+    R = next((r for r in (4, 2) if NH * K * V >= r * 1024 * sms), 1)
+    KT = min(32, _pow2_at_least(-(-K // R)))
+    while -(-K // (R * KT)) * R > 8:                   # at most 8 rows a lane
+        R //= 2
     cols = 32 // KT                                     # columns one warp covers
     BV = min(_round_up(V, cols), 256 // KT)
     if NH * -(-V // BV) < 2 * sms:
         BV = min(BV, max(cols, 128 // KT))
     TC = 32
-    while TC > 1 and (TC * K > 8 * KT * BV or recurrent_smem(K, KT, BV, TC) > 100 * 1024):
+    while TC > 1 and (TC * K > 8 * KT * BV or TC > 8 * KT      # prefetch: EK, EV <= 8
+                      or recurrent_smem(K, R, KT, BV, TC) > 100 * 1024):
         TC //= 2
-    return KT, BV, TC
+    return R, KT, BV, TC
 
 
-def recurrent_smem(K, KT, BV, TC):
+def recurrent_smem(K, R, KT, BV, TC):
     """Dynamic shared memory bytes of gda_recurrent_fwd (mirrors the kernel's layout)."""
-    KP = _round_up(K, 4 * KT)
+    KP = _round_up(K, R * KT)
     return (3 * TC * KP + TC * BV) * 4          # plus TC * BV * (KT + 1) floats static
 
 
@@ -61,9 +70,9 @@ def alignment(ptr):
 
 
 def recurrent_defines(p, seq_int64, sms=132):
-    KT, BV, TC = recurrent_tiles(p.K, p.V, p.N * p.H, sms)
+    R, KT, BV, TC = recurrent_tiles(p.K, p.V, p.N * p.H, sms)
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
-                LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), KT=KT, BV=BV, TC=TC)
+                LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), R=R, KT=KT, BV=BV, TC=TC)
 
 
 def step_defines(p, idx_int64, align):
@@ -104,7 +113,7 @@ class RecurrentPlan:
         d = recurrent_defines(p, seq_int64, _sm_count())
         NV = -(-p.V // d["BV"])
         self.grid, self.block = (p.N * p.H * NV,), (d["KT"] * d["BV"],)
-        self.smem = recurrent_smem(p.K, d["KT"], d["BV"], d["TC"])
+        self.smem = recurrent_smem(p.K, d["R"], d["KT"], d["BV"], d["TC"])
         self.fn = _compile.get_function("gda_recurrent_fwd", d, self.smem)
         self.o_shape, self.o_dtype = (p.B, p.T, p.H, p.V), _np_dtype(p.dtype)
         self.ht_shape = (p.N, p.H, p.K, p.V)

@@ -359,7 +359,8 @@ def summary_lines(result):
     c = result["copy"]
     out = [f"# copy: {_fmt_bytes(c['bytes'])} device-to-device, median {c['ms']:.3f} ms of "
            f"{c['reps']} = {c['gbps']:.0f} GB/s (bytes read + written); floor = must-move bytes "
-           f"at that rate"]
+           f"at that rate; an empty kernel times {_fmt_ms(c.get('empty_kernel_ms'))} ms "
+           f"between two events (the resolution of the ms column)"]
     for s in result["shapes"]:
         extra = ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in s["extra_bytes"].items())
         out.append(f"# {s['shape']} ({s['legend']}): must move {s['bytes'] / 1e6:.2f} MB, floor "
@@ -855,6 +856,8 @@ def run(units, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, fla_timeout=120.0, 
     header = header_info()
     clock = _CupyClock()
     copy = measure_copy(clock, seed=seed)
+    # the resolution of the ms column: an empty kernel between two events
+    copy["empty_kernel_ms"] = measure(clock, lambda: clock.spin(0), COPY_REPS, 10.0)["ms"]
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
     shapes = list(dict.fromkeys(s for s, _ in units))

@@ -4,8 +4,10 @@
 //
 // Grid (1-D): one block per (sequence n, head h, tile of BV value columns), block id
 //   ((n * H) + h) * NV + iv. Block: BV columns x KT lanes, lane = c * KT + kt. The lane holds
-//   S[k][v0 + c] in registers for the rows k = i_g*4*KT + 4*kt + j (j < 4, i_g < KG): four
-//   consecutive rows, so each step's q, k, g for them are single 16-byte shared loads.
+//   S[k][v0 + c] in registers for the rows k = i_g*R*KT + R*kt + j (j < R, i_g < KG): R
+//   consecutive rows, so each step's q, k, g for them are single R*4-byte shared loads.
+//   R = 4 for large problems (fewest instructions per element); R = 1 or 2 where the problem
+//   is small, since then a step's latency, not the instruction count, sets the time.
 // o_t's sum over K: each lane stores its partial sum in shared memory (one store per step, no
 //   shuffles on the way), and the partials are summed once per chunk, coalesced.
 // Time goes in chunks of TC steps staged in shared memory as fp32 (q, k, the multiplicative
@@ -17,7 +19,8 @@
 // Shared memory: (3*TC*KP + TC*BV) floats dynamic, TC*BV*(KT+1) floats static.
 //
 // Required defines: K_DIM, V_DIM (1..256), IO_DTYPE, G_DTYPE, LOG_GATE, SEQ_INT64 (cu_seqlens
-//   int64 vs int32). Tunable: KT (power of 2 <= 32), BV (KT*BV a multiple of 32), TC.
+//   int64 vs int32). Tunable: R (1, 2 or 4), KT (power of 2 <= 32), BV (KT*BV a multiple of
+//   32), TC.
 // Reference: cupy_gda.reference.gated_attention_ref.
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64)
 #error "K_DIM, V_DIM, LOG_GATE and SEQ_INT64 are required"
@@ -31,13 +34,23 @@
 #ifndef TC
 #define TC 32
 #endif
-#define KG ((K_DIM + 4 * KT - 1) / (4 * KT))  // groups of 4 rows per lane
-#define KP (KG * 4 * KT)                       // K padded to the lanes
+#ifndef R
+#define R 4
+#endif
+#define KG ((K_DIM + R * KT - 1) / (R * KT))  // groups of R rows per lane
+#define KP (KG * R * KT)                       // K padded to the lanes
 #define NT (KT * BV)                           // threads per block
 #define KT1 (KT + 1)                           // padded row of partial sums (no bank conflicts)
 #define EK ((TC * K_DIM + NT - 1) / NT)        // q/k/g elements per thread per chunk
 #define EV ((TC * BV + NT - 1) / NT)           // v elements per thread per chunk
 static_assert((KT & (KT - 1)) == 0 && KT <= 32, "KT must be a power of 2, at most 32");
+static_assert(R == 1 || R == 2 || R == 4, "R must be 1, 2 or 4");
+
+template <int N> struct gda_rows;
+template <> struct gda_rows<1> { typedef float t; };
+template <> struct gda_rows<2> { typedef float2 t; };
+template <> struct gda_rows<4> { typedef float4 t; };
+union gda_lane_rows { gda_rows<R>::t v; float f[R]; };
 static_assert(NT % 32 == 0 && NT <= 1024, "KT * BV must be a multiple of 32, at most 1024");
 static_assert(TC * BV * KT1 * 4 <= 48 * 1024, "partial sums exceed 48 KB of static shared memory");
 #ifndef MIN_BLOCKS
@@ -84,12 +97,12 @@ gda_recurrent_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
     }
 #endif
 
-    float b_s[4 * KG];
+    float b_s[R * KG];
     const long long o_s = ((i_n * H + i_h) * (long long)K_DIM) * V_DIM + v0 + c;
     const bool col = v0 + c < V_DIM;
     #pragma unroll
-    for (int i = 0; i < 4 * KG; ++i) {
-        const int kk = (i / 4) * 4 * KT + 4 * kt + i % 4;
+    for (int i = 0; i < R * KG; ++i) {
+        const int kk = (i / R) * R * KT + R * kt + i % R;
         b_s[i] = (h0 && kk < K_DIM && col) ? h0[o_s + (long long)kk * V_DIM] : 0.f;
     }
 
@@ -143,15 +156,17 @@ gda_recurrent_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
             float b_ot = 0.f;
             #pragma unroll
             for (int i_g = 0; i_g < KG; ++i_g) {
-                const int kk = i_g * 4 * KT + 4 * kt;
-                const float4 b_qt = *reinterpret_cast<const float4*>(b_q + t * KP + kk);
-                const float4 b_kt = *reinterpret_cast<const float4*>(b_k + t * KP + kk);
-                const float4 b_gt = *reinterpret_cast<const float4*>(b_g + t * KP + kk);
-                float* s = b_s + 4 * i_g;
-                s[0] = fmaf(b_gt.x, s[0], b_kt.x * b_vt); b_ot = fmaf(s[0], b_qt.x, b_ot);
-                s[1] = fmaf(b_gt.y, s[1], b_kt.y * b_vt); b_ot = fmaf(s[1], b_qt.y, b_ot);
-                s[2] = fmaf(b_gt.z, s[2], b_kt.z * b_vt); b_ot = fmaf(s[2], b_qt.z, b_ot);
-                s[3] = fmaf(b_gt.w, s[3], b_kt.w * b_vt); b_ot = fmaf(s[3], b_qt.w, b_ot);
+                const int kk = i_g * R * KT + R * kt;
+                gda_lane_rows b_qt, b_kt, b_gt;
+                b_qt.v = *reinterpret_cast<const gda_rows<R>::t*>(b_q + t * KP + kk);
+                b_kt.v = *reinterpret_cast<const gda_rows<R>::t*>(b_k + t * KP + kk);
+                b_gt.v = *reinterpret_cast<const gda_rows<R>::t*>(b_g + t * KP + kk);
+                #pragma unroll
+                for (int j = 0; j < R; ++j) {
+                    float& s = b_s[R * i_g + j];
+                    s = fmaf(b_gt.f[j], s, b_kt.f[j] * b_vt);
+                    b_ot = fmaf(s, b_qt.f[j], b_ot);
+                }
             }
             b_p[(t * BV + c) * KT1 + kt] = b_ot;
         }
@@ -169,8 +184,8 @@ gda_recurrent_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
 
     if (ht) {
         #pragma unroll
-        for (int i = 0; i < 4 * KG; ++i) {
-            const int kk = (i / 4) * 4 * KT + 4 * kt + i % 4;
+        for (int i = 0; i < R * KG; ++i) {
+            const int kk = (i / R) * R * KT + R * kt + i % R;
             if (kk < K_DIM && col) ht[o_s + (long long)kk * V_DIM] = b_s[i];
         }
     }

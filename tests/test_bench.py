@@ -364,7 +364,6 @@ def _fake_cupy():
               RawModule=lambda code, options=(): ns(get_function=_FakeKernel))
 
 
-@pytest.mark.skipif(HAS_GPU, reason="the GPU test runs the real thing")
 def test_whole_run_on_a_stand_in_cupy(monkeypatch, tmp_path):
     """Everything but the device: NumPy arrays take the API's CPU path, events read the host
     clock. Catches mistakes in the orchestration, the accuracy columns, the table and the JSON."""
@@ -391,9 +390,8 @@ def test_whole_run_on_a_stand_in_cupy(monkeypatch, tmp_path):
                 ("decode", "ours-step"), ("big128-bf16", "ours-auto"), ("tsweep-2k", "textbook")):
         x = rows[key]
         assert x["status"] == "ok" and x["ms"] > 0 and x["reps"] == 5, x
-        assert x["contract_ok"] is True and x["rel_err"] < 1e-5 or key[0] == "big128-bf16", x
-        assert x["extra_bytes"] == 0, x
-    assert rows[("big128-bf16", "ours-auto")]["contract_ok"] is True
+        assert x["contract_ok"] is True and x["extra_bytes"] == 0, x
+        assert x["rel_err"] < (1e-2 if key[0] == "big128-bf16" else 1e-5), x
     assert rows[("big128-bf16", "textbook")]["status"] == "skipped"
     assert rows[("seed", "textbook")]["rel_err_vs_ours"] < 1e-5
     assert rows[("seed", "ours-auto (host)")]["kind"] == "host"

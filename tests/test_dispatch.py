@@ -82,18 +82,20 @@ SMEM_MAX = 99 * 1024
 
 
 def _recurrent_violations(K, V, NH):
-    KT, BV, TC = _gpu.recurrent_tiles(K, V, NH)
+    R, KT, BV, TC = _gpu.recurrent_tiles(K, V, NH)
     bad = []
+    if R not in (1, 2, 4) or -(-K // (R * KT)) * R > 8:
+        bad.append(f"R={R}: not 1, 2 or 4, or more than 8 state rows a lane")
     if KT < 1 or KT > 32 or KT & (KT - 1):
         bad.append(f"KT={KT} is not a power of 2 at most 32")
     if BV < 1 or (KT * BV) % 32 or KT * BV > 1024:
         bad.append(f"KT*BV={KT}*{BV} is not a multiple of 32 at most 1024")
     if TC < 1:
         bad.append(f"TC={TC} < 1")
-    smem = _gpu.recurrent_smem(K, KT, BV, TC)      # the launch's dynamic shared memory
+    smem = _gpu.recurrent_smem(K, R, KT, BV, TC)   # the launch's dynamic shared memory
     if smem > SMEM_MAX:
         bad.append(f"dynamic shared memory {smem} bytes > {SMEM_MAX}")
-    return [f"K={K} V={V} NH={NH} (KT, BV, TC)=({KT}, {BV}, {TC}): {b}" for b in bad]
+    return [f"K={K} V={V} NH={NH} (R, KT, BV, TC)=({R}, {KT}, {BV}, {TC}): {b}" for b in bad]
 
 
 @pytest.mark.parametrize("NH", [pytest.param(nh, id=f"NH{nh}") for nh in NHS])
@@ -142,7 +144,7 @@ def test_step_uses_16_byte_accesses_where_allowed(V, want):
 def test_defines_carry_the_tiles_and_problem(K, V):
     p = Problem(B=1, T=1, H=1, K=K, V=V, N=1, dtype="bfloat16", g_dtype="float32", log_gate=True)
     d = _gpu.recurrent_defines(p, seq_int64=True)
-    assert (d["KT"], d["BV"], d["TC"]) == _gpu.recurrent_tiles(K, V, p.N * p.H)
+    assert (d["R"], d["KT"], d["BV"], d["TC"]) == _gpu.recurrent_tiles(K, V, p.N * p.H)
     assert (d["K_DIM"], d["V_DIM"], d["IO_DTYPE"], d["G_DTYPE"], d["LOG_GATE"], d["SEQ_INT64"]) == (
         K, V, 2, 0, 1, 1)
     d = _gpu.step_defines(p, idx_int64=False, align=16)
