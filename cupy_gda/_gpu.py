@@ -11,6 +11,7 @@ DTYPE_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
 SMEM_STATIC = 48 * 1024
 NULL = np.uint64(0)      # a null pointer argument
 POISON = False           # tests set this: internally allocated outputs start as NaN
+UNROLL = 4               # steps of gda_recurrent_fwd's time loop unrolled (scripts/sweep_recurrent.py)
 
 
 def _pow2_at_least(n):
@@ -25,24 +26,18 @@ def _round_up(n, m):
 
 
 def recurrent_tiles(K, V, NH, sms=132):
-    """(R, KT, BV, TC) for gda_recurrent_fwd.
+    """(R, KT, BV, TC) for gda_recurrent_fwd, by the sweep in docs/perf-notes.md
+    (scripts/sweep_recurrent.py on the H200, 2026-11-30).
 
-    R state rows per lane: 4 (fewest instructions per element) when the problem has state
-    elements enough for 1024 lanes per SM, else 2 or 1: a small problem is latency-bound (each
-    block runs its T steps one after another), and fewer rows per lane make a step shorter.
-    KT lanes per column hold the K rows (at most 8 a lane); blocks of 256 threads, or 128
-    where the NH = N*H sequence-heads would give fewer than 2 blocks per SM. TC up to 32 steps,
-    with at most 8 prefetched q/k/g and 8 v elements per thread (registers) and 100 KB of shared
-    memory.
+    R state rows per lane: 4 for K >= 64 (fewest instructions per element), else 2. KT lanes
+    per column hold the K rows (at most 8 a lane). Blocks of 256 threads for K >= 64, else 128.
+    TC up to 32 steps, with at most 8 prefetched q/k/g and 8 v elements per thread (registers)
+    and 100 KB of shared memory. NH and sms are kept for rules that depend on the grid's size.
     """
-    R = next((r for r in (4, 2) if NH * K * V >= r * 1024 * sms), 1)
+    R = 4 if K >= 64 else 2
     KT = min(32, _pow2_at_least(-(-K // R)))
-    while -(-K // (R * KT)) * R > 8:                   # at most 8 rows a lane
-        R //= 2
     cols = 32 // KT                                     # columns one warp covers
-    BV = min(_round_up(V, cols), 256 // KT)
-    if NH * -(-V // BV) < 2 * sms:
-        BV = min(BV, max(cols, 128 // KT))
+    BV = min(_round_up(V, cols), max(cols, (256 if K >= 64 else 128) // KT))
     TC = 32
     while TC > 1 and (TC * K > 8 * KT * BV or TC > 8 * KT      # prefetch: EK, EV <= 8
                       or recurrent_smem(K, R, KT, BV, TC) > 100 * 1024):
@@ -72,7 +67,8 @@ def alignment(ptr):
 def recurrent_defines(p, seq_int64, sms=132):
     R, KT, BV, TC = recurrent_tiles(p.K, p.V, p.N * p.H, sms)
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
-                LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), R=R, KT=KT, BV=BV, TC=TC)
+                LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), R=R, KT=KT, BV=BV, TC=TC,
+                UNROLL=UNROLL)
 
 
 def step_defines(p, idx_int64, align):

@@ -34,6 +34,11 @@
 #ifndef TC
 #define TC 32
 #endif
+#ifndef UNROLL
+#define UNROLL 4                               // steps of the time loop unrolled
+#endif
+#define GDA_STR(x) #x
+#define GDA_UNROLL(n) _Pragma(GDA_STR(unroll n))
 #ifndef R
 #define R 4
 #endif
@@ -150,7 +155,7 @@ gda_recurrent_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
         stage(t0);
         __syncthreads();
         if (t0 + TC < len) load(t0 + TC);       // in flight while this chunk is computed
-        #pragma unroll 4
+        GDA_UNROLL(UNROLL)
         for (int t = 0; t < TC; ++t) {
             const float b_vt = b_v[t * BV + c];
             float b_ot = 0.f;
