@@ -6,6 +6,7 @@ runs the same text through NVRTC for an explicit architecture (used by the compi
 """
 import functools
 import re
+import time
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
@@ -68,7 +69,10 @@ def compile_cubin(kernel, defines, arch="sm_90"):
     with keys registers, stack, spill_stores, spill_loads (from ptxas -v), and the log."""
     from cupy_backends.cuda.libs import nvrtc
     opts = list(OPTIONS) + [f"--gpu-architecture={arch}", "--ptxas-options=-v"]
-    prog = nvrtc.createProgram(source(kernel, defines), f"{kernel}.cu", [], [])
+    # a unique last line: a compile cache keyed by the text must not hand back a binary without
+    # the ptxas report (seen on the H200 machine: an empty log on the second run of the same text)
+    text = source(kernel, defines) + f"\n// offline compile {time.time_ns()}\n"
+    prog = nvrtc.createProgram(text, f"{kernel}.cu", [], [])
     try:
         try:
             nvrtc.compileProgram(prog, opts)
