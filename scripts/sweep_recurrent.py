@@ -7,18 +7,10 @@ import numpy as np
 
 import cupy_gda
 from cupy_gda import _gpu
+from probe import inputs
 
 SHAPES = {"seed": (2, 128, 4, 24, 24), "gla64": (4, 2048, 8, 64, 64),
           "long24": (8, 4096, 16, 24, 24), "tsweep-4k": (1, 4096, 16, 128, 128)}
-
-
-def inputs(B, T, H, K, V):
-    rng = cupy.random.default_rng(0)
-    q = rng.standard_normal((B, T, H, K), dtype=cupy.float32) / K ** 0.5
-    k = rng.standard_normal((B, T, H, K), dtype=cupy.float32) / K ** 0.5
-    v = rng.standard_normal((B, T, H, V), dtype=cupy.float32)
-    g = cupy.exp(-cupy.logaddexp(0, -rng.standard_normal((B, T, H, K), dtype=cupy.float32)) / 16)
-    return q, k, v, g
 
 
 def time_ms(f, reps=20):
