@@ -73,7 +73,8 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
         initial_state: [N, H, K, V] float32, N = B (or len(cu_seqlens) - 1).
         output_final_state: also return the final state [N, H, K, V] float32.
         cu_seqlens: [N + 1] int32/int64 offsets of packed sequences (B must be 1).
-        method: "auto", or a kernel family: "recurrent" (GPU and CPU), "chunk" (CPU).
+        method: "auto" (by the measured table in _dispatch), or a kernel family: "recurrent"
+            (GPU and CPU) or "chunk" (GPU for K <= 128, and CPU).
         out: optional [B, T, H, V] array of v's dtype that receives o.
         check_indices: check cu_seqlens' values (one device sync on the GPU); pass False when
             capturing the call in a CUDA graph.
@@ -110,7 +111,9 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
             cached = (key is not None and key[-1] == q.data.device_id
                       and _all_contiguous((q, k, v, g, h0)))
             q, k, v, g, h0, cu = _contiguous((q, k, v, g, h0, cu))
-            plan = _gpu.plan("recurrent", p, cu is not None and cu.dtype == np.int64)
+            if m == "chunk" and method == "auto" and not _gpu.chunk_fits(p):
+                m = "recurrent"                  # a GPU with less shared memory than an H100
+            plan = _gpu.plan(m, p, cu is not None and cu.dtype == np.int64)
             o, ht = plan(q, k, v, g, scale, h0, cu, output_final_state, out)
             if cached:
                 _FAST[key] = plan

@@ -5,10 +5,9 @@ unit-tested without a GPU.
 """
 import numpy as np
 
-from cupy_gda import _compile
+from cupy_gda import _compile, _dispatch
 
 DTYPE_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
-SMEM_STATIC = 48 * 1024
 NULL = np.uint64(0)      # a null pointer argument
 POISON = False           # tests set this: internally allocated outputs start as NaN
 UNROLL = 4               # steps of gda_recurrent_fwd's time loop unrolled (scripts/sweep_recurrent.py)
@@ -25,14 +24,14 @@ def _round_up(n, m):
     return -(-n // m) * m
 
 
-def recurrent_tiles(K, V, NH, sms=132):
+def recurrent_tiles(K, V):
     """(R, KT, BV, TC) for gda_recurrent_fwd, by the sweep in docs/perf-notes.md
     (scripts/sweep_recurrent.py on the H200, 2026-11-30).
 
     R state rows per lane: 4 for K >= 64 (fewest instructions per element), else 2. KT lanes
     per column hold the K rows (at most 8 a lane). Blocks of 256 threads for K >= 64, else 128.
     TC up to 32 steps, with at most 8 prefetched q/k/g and 8 v elements per thread (registers)
-    and 100 KB of shared memory. NH and sms are kept for rules that depend on the grid's size.
+    and 100 KB of shared memory.
     """
     R = 4 if K >= 64 else 2
     KT = min(32, _pow2_at_least(-(-K // R)))
@@ -51,6 +50,32 @@ def recurrent_smem(K, R, KT, BV, TC):
     return (3 * TC * KP + TC * BV) * 4          # plus TC * BV * (KT + 1) floats static
 
 
+CHUNK_BVS = (64, 32, 16, 8)
+
+
+def chunk_smem(K, BV):
+    """Dynamic shared memory bytes of gda_chunk_fwd (mirrors the kernel's SM_* layout)."""
+    KP = _round_up(K, 16)
+    QS, KS, VS, WS, BT = KP + 4, KP + 8, BV + 8, 68, 64
+    return 4 * (2 * BT * QS + BT * KS + 96 * QS + BT * VS + KP * VS + BT * WS + KP)
+
+
+def chunk_tiles(K, V, NH, sms=132, smem_max=227 * 1024):
+    """BV for gda_chunk_fwd: the widest value tile (at most 64, a multiple of 8) that fits in
+    ``smem_max`` bytes of shared memory, narrowed while the grid has fewer than 3/4 of a block
+    per SM (the chunk's scores are recomputed per value tile, so narrower costs work), or None
+    when K is over CHUNK_MAX_K or nothing fits."""
+    if K > _dispatch.CHUNK_MAX_K:
+        return None
+    fits = [b for b in CHUNK_BVS if chunk_smem(K, b) <= smem_max]
+    if not fits:
+        return None
+    BV = min(fits[0], _round_up(V, 8))
+    while BV > 16 and NH * -(-V // BV) < 0.75 * sms:
+        BV = max(16, _round_up(BV // 2, 8))
+    return BV
+
+
 def step_tiles(K, V, align):
     """(KW, VEC) for gda_step: VEC*4-byte state accesses where V and the state's address
     alignment ``align`` (bytes, a power of 2 up to 16) allow."""
@@ -64,11 +89,16 @@ def alignment(ptr):
     return next(a for a in (16, 8, 4, 2, 1) if ptr % a == 0)
 
 
-def recurrent_defines(p, seq_int64, sms=132):
-    R, KT, BV, TC = recurrent_tiles(p.K, p.V, p.N * p.H, sms)
+def recurrent_defines(p, seq_int64):
+    R, KT, BV, TC = recurrent_tiles(p.K, p.V)
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), R=R, KT=KT, BV=BV, TC=TC,
                 UNROLL=UNROLL)
+
+
+def chunk_defines(p, seq_int64, BV):
+    return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
+                LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BV=BV)
 
 
 def step_defines(p, idx_int64, align):
@@ -77,16 +107,24 @@ def step_defines(p, idx_int64, align):
                 LOG_GATE=int(p.log_gate), IDX_INT64=int(idx_int64), KW=KW, VEC=VEC)
 
 
-def _sm_count():
+def chunk_fits(p):
+    """Whether gda_chunk_fwd can run Problem ``p`` on the current device."""
+    sms, smem_max = device_limits()
+    return chunk_tiles(p.K, p.V, p.N * p.H, sms, smem_max) is not None
+
+
+def device_limits():
+    """(SM count, opt-in shared memory bytes per block) of the current device."""
     import cupy
     dev = cupy.cuda.Device()
-    n = _SMS.get(dev.id)
-    if n is None:
-        n = _SMS[dev.id] = dev.attributes["MultiProcessorCount"]
-    return n
+    lim = _LIMITS.get(dev.id)
+    if lim is None:
+        a = dev.attributes
+        lim = _LIMITS[dev.id] = (a["MultiProcessorCount"], a["MaxSharedMemoryPerBlockOptin"])
+    return lim
 
 
-_SMS = {}
+_LIMITS = {}
 
 
 def empty(shape, dtype):
@@ -106,7 +144,7 @@ class RecurrentPlan:
     costs one allocation per output and one launch."""
 
     def __init__(self, p, seq_int64):
-        d = recurrent_defines(p, seq_int64, _sm_count())
+        d = recurrent_defines(p, seq_int64)
         NV = -(-p.V // d["BV"])
         self.grid, self.block = (p.N * p.H * NV,), (d["KT"] * d["BV"],)
         self.smem = recurrent_smem(p.K, d["R"], d["KT"], d["BV"], d["TC"])
@@ -125,6 +163,26 @@ class RecurrentPlan:
                      np.float32(scale)),
                     shared_mem=self.smem)
         return o, ht
+
+
+class ChunkPlan(RecurrentPlan):
+    """gda_chunk_fwd compiled and sized for one Problem on the current device (K <= 128);
+    the same call as RecurrentPlan."""
+
+    def __init__(self, p, seq_int64):
+        sms, smem_max = device_limits()
+        BV = chunk_tiles(p.K, p.V, p.N * p.H, sms, smem_max)
+        if BV is None:
+            raise ValueError(f"gated_attention: method 'chunk' needs {chunk_smem(p.K, 8)} bytes "
+                             f"of shared memory per block at K={p.K}; this GPU has {smem_max}: "
+                             f"use method='recurrent' or 'auto'")
+        NV = -(-p.V // BV)
+        self.grid, self.block = (p.N * p.H * NV,), (128,)
+        self.smem = chunk_smem(p.K, BV)
+        self.fn = _compile.get_function("gda_chunk_fwd", chunk_defines(p, seq_int64, BV), self.smem)
+        self.o_shape, self.o_dtype = (p.B, p.T, p.H, p.V), _np_dtype(p.dtype)
+        self.ht_shape = (p.N, p.H, p.K, p.V)
+        self.sizes = (np.int64(p.T), np.int32(p.H), np.int32(NV))
 
 
 class StepPlan:
@@ -161,9 +219,13 @@ def current_device():
 
 
 def plan(kind, *key):
-    """The memoised RecurrentPlan / StepPlan for (Problem, flags) on the current device."""
+    """The memoised RecurrentPlan / ChunkPlan / StepPlan for (Problem, flags) on the current
+    device."""
     full = (kind, current_device()) + key
     pl = _PLANS.get(full)
     if pl is None:
-        pl = _PLANS[full] = (RecurrentPlan if kind == "recurrent" else StepPlan)(*key)
+        pl = _PLANS[full] = _KINDS[kind](*key)
     return pl
+
+
+_KINDS = {"recurrent": RecurrentPlan, "chunk": ChunkPlan, "step": StepPlan}

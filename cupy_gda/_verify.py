@@ -49,8 +49,12 @@ def _gate_neg(rng, shape):
     return rng.uniform(-1, 1, shape)
 
 
+def _gate_grow(rng, shape):
+    return rng.uniform(0.9, 1.1, shape)                # above 1 half the time
+
+
 GATES = {"unif": _gate_unif, "logsig": _gate_logsig, "zeros": _gate_zeros, "ones": _gate_ones,
-         "tiny": _gate_tiny, "neg": _gate_neg}
+         "tiny": _gate_tiny, "neg": _gate_neg, "grow": _gate_grow}
 
 
 class Case(NamedTuple):

@@ -66,6 +66,9 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16):
     if kernel == "gda_recurrent_fwd":
         defines = _gpu.recurrent_defines(p, seq_int64=int64)
         where = f"-NH{B * H}"
+    elif kernel == "gda_chunk_fwd":
+        defines = _gpu.chunk_defines(p, int64, _gpu.chunk_tiles(K, V, B * H))
+        where = f"-BV{defines['BV']}"
     else:
         defines = _gpu.step_defines(p, idx_int64=int64, align=align)
         where = "" if align == 16 else f"-align{align}"
@@ -77,7 +80,7 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16):
 def _cases():
     """Per kernel and arch: every shape with a rotating variant, and every variant at the largest
     shape (most registers), so each (dtype, gate dtype, log_gate) compiles on both archs, with
-    few and many sequence-heads: about 100 compiles, not the full product."""
+    few and many sequence-heads: about 170 compiles, not the full product."""
     out = []
     for kernel in ("gda_recurrent_fwd", "gda_step"):
         for a, arch in enumerate(ARCHS):
@@ -86,6 +89,14 @@ def _cases():
                     if kernel == "gda_recurrent_fwd" or n == 0]
             out += [_case(kernel, arch, 256, 256, variant, (FEW, MANY)[j % 2])
                     for j, variant in enumerate(VARIANTS)]
+    for a, arch in enumerate(ARCHS):
+        # gda_chunk_fwd takes K <= 128: every such shape with few and many heads (its value
+        # tile depends on the grid), every variant at K = V = 128
+        out += [_case("gda_chunk_fwd", arch, K, V, VARIANTS[(i + 5 * a + 3 * n) % len(VARIANTS)], BH)
+                for i, (K, V) in enumerate(SHAPES) if K <= 128
+                for n, BH in enumerate((FEW, MANY))]
+        out += [_case("gda_chunk_fwd", arch, 128, 128, variant, (FEW, MANY)[j % 2])
+                for j, variant in enumerate(VARIANTS)]
     for a, arch in enumerate(ARCHS):
         # gda_step's narrower state accesses: an 8- or 4-byte aligned state (VEC 2, VEC 1)
         out.append(_case("gda_step", arch, 128, 64, VARIANTS[a], align=8))
@@ -125,15 +136,23 @@ def test_kernel_compiles_without_local_memory(compiled, kernel, arch, items):
             f"{what}: shared memory {static} static + {dynamic} dynamic > {SMEM_MAX} bytes")
 
 
+def _defines(kernel, p):
+    if kernel == "gda_recurrent_fwd":
+        return _gpu.recurrent_defines(p, False)
+    if kernel == "gda_chunk_fwd":
+        return _gpu.chunk_defines(p, False, 24)
+    return _gpu.step_defines(p, False, 16)
+
+
 @pytest.mark.parametrize("kernel, drop", [
     pytest.param("gda_recurrent_fwd", "K_DIM", id="recurrent-no-K_DIM"),
+    pytest.param("gda_chunk_fwd", "SEQ_INT64", id="chunk-no-SEQ_INT64"),
     pytest.param("gda_step", "IDX_INT64", id="step-no-IDX_INT64"),
     pytest.param("gda_step", "IO_DTYPE", id="step-no-IO_DTYPE"),
 ])
 def test_missing_define_names_file_and_defines(kernel, drop):
     p = Problem(B=1, T=8, H=2, K=24, V=24, N=1, dtype="float16", g_dtype="float32", log_gate=False)
-    defines = (_gpu.recurrent_defines(p, False) if kernel == "gda_recurrent_fwd"
-               else _gpu.step_defines(p, False, 16))
+    defines = _defines(kernel, p)
     del defines[drop]
     with pytest.raises(_compile.KernelCompileError) as e:
         _compile.compile_cubin(kernel, defines, "sm_90")
@@ -146,13 +165,14 @@ def test_missing_define_names_file_and_defines(kernel, drop):
 @pytest.mark.parametrize("kernel, change, expect", [
     pytest.param("gda_recurrent_fwd", {"KT": 3}, "KT must be a power of 2", id="recurrent-KT3"),
     pytest.param("gda_recurrent_fwd", {"KT": 8, "BV": 3}, "multiple of 32", id="recurrent-KT8-BV3"),
+    pytest.param("gda_chunk_fwd", {"BV": 12}, "BV must be a multiple of 8", id="chunk-BV12"),
+    pytest.param("gda_chunk_fwd", {"K_DIM": 129}, "K_DIM must be 1..128", id="chunk-K129"),
     pytest.param("gda_step", {"V_DIM": 6, "VEC": 4}, "V_DIM must be a multiple of VEC",
                  id="step-V6-VEC4"),
 ])
 def test_bad_tunable_fails_its_static_assert(kernel, change, expect):
     p = Problem(B=1, T=8, H=2, K=24, V=24, N=1, dtype="float32", g_dtype="float32", log_gate=True)
-    defines = (_gpu.recurrent_defines(p, False) if kernel == "gda_recurrent_fwd"
-               else _gpu.step_defines(p, False, 16))
+    defines = _defines(kernel, p)
     defines.update(change)
     with pytest.raises(_compile.KernelCompileError, match=expect) as e:
         _compile.compile_cubin(kernel, defines, "sm_80")

@@ -12,12 +12,28 @@ FN = "gated_attention"
 P = Problem(B=2, T=63, H=4, K=24, V=24, N=2, dtype="float32", g_dtype="float32", log_gate=False)
 
 
-@pytest.mark.parametrize("gpu, want", [
-    pytest.param(True, "recurrent", id="on_gpu"),
-    pytest.param(False, "chunk", id="on_cpu"),
+def _p(T=63, K=24, B=2, N=None, H=4):
+    return P._replace(T=T, K=K, V=K, B=B, N=B if N is None else N, H=H)
+
+
+@pytest.mark.parametrize("p, gpu, want", [
+    pytest.param(P, True, "recurrent", id="gpu-seed"),
+    pytest.param(_p(T=4096, K=24, B=8, H=16), True, "recurrent", id="gpu-long24"),
+    pytest.param(_p(T=4096, K=128, B=8, H=16), True, "chunk", id="gpu-big128"),
+    pytest.param(_p(T=127, K=128, B=8, H=16), True, "recurrent", id="gpu-K128-below-T128"),
+    pytest.param(_p(T=128, K=128, B=8, H=8), True, "chunk", id="gpu-K128-NH64-T128"),
+    pytest.param(_p(T=4096, K=128, B=1, H=16), True, "recurrent", id="gpu-K128-NH16"),
+    pytest.param(_p(T=4096, K=129, B=8, H=16), True, "recurrent", id="gpu-K129"),
+    pytest.param(_p(T=2048, K=64, B=4, H=8), True, "recurrent", id="gpu-gla64-NH32"),
+    pytest.param(_p(T=2048, K=64, B=8, H=16), True, "chunk", id="gpu-K64-NH128"),
+    pytest.param(_p(T=2048, K=32, B=8, H=16), True, "recurrent", id="gpu-K32-NH128"),
+    pytest.param(_p(T=4096, K=128, B=1, N=64, H=16), True, "recurrent", id="gpu-varlen-short-segments"),
+    pytest.param(_p(T=4096, K=128, B=1, N=8, H=16), True, "chunk", id="gpu-varlen-long-segments"),
+    pytest.param(P, False, "chunk", id="cpu"),
+    pytest.param(_p(T=4096, K=256), False, "chunk", id="cpu-long-K256"),
 ])
-def test_auto_picks(gpu, want):
-    assert _dispatch.pick(FN, "auto", P, gpu) == want
+def test_auto_picks(p, gpu, want):
+    assert _dispatch.pick(FN, "auto", p, gpu) == want
 
 
 @pytest.mark.parametrize("gpu", [pytest.param(True, id="on_gpu"), pytest.param(False, id="on_cpu")])
@@ -58,31 +74,26 @@ def test_unknown_method_lists_the_names(method, gpu):
     assert f"got {method!r}" in msg, msg
 
 
-@pytest.mark.parametrize("method", [
-    pytest.param(m, id=m) for m, sides in _dispatch.METHODS.items() if "gpu" not in sides])
-def test_cpu_only_method_on_the_gpu_raises(method):
+@pytest.mark.parametrize("K", [pytest.param(129, id="K129"), pytest.param(256, id="K256")])
+def test_chunk_on_the_gpu_over_128_raises(K):
     with pytest.raises(ValueError) as e:
-        _dispatch.pick(FN, method, P, True)
-    msg = str(e.value)
-    assert msg.startswith(f"{FN}: method {method!r} has no GPU implementation"), msg
-    for name, sides in _dispatch.METHODS.items():       # the message lists what the GPU has
-        assert (repr(name) in msg) == (name == method or "gpu" in sides), msg
+        _dispatch.pick(FN, "chunk", _p(K=K), True)
+    assert str(e.value) == (f"{FN}: method 'chunk' on the GPU takes a head dimension K of at most "
+                            f"128, got K={K}; use method='recurrent' or 'auto'")
+    assert _dispatch.pick(FN, "chunk", _p(K=K), False) == "chunk"      # the CPU has no limit
 
 
-def test_there_is_a_cpu_only_method():
-    # keeps test_cpu_only_method_on_the_gpu_raises from going empty without notice
-    assert any("gpu" not in sides for sides in _dispatch.METHODS.values())
+def test_every_method_runs_on_both_sides():
+    assert all(set(sides) == {"cpu", "gpu"} for sides in _dispatch.METHODS.values())
 
 
 DIMS = range(1, MAX_DIM + 1)
-# N*H sequence-heads: gda_recurrent_fwd narrows its blocks below 2 per SM (132 SMs on an H200)
-NHS = (1, 8, 263, 264, 4096)
 # dynamic shared memory a block may opt into on every sm_80+ GPU (99 KB on sm_86 / sm_89)
 SMEM_MAX = 99 * 1024
 
 
-def _recurrent_violations(K, V, NH):
-    R, KT, BV, TC = _gpu.recurrent_tiles(K, V, NH)
+def _recurrent_violations(K, V):
+    R, KT, BV, TC = _gpu.recurrent_tiles(K, V)
     bad = []
     if R not in (1, 2, 4) or -(-K // (R * KT)) * R > 8:
         bad.append(f"R={R}: not 1, 2 or 4, or more than 8 state rows a lane")
@@ -95,13 +106,58 @@ def _recurrent_violations(K, V, NH):
     smem = _gpu.recurrent_smem(K, R, KT, BV, TC)   # the launch's dynamic shared memory
     if smem > SMEM_MAX:
         bad.append(f"dynamic shared memory {smem} bytes > {SMEM_MAX}")
-    return [f"K={K} V={V} NH={NH} (R, KT, BV, TC)=({R}, {KT}, {BV}, {TC}): {b}" for b in bad]
+    return [f"K={K} V={V} (R, KT, BV, TC)=({R}, {KT}, {BV}, {TC}): {b}" for b in bad]
 
 
-@pytest.mark.parametrize("NH", [pytest.param(nh, id=f"NH{nh}") for nh in NHS])
-def test_recurrent_tiles_all_dims(NH):
-    bad = [b for K in DIMS for V in DIMS for b in _recurrent_violations(K, V, NH)]
+def test_recurrent_tiles_all_dims():
+    bad = [b for K in DIMS for V in DIMS for b in _recurrent_violations(K, V)]
     assert not bad, f"{len(bad)} violations, first: " + "; ".join(bad[:10])
+
+
+# N*H sequence-heads: gda_chunk_fwd narrows its value tiles when the grid is small (132 SMs)
+NHS = (1, 8, 98, 99, 264, 4096)
+# (SM count, opt-in shared memory): H100/H200, A100, sm_86/89
+DEVICES = ((132, 227 * 1024), (108, 163 * 1024), (84, 99 * 1024))
+
+
+def _chunk_violations(K, V, NH, sms, smem_max):
+    BV = _gpu.chunk_tiles(K, V, NH, sms, smem_max)
+    where = f"K={K} V={V} NH={NH} smem_max={smem_max} BV={BV}"
+    if BV is None:
+        return [] if K > _dispatch.CHUNK_MAX_K or _gpu.chunk_smem(K, 8) > smem_max else [
+            f"{where}: refused although BV=8 fits"]
+    bad = []
+    if BV % 8 or not 8 <= BV <= 64:
+        bad.append("BV is not a multiple of 8 in 8..64")
+    if BV > -(-V // 8) * 8:
+        bad.append("BV is wider than V rounded up to 8")
+    if _gpu.chunk_smem(K, BV) > smem_max:
+        bad.append(f"shared memory {_gpu.chunk_smem(K, BV)} bytes > {smem_max}")
+    return [f"{where}: {b}" for b in bad]
+
+
+@pytest.mark.parametrize("sms, smem_max", [pytest.param(*d, id=f"SM{d[0]}") for d in DEVICES])
+@pytest.mark.parametrize("NH", [pytest.param(nh, id=f"NH{nh}") for nh in NHS])
+def test_chunk_tiles_all_dims(NH, sms, smem_max):
+    bad = [b for K in DIMS for V in DIMS for b in _chunk_violations(K, V, NH, sms, smem_max)]
+    assert not bad, f"{len(bad)} violations, first: " + "; ".join(bad[:10])
+
+
+@pytest.mark.parametrize("K, V, NH, want", [
+    pytest.param(128, 128, 128, 64, id="big128"),
+    pytest.param(64, 64, 32, 16, id="gla64-few-heads"),
+    pytest.param(24, 24, 128, 24, id="long24"),
+    pytest.param(128, 256, 8, 16, id="K128-V256-NH8"),
+])
+def test_chunk_tiles_h200(K, V, NH, want):
+    assert _gpu.chunk_tiles(K, V, NH) == want
+
+
+def test_chunk_smem_mirrors_the_kernel_layout():
+    # K = 128, BV = 64: q, g [64][132], k [64][136], kA [96][132], v [64][72], S [128][72],
+    # scores [64][68], A_end [128] floats
+    assert _gpu.chunk_smem(128, 64) == 4 * (2 * 64 * 132 + 64 * 136 + 96 * 132 + 64 * 72
+                                            + 128 * 72 + 64 * 68 + 128)
 
 
 def _step_violations(K, V, align):
@@ -144,7 +200,7 @@ def test_step_uses_16_byte_accesses_where_allowed(V, want):
 def test_defines_carry_the_tiles_and_problem(K, V):
     p = Problem(B=1, T=1, H=1, K=K, V=V, N=1, dtype="bfloat16", g_dtype="float32", log_gate=True)
     d = _gpu.recurrent_defines(p, seq_int64=True)
-    assert (d["R"], d["KT"], d["BV"], d["TC"]) == _gpu.recurrent_tiles(K, V, p.N * p.H)
+    assert (d["R"], d["KT"], d["BV"], d["TC"]) == _gpu.recurrent_tiles(K, V)
     assert (d["K_DIM"], d["V_DIM"], d["IO_DTYPE"], d["G_DTYPE"], d["LOG_GATE"], d["SEQ_INT64"]) == (
         K, V, 2, 0, 1, 1)
     d = _gpu.step_defines(p, idx_int64=False, align=16)

@@ -1,0 +1,576 @@
+// gda_chunk_fwd: gated linear attention, forward, in chunks of BT = 64 steps on the tensor cores.
+//
+//   S_t = diag(g_t) S_{t-1} + k_t v_t^T,   o_t = scale * S_t^T q_t        (S: [K, V], fp32)
+//
+// Grid (1-D): one block per (sequence n, head h, tile of BV value columns), block id
+//   ((n * H) + h) * NV + iv. Block: 4 warps; sequential over the chunks, the state S [KP, BV]
+//   in shared memory (fp32), each warp updating rows 16*m, m = w, w+4, ... with mma.
+// Every decay factor is a product of gates, never a quotient or a difference of logs, so gates
+//   of 0, tiny, negative or above 1 stay exact (fla's chunk mode divides). Sub-blocks of
+//   BS = 16 steps; warp w owns the output rows of sub-block w. Numbered stages, as in
+//   benchmarks/chunk_exact.py:
+//   1. stage q, k, g, v of the chunk in shared memory as fp32 (rows past the sequence: gate 1,
+//      q = k = v = 0, which leaves S exactly unchanged).
+//   2. diagonal sub-blocks on the CUDA cores: W[t][s] = sum_k q_t k_s prod_{s<r<=t} g_r, s <= t,
+//      one lane per column carrying the running products, the K-sum by a transposed shuffle
+//      reduction.
+//   3. gate scans, one thread per column, in place: q*A (A: prefix product over the chunk),
+//      q*P (P: prefix product inside the sub-block), k*D (D: product after s to the chunk end),
+//      and for each anchor a = 16, 32, 48 the anchored keys kA_a[s] = k_s prod_{s<r<a} g_r.
+//   4. output rows of sub-block i: (q*A) S  +  [ (q*P)_i kA_{16i}^T | W_i ] v  (tensor cores),
+//      staged through shared memory for coalesced 16-byte stores.
+//   5. state: S = diag(A_end) S + (k*D)^T v (tensor cores), in place in shared memory.
+// float32 inputs with a multiplicative gate go straight to shared memory by cp.async; others
+//   through registers (converted, exp of log gates). -DGDA_PROFILE prints block 0's cycles per
+//   stage (scripts/profile_chunk.py).
+// Precision: every matmul is 3xTF32 (a = hi + lo, a*b ~ hi*hi + hi*lo + lo*hi, fp32
+//   accumulation), which keeps float32 accuracy; no plain TF32 anywhere.
+// Sequences: rows [bos, eos) of the [B*T, H, *] tensors; cu_seqlens (varlen, B = 1, offsets
+//   clamped to [0, T]) or bos = n*T. No host syncs, no atomics, no workspace.
+//
+// Required defines: K_DIM (1..128), V_DIM (1..256), IO_DTYPE, G_DTYPE, LOG_GATE, SEQ_INT64.
+//   Tunable: BV (a multiple of 8, at most 64), NG, ASYNC_COPY.
+// Reference: cupy_gda.reference.gated_attention_ref (and gated_attention_chunked, the same
+//   stages in NumPy).
+#if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64)
+#error "K_DIM, V_DIM, LOG_GATE and SEQ_INT64 are required"
+#endif
+#ifndef BV
+#define BV 64
+#endif
+#define BT 64                                  // steps per chunk
+#define BS 16                                  // steps per sub-block (one warp's output rows)
+#define NW 4                                   // warps
+#define NT (NW * 32)
+#define KP (((K_DIM) + 15) / 16 * 16)          // K padded to the m16 / k8 tiles
+#define QS (KP + 4)                            // row strides (floats) that keep the fragment
+#define KS (KP + 8)                            //   loads free of bank conflicts
+#define VS (BV + 8)
+#define WS (BT + 4)
+#define MT (KP / 16)                           // state row tiles
+#define MW ((MT + NW - 1) / NW)                // state row tiles per warp
+#define NTV (BV / 8)                           // value column tiles
+#define KJ ((KP + 31) / 32)                    // columns per lane in stage 2
+#ifndef NG
+#define NG 4                                   // value tiles per group of independent mma
+#endif
+#ifndef ASYNC_COPY
+#define ASYNC_COPY 1                           // float32 inputs staged by cp.async
+#endif
+static_assert(K_DIM >= 1 && KP <= NT, "K_DIM must be 1..128 (one scan thread per column)");
+static_assert(BS == 16 && BT == 4 * BS, "stage 2's reduction and the anchors assume BS = 16, BT = 64");
+static_assert(BV <= BT, "o is staged in the rows of the scores tile");
+static_assert(BV % 8 == 0 && BV >= 8 && BV <= 64, "BV must be a multiple of 8, at most 64");
+
+#if SEQ_INT64
+typedef long long seq_t;
+#else
+typedef int seq_t;
+#endif
+
+// Shared memory layout (floats), in this order.
+#define SM_Q 0                                 // [BT][QS]  q, then q*P
+#define SM_A (SM_Q + BT * QS)                  // [BT][QS]  g, then q*A
+#define SM_K (SM_A + BT * QS)                  // [BT][KS]  k, then k*D
+#define SM_KA (SM_K + BT * KS)                 // [96][QS]  kA for anchors 16 (rows 0..15),
+                                               //           32 (16..47), 48 (48..95)
+#define SM_V (SM_KA + 96 * QS)                 // [BT][VS]
+#define SM_S (SM_V + BT * VS)                  // [KP][VS]  S at the chunk start
+#define SM_W (SM_S + KP * VS)                  // [BT][WS]  scores of the sub-block rows
+#define SM_E (SM_W + BT * WS)                  // [KP]      A_end: the chunk's gate product
+#define SM_FLOATS (SM_E + KP)
+
+// a = hi + lo, both TF32 (hi: round to nearest; lo: the rounded remainder)
+__device__ __forceinline__ void gda_split(float x, unsigned& hi, unsigned& lo) {
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+}
+
+__device__ __forceinline__ void gda_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// d[j] += a * b[j], j < J (those with j < jn), in 3xTF32: the small terms first, each pass over
+// all J tiles, so that consecutive mma are independent (an mma waits for its accumulator's last)
+template <int J>
+__device__ __forceinline__ void gda_mma3(float (*d)[4], const unsigned (&ah)[4], const unsigned (&al)[4],
+                                         const unsigned (&bh)[J][2], const unsigned (&bl)[J][2], int jn = J) {
+    #pragma unroll
+    for (int j = 0; j < J; ++j) if (j < jn) gda_mma(d[j], al, bh[j]);
+    #pragma unroll
+    for (int j = 0; j < J; ++j) if (j < jn) gda_mma(d[j], ah, bl[j]);
+    #pragma unroll
+    for (int j = 0; j < J; ++j) if (j < jn) gda_mma(d[j], ah, bh[j]);
+}
+
+// A fragment (16x8, row-major source): element (r, c) at p[r * ld + c]
+__device__ __forceinline__ void gda_frag_a(const float* p, int ld, int lane, unsigned (&hi)[4], unsigned (&lo)[4]) {
+    const int g = lane >> 2, t = lane & 3;
+    gda_split(p[g * ld + t], hi[0], lo[0]);
+    gda_split(p[(g + 8) * ld + t], hi[1], lo[1]);
+    gda_split(p[g * ld + t + 4], hi[2], lo[2]);
+    gda_split(p[(g + 8) * ld + t + 4], hi[3], lo[3]);
+}
+
+// A fragment from a transposed source: element (r, c) at p[c * ld + r]
+__device__ __forceinline__ void gda_frag_at(const float* p, int ld, int lane, unsigned (&hi)[4], unsigned (&lo)[4]) {
+    const int g = lane >> 2, t = lane & 3;
+    gda_split(p[t * ld + g], hi[0], lo[0]);
+    gda_split(p[t * ld + g + 8], hi[1], lo[1]);
+    gda_split(p[(t + 4) * ld + g], hi[2], lo[2]);
+    gda_split(p[(t + 4) * ld + g + 8], hi[3], lo[3]);
+}
+
+// B fragment (8x8): element (kk, n) at p[kk * ld + n]
+__device__ __forceinline__ void gda_frag_b(const float* p, int ld, int lane, unsigned (&hi)[2], unsigned (&lo)[2]) {
+    const int g = lane >> 2, t = lane & 3;
+    gda_split(p[t * ld + g], hi[0], lo[0]);
+    gda_split(p[(t + 4) * ld + g], hi[1], lo[1]);
+}
+
+// B fragment from a transposed source: element (kk, n) at p[n * ld + kk]
+__device__ __forceinline__ void gda_frag_bt(const float* p, int ld, int lane, unsigned (&hi)[2], unsigned (&lo)[2]) {
+    const int g = lane >> 2, t = lane & 3;
+    gda_split(p[g * ld + t], hi[0], lo[0]);
+    gda_split(p[g * ld + t + 4], hi[1], lo[1]);
+}
+
+// Packs of 4 elements for 16-byte (float) or 8-byte (16-bit) loads.
+template <int SIZE> struct gda_vec4;
+template <> struct gda_vec4<4> { typedef float4 t; };
+template <> struct gda_vec4<2> { typedef uint2 t; };
+template <typename E, int W> union gda_pack { E e[W]; };
+template <typename E> union gda_pack<E, 4> { typename gda_vec4<sizeof(E)>::t v; E e[4]; };
+
+template <typename E> __device__ __forceinline__ bool gda_aligned(const E* p) {
+    return (reinterpret_cast<unsigned long long>(p) & (4 * sizeof(E) - 1)) == 0;
+}
+
+template <typename E, int W> __device__ __forceinline__ gda_pack<E, W> gda_ld(const E* p) {
+    gda_pack<E, W> r;
+    if constexpr (W == 4) r.v = *reinterpret_cast<const typename gda_vec4<sizeof(E)>::t*>(p);
+    else r.e[0] = *p;
+    return r;
+}
+
+#define GDA_LB 4                              // loads of each tensor in flight per thread
+
+// Stage 1 for q, k, g: rows t < n (the rest: q = k = 0, gate 1) of the chunk starting at row
+// r0, columns 0..K_DIM-1 in packs of W; PR packs a row.
+template <int PR, int W>
+__device__ __forceinline__ void gda_stage(const io::t* __restrict__ q, const io::t* __restrict__ k,
+                                          const gt::t* __restrict__ g, float* b_q, float* b_k, float* b_a,
+                                          long long r0, long long n, long long sk, long long col0, int tid) {
+    constexpr int NP = BT * PR, EP = (NP + NT - 1) / NT, LB = EP < GDA_LB ? EP : GDA_LB;
+    #pragma unroll 1
+    for (int j0 = 0; j0 < EP; j0 += LB) {
+        gda_pack<io::t, W> rq[LB], rk[LB];
+        gda_pack<gt::t, W> rg[LB];
+        #pragma unroll
+        for (int j = 0; j < LB; ++j) {
+            const int e = tid + (j0 + j) * NT, t = e / PR, c = e % PR;
+            if (j0 + j < EP && e < NP && t < n) {
+                const long long off = (r0 + t) * sk + col0 + W * c;
+                rq[j] = gda_ld<io::t, W>(q + off); rk[j] = gda_ld<io::t, W>(k + off);
+                rg[j] = gda_ld<gt::t, W>(g + off);
+            }
+        }
+        #pragma unroll
+        for (int j = 0; j < LB; ++j) {
+            const int e = tid + (j0 + j) * NT, t = e / PR, c = e % PR;
+            if (j0 + j < EP && e < NP) {
+                const bool m = t < n;
+                #pragma unroll
+                for (int i = 0; i < W; ++i) {
+                    b_q[t * QS + W * c + i] = m ? io::load(rq[j].e[i]) : 0.f;
+                    b_k[t * KS + W * c + i] = m ? io::load(rk[j].e[i]) : 0.f;
+                    b_a[t * QS + W * c + i] = m ? gda_gate(rg[j].e[i]) : 1.f;
+                }
+            }
+        }
+    }
+}
+
+// Stage 1 for v: rows t < n, tile columns c < nc (the rest 0), in packs of W; PR packs a row.
+template <int PR, int W>
+__device__ __forceinline__ void gda_stage_v(const io::t* __restrict__ v, float* b_v, long long r0,
+                                            long long n, long long sv, long long col0, int nc, int tid) {
+    constexpr int NP = BT * PR, EP = (NP + NT - 1) / NT, LB = EP < GDA_LB ? EP : GDA_LB;
+    #pragma unroll 1
+    for (int j0 = 0; j0 < EP; j0 += LB) {
+        gda_pack<io::t, W> rv[LB];
+        #pragma unroll
+        for (int j = 0; j < LB; ++j) {
+            const int e = tid + (j0 + j) * NT, t = e / PR, c = e % PR;
+            if (j0 + j < EP && e < NP && t < n && W * c < nc)
+                rv[j] = gda_ld<io::t, W>(v + (r0 + t) * sv + col0 + W * c);
+        }
+        #pragma unroll
+        for (int j = 0; j < LB; ++j) {
+            const int e = tid + (j0 + j) * NT, t = e / PR, c = e % PR;
+            if (j0 + j < EP && e < NP) {
+                const bool m = t < n && W * c < nc;
+                #pragma unroll
+                for (int i = 0; i < W; ++i) b_v[t * VS + W * c + i] = m ? io::load(rv[j].e[i]) : 0.f;
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ void gda_cp16(float* dst, const float* src) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(a), "l"(src) : "memory");
+}
+
+// Stage 1 for float32 q, k, g (multiplicative) and v, 16-byte aligned: asynchronous 16-byte
+// copies, all in flight at once; rows t >= n and columns past V written directly (0, gate 1).
+__device__ __forceinline__ void gda_stage_async(const float* __restrict__ q, const float* __restrict__ k,
+                                                const float* __restrict__ g, const float* __restrict__ v,
+                                                float* b_q, float* b_k, float* b_a, float* b_v,
+                                                long long r0, long long n, long long sk, long long sv,
+                                                long long colk, long long colv, int nc, int tid) {
+    constexpr int PK = K_DIM / 4, PV = BV / 4;
+    #pragma unroll 1
+    for (int e = tid; e < BT * PK; e += NT) {
+        const int t = e / PK, c = 4 * (e % PK);
+        if (t < n) {
+            const long long off = (r0 + t) * sk + colk + c;
+            gda_cp16(b_q + t * QS + c, q + off);
+            gda_cp16(b_k + t * KS + c, k + off);
+            gda_cp16(b_a + t * QS + c, g + off);
+        } else {
+            *reinterpret_cast<float4*>(b_q + t * QS + c) = make_float4(0.f, 0.f, 0.f, 0.f);
+            *reinterpret_cast<float4*>(b_k + t * KS + c) = make_float4(0.f, 0.f, 0.f, 0.f);
+            *reinterpret_cast<float4*>(b_a + t * QS + c) = make_float4(1.f, 1.f, 1.f, 1.f);
+        }
+    }
+    #pragma unroll 1
+    for (int e = tid; e < BT * PV; e += NT) {
+        const int t = e / PV, c = 4 * (e % PV);
+        if (t < n && c < nc) gda_cp16(b_v + t * VS + c, v + (r0 + t) * sv + colv + c);
+        else *reinterpret_cast<float4*>(b_v + t * VS + c) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+}
+
+// One exchange of the transposed warp sum: lanes with bit O keep the upper N of their 2N
+// partials, the others the lower N, each adding its partner's copy of the kept ones.
+template <int N, int O>
+__device__ __forceinline__ void gda_halve(float (&x)[BS], int lane) {
+    const bool up = lane & O;
+    #pragma unroll
+    for (int s = 0; s < N; ++s) {
+        const float send = up ? x[s] : x[s + N];
+        const float keep = up ? x[s + N] : x[s];
+        x[s] = keep + __shfl_xor_sync(GDA_FULL_MASK, send, O);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+gda_chunk_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
+              const io::t* __restrict__ v, const gt::t* __restrict__ g,
+              io::t* __restrict__ o, const float* __restrict__ h0, float* __restrict__ ht,
+              const seq_t* __restrict__ cu_seqlens, long long T, int H, int NV, float scale)
+{
+    extern __shared__ float4 gda_smem[];
+    float* const b_sm = reinterpret_cast<float*>(gda_smem);
+    float* const b_q = b_sm + SM_Q;
+    float* const b_a = b_sm + SM_A;
+    float* const b_k = b_sm + SM_K;
+    float* const b_ka = b_sm + SM_KA;
+    float* const b_v = b_sm + SM_V;
+    float* const b_s = b_sm + SM_S;
+    float* const b_w = b_sm + SM_W;
+    float* const b_e = b_sm + SM_E;
+
+    const long long i_b = blockIdx.x;
+    const int i_v = (int)(i_b % NV), i_h = (int)((i_b / NV) % H);
+    const long long i_n = i_b / NV / H;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    const int lg = lane >> 2, lt = lane & 3;   // fragment row group, thread in group
+    const int v0 = i_v * BV;
+    long long bos, eos;
+    if (cu_seqlens) {   // clamped to [0, T]: unchecked offsets must not reach outside the tensors
+        bos = min(max((long long)cu_seqlens[i_n], 0LL), T);
+        eos = min(max((long long)cu_seqlens[i_n + 1], bos), T);
+    } else { bos = i_n * T; eos = bos + T; }
+    const long long len = eos - bos;
+    const long long sk = (long long)H * K_DIM, sv = (long long)H * V_DIM;
+    const long long o_h = ((i_n * H + i_h) * (long long)K_DIM) * V_DIM + v0;   // state [n, h, 0, v0]
+
+    // S [KP][BV] lives in shared memory (b_s): read by stage 4, updated in place by stage 5
+    for (int e = tid; e < KP * BV; e += NT) {
+        const int row = e / BV, col = e % BV;
+        b_s[row * VS + col] = (h0 && row < K_DIM && v0 + col < V_DIM)
+                            ? h0[o_h + (long long)row * V_DIM + col] : 0.f;
+    }
+
+    // padding columns K_DIM..KP-1: q = k = 0 (the gate there is never used but must be finite);
+    // stage 1 writes only the first K_DIM columns, and stage 3 keeps these at 0
+#if KP > K_DIM
+    for (int e = tid; e < BT * (KP - K_DIM); e += NT) {
+        const int t = e / (KP - K_DIM), kk = K_DIM + e % (KP - K_DIM);
+        b_q[t * QS + kk] = 0.f; b_k[t * KS + kk] = 0.f; b_a[t * QS + kk] = 1.f;
+    }
+#endif
+    const bool vec_qkg = gda_aligned<io::t>(q) && gda_aligned<io::t>(k) && gda_aligned<gt::t>(g);
+    const bool vec_v = gda_aligned<io::t>(v), vec_o = gda_aligned<io::t>(o);
+#ifdef GDA_PROFILE
+    long long prof[6] = {0, 0, 0, 0, 0, 0}, prof_t = clock64();
+#define GDA_PROF(i) do { __syncthreads(); const long long c_ = clock64(); prof[i] += c_ - prof_t; prof_t = c_; } while (0)
+#else
+#define GDA_PROF(i) do { } while (0)
+#endif
+
+    for (long long t0 = 0; t0 < len; t0 += BT) {
+        GDA_PROF(0);
+        // 1. stage the chunk (16- or 8-byte loads where K, V and the pointers allow; up to LB
+        //    loads of each tensor in flight per thread); S to shared memory
+#if ASYNC_COPY && IO_DTYPE == 0 && G_DTYPE == 0 && !LOG_GATE && K_DIM % 4 == 0 && V_DIM % 4 == 0
+        if (vec_qkg && vec_v) {                 // float32 as is: copies that bypass registers
+            gda_stage_async(q, k, g, v, b_q, b_k, b_a, b_v, bos + t0, len - t0, sk, sv,
+                            (long long)i_h * K_DIM, (long long)i_h * V_DIM + v0, V_DIM - v0, tid);
+        } else
+#endif
+        {
+#if K_DIM % 4 == 0
+        if (vec_qkg)
+            gda_stage<K_DIM / 4, 4>(q, k, g, b_q, b_k, b_a, bos + t0, len - t0, sk, (long long)i_h * K_DIM, tid);
+        else
+#endif
+            gda_stage<K_DIM, 1>(q, k, g, b_q, b_k, b_a, bos + t0, len - t0, sk, (long long)i_h * K_DIM, tid);
+#if V_DIM % 4 == 0
+        if (vec_v)
+            gda_stage_v<BV / 4, 4>(v, b_v, bos + t0, len - t0, sv, (long long)i_h * V_DIM + v0, V_DIM - v0, tid);
+        else
+#endif
+            gda_stage_v<BV, 1>(v, b_v, bos + t0, len - t0, sv, (long long)i_h * V_DIM + v0, V_DIM - v0, tid);
+        }
+        __syncthreads();
+        GDA_PROF(1);
+
+        // 2. diagonal sub-block w: W[t][s] = sum_k q_t k_s prod_{s<r<=t} g_r
+        {
+            const int r0 = BS * w;
+            float b_pr[KJ][BS];                 // running k_s prod_{s<r<=t} g_r, per column
+            #pragma unroll
+            for (int t = 0; t < BS; ++t) {
+                float b_part[BS];
+                #pragma unroll
+                for (int s = 0; s < BS; ++s) b_part[s] = 0.f;
+                #pragma unroll
+                for (int j = 0; j < KJ; ++j) {
+                    const int kk = lane + 32 * j;
+                    if (kk < KP) {
+                        const float fq = b_q[(r0 + t) * QS + kk], fg = b_a[(r0 + t) * QS + kk];
+                        #pragma unroll
+                        for (int s = 0; s < t; ++s) b_pr[j][s] *= fg;
+                        b_pr[j][t] = b_k[(r0 + t) * KS + kk];
+                        #pragma unroll
+                        for (int s = 0; s <= t; ++s) b_part[s] = fmaf(fq, b_pr[j][s], b_part[s]);
+                    }
+                }
+                // sum the BS partials over the 32 lanes: halve the set at each exchange; lane l
+                // ends with value (l >> 1) & 15
+                gda_halve<8, 16>(b_part, lane);
+                gda_halve<4, 8>(b_part, lane);
+                gda_halve<2, 4>(b_part, lane);
+                gda_halve<1, 2>(b_part, lane);
+                b_part[0] += __shfl_xor_sync(GDA_FULL_MASK, b_part[0], 1);
+                if ((lane & 1) == 0) b_w[(r0 + t) * WS + r0 + (lane >> 1)] = b_part[0];
+            }
+        }
+        __syncthreads();
+        GDA_PROF(2);
+
+        // 3. gate scans, thread tid owns column tid
+        if (tid < KP) {
+            const int kk = tid;
+            float d = 1.f, e1 = 1.f, e2 = 1.f, e3 = 1.f;     // suffix products (to end, to anchors)
+            #pragma unroll 8
+            for (int s = BT - 1; s >= 0; --s) {
+                const float fk = b_k[s * KS + kk], fg = b_a[s * QS + kk];
+                b_k[s * KS + kk] = fk * d;
+                if (s < 16) b_ka[s * QS + kk] = fk * e1;
+                if (s < 32) b_ka[(16 + s) * QS + kk] = fk * e2;
+                if (s < 48) b_ka[(48 + s) * QS + kk] = fk * e3;
+                d *= fg;
+                if (s < 16) e1 *= fg;
+                if (s < 32) e2 *= fg;
+                if (s < 48) e3 *= fg;
+            }
+            b_e[kk] = d;
+            float a = 1.f, p = 1.f;                           // prefix: chunk, sub-block
+            #pragma unroll 8
+            for (int t = 0; t < BT; ++t) {
+                const float fq = b_q[t * QS + kk], fg = b_a[t * QS + kk];
+                a *= fg;
+                p = (t % BS == 0) ? fg : p * fg;
+                b_q[t * QS + kk] = fq * p;
+                b_a[t * QS + kk] = fq * a;
+            }
+        }
+        __syncthreads();
+        GDA_PROF(3);
+
+        // 4. output rows r0..r0+15 of this warp
+        {
+            const int r0 = BS * w;
+            float b_o[NTV][4];
+            #pragma unroll
+            for (int n = 0; n < NTV; ++n)
+                #pragma unroll
+                for (int r = 0; r < 4; ++r) b_o[n][r] = 0.f;
+            // 4a. (q*A) S
+            #pragma unroll 2
+            for (int kb = 0; kb < KP; kb += 8) {
+                unsigned ah[4], al[4];
+                gda_frag_a(b_a + r0 * QS + kb, QS, lane, ah, al);
+                #pragma unroll
+                for (int n0 = 0; n0 < NTV; n0 += NG) {
+                    unsigned bh[NG][2], bl[NG][2];
+                    #pragma unroll
+                    for (int j = 0; j < NG; ++j)
+                        if (n0 + j < NTV) gda_frag_b(b_s + kb * VS + 8 * (n0 + j), VS, lane, bh[j], bl[j]);
+                    gda_mma3<NG>(b_o + n0, ah, al, bh, bl, NTV - n0);
+                }
+            }
+            // 4b. scores against the earlier sub-blocks: (q*P) kA_{r0}^T, columns 0..r0-1
+            if (w > 0) {
+                const float* ka = b_ka + (w == 1 ? 0 : w == 2 ? 16 : 48) * QS;
+                float b_c[2 * (NW - 1)][4];
+                #pragma unroll
+                for (int n = 0; n < 2 * (NW - 1); ++n)
+                    #pragma unroll
+                    for (int r = 0; r < 4; ++r) b_c[n][r] = 0.f;
+                #pragma unroll 2
+                for (int kb = 0; kb < KP; kb += 8) {
+                    unsigned ah[4], al[4], bh[2 * (NW - 1)][2], bl[2 * (NW - 1)][2];
+                    gda_frag_a(b_q + r0 * QS + kb, QS, lane, ah, al);
+                    #pragma unroll
+                    for (int n = 0; n < 2 * (NW - 1); ++n)
+                        if (n < 2 * w) gda_frag_bt(ka + 8 * n * QS + kb, QS, lane, bh[n], bl[n]);
+                    gda_mma3<2 * (NW - 1)>(b_c, ah, al, bh, bl, 2 * w);
+                }
+                #pragma unroll
+                for (int n = 0; n < 2 * (NW - 1); ++n)
+                    if (n < 2 * w)
+                        #pragma unroll
+                        for (int r = 0; r < 4; ++r)
+                            b_w[(r0 + lg + 8 * (r >> 1)) * WS + 8 * n + 2 * lt + (r & 1)] = b_c[n][r];
+            }
+            __syncwarp();
+            // 4c. + [scores | W] v over the steps 0..r0+15
+            #pragma unroll
+            for (int kb = 0; kb < BT; kb += 8)
+                if (kb < r0 + BS) {
+                    unsigned ah[4], al[4];
+                    gda_frag_a(b_w + r0 * WS + kb, WS, lane, ah, al);
+                    #pragma unroll
+                    for (int n0 = 0; n0 < NTV; n0 += NG) {
+                        unsigned bh[NG][2], bl[NG][2];
+                        #pragma unroll
+                        for (int j = 0; j < NG; ++j)
+                            if (n0 + j < NTV) gda_frag_b(b_v + kb * VS + 8 * (n0 + j), VS, lane, bh[j], bl[j]);
+                        gda_mma3<NG>(b_o + n0, ah, al, bh, bl, NTV - n0);
+                    }
+                }
+            // 4d. o through this warp's rows of b_w (free after 4c), then coalesced stores
+            __syncwarp();
+            #pragma unroll
+            for (int n = 0; n < NTV; ++n)
+                #pragma unroll
+                for (int r = 0; r < 4; ++r)
+                    b_w[(r0 + lg + 8 * (r >> 1)) * WS + 8 * n + 2 * lt + (r & 1)] = b_o[n][r] * scale;
+            __syncwarp();
+#if V_DIM % 4 == 0
+            if (vec_o) {
+                #pragma unroll 2
+                for (int e = lane; e < BS * (BV / 4); e += 32) {
+                    const int t = e / (BV / 4), c = 4 * (e % (BV / 4));
+                    if (t0 + r0 + t < len && v0 + c < V_DIM) {
+                        gda_pack<io::t, 4> pk;
+                        #pragma unroll
+                        for (int i = 0; i < 4; ++i) pk.e[i] = io::store(b_w[(r0 + t) * WS + c + i]);
+                        *reinterpret_cast<typename gda_vec4<sizeof(io::t)>::t*>(
+                            o + (bos + t0 + r0 + t) * sv + (long long)i_h * V_DIM + v0 + c) = pk.v;
+                    }
+                }
+            } else
+#endif
+            {
+                for (int e = lane; e < BS * BV; e += 32) {
+                    const int t = e / BV, c = e % BV;
+                    if (t0 + r0 + t < len && v0 + c < V_DIM)
+                        o[(bos + t0 + r0 + t) * sv + (long long)i_h * V_DIM + v0 + c] = io::store(b_w[(r0 + t) * WS + c]);
+                }
+            }
+        }
+
+        __syncthreads();                        // stage 4's reads of S are done
+        GDA_PROF(4);
+        // 5. state: S = diag(A_end) S + (k*D)^T v; warp w owns the row tiles m = w, w + NW, ...
+        //    (tile element r at row 16m + lg + 8*(r>>1), column 8n + 2*lt + (r&1))
+        {
+            float b_sr[MW][NTV][4];
+            #pragma unroll
+            for (int i = 0; i < MW; ++i)
+                if (w + NW * i < MT) {
+                    const int m0 = 16 * (w + NW * i);
+                    const float e0 = b_e[m0 + lg], e8 = b_e[m0 + lg + 8];
+                    #pragma unroll
+                    for (int n = 0; n < NTV; ++n)
+                        #pragma unroll
+                        for (int r = 0; r < 4; ++r)
+                            b_sr[i][n][r] = (r < 2 ? e0 : e8)
+                                * b_s[(m0 + lg + 8 * (r >> 1)) * VS + 8 * n + 2 * lt + (r & 1)];
+                }
+            #pragma unroll 2
+            for (int kb = 0; kb < BT; kb += 8) {
+                unsigned ah[MW][4], al[MW][4];
+                #pragma unroll
+                for (int i = 0; i < MW; ++i)
+                    if (w + NW * i < MT) gda_frag_at(b_k + kb * KS + 16 * (w + NW * i), KS, lane, ah[i], al[i]);
+                #pragma unroll
+                for (int n0 = 0; n0 < NTV; n0 += NG) {
+                    unsigned bh[NG][2], bl[NG][2];
+                    #pragma unroll
+                    for (int j = 0; j < NG; ++j)
+                        if (n0 + j < NTV) gda_frag_b(b_v + kb * VS + 8 * (n0 + j), VS, lane, bh[j], bl[j]);
+                    #pragma unroll
+                    for (int i = 0; i < MW; ++i)
+                        if (w + NW * i < MT) gda_mma3<NG>(b_sr[i] + n0, ah[i], al[i], bh, bl, NTV - n0);
+                }
+            }
+            #pragma unroll
+            for (int i = 0; i < MW; ++i)
+                if (w + NW * i < MT) {
+                    const int m0 = 16 * (w + NW * i);
+                    #pragma unroll
+                    for (int n = 0; n < NTV; ++n)
+                        #pragma unroll
+                        for (int r = 0; r < 4; ++r)
+                            b_s[(m0 + lg + 8 * (r >> 1)) * VS + 8 * n + 2 * lt + (r & 1)] = b_sr[i][n][r];
+                }
+        }
+        __syncthreads();                        // this chunk's shared reads are done
+        GDA_PROF(5);
+    }
+#ifdef GDA_PROFILE
+    if (blockIdx.x == 0 && tid == 0)
+        printf("gda_chunk_fwd block 0 cycles: load %lld diag %lld scan %lld output %lld state %lld  (clock64, %lld chunks)\n",
+               prof[0] + prof[1], prof[2], prof[3], prof[4], prof[5], (len + BT - 1) / BT);
+#endif
+
+    if (ht) {
+        __syncthreads();                        // (no chunks: b_s was written by other threads)
+        for (int e = tid; e < KP * BV; e += NT) {
+            const int row = e / BV, col = e % BV;
+            if (row < K_DIM && v0 + col < V_DIM) ht[o_h + (long long)row * V_DIM + col] = b_s[row * VS + col];
+        }
+    }
+}

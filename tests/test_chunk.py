@@ -1,0 +1,78 @@
+"""The chunked tensor-core kernel (kernels/gda_chunk_fwd.cu, method="chunk") on the GPU: every
+standard forward case it takes, chunk-boundary and varlen shapes, every gate regime (exact 0s,
+1e-30, negative, above 1), half dtypes and log gates, each against the float64 loop under the
+accuracy contract, with poisoned (NaN-filled) outputs."""
+import numpy as np
+import pytest
+
+import cupy_gda
+from cupy_gda import _dispatch, _verify
+from cupy_gda._verify import Case, varlen_case
+
+pytestmark = pytest.mark.gpu
+
+
+def _forward(cases):
+    return [c for c in cases if not c.step and c.K <= _dispatch.CHUNK_MAX_K]
+
+
+CASES = _forward(_verify.standard_cases())
+CASES += [
+    # across chunk (64) and sub-block (16) boundaries, partial last chunks
+    Case(2, 15, 2, 32, 32), Case(2, 17, 2, 32, 32), Case(1, 127, 3, 64, 64),
+    Case(2, 129, 2, 128, 128), Case(1, 1000, 2, 128, 128, gate="unif"),
+    Case(1, 4096, 1, 64, 64),
+    # value tiles: V over 64, odd V, V < 8
+    Case(2, 200, 2, 64, 200), Case(2, 130, 2, 48, 7), Case(2, 100, 2, 128, 3),
+    # K not a multiple of 16 or 32
+    Case(2, 150, 2, 17, 24), Case(2, 150, 2, 100, 64), Case(2, 150, 2, 112, 40),
+    # every gate regime across several chunks
+    *(Case(2, 300, 2, 64, 64, gate=g) for g in _verify.GATES),
+    *(Case(2, 300, 2, 128, 64, gate=g, log=True) for g in ("zeros", "tiny", "logsig")),
+    Case(1, 200, 2, 128, 128, gate="grow"),
+    # half dtypes over several chunks
+    Case(2, 300, 2, 128, 128, dtype="bfloat16"), Case(2, 300, 2, 64, 64, dtype="float16", gate="zeros"),
+    Case(2, 300, 2, 128, 128, dtype="bfloat16", log=True, init=False),
+    # varlen: segments ending inside chunks and sub-blocks, empty ones
+    varlen_case((1, 17, 64, 300, 65, 0, 129), K=64, V=64),
+    varlen_case((200, 0, 3), K=128, V=128, gate="zeros", dtype="bfloat16"),
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
+def test_chunk_meets_accuracy_contract(case):
+    for r in _verify.run_case(case, "cupy", seed=5, method="chunk"):
+        assert r.ok, f"{case.id} {r.name}: err {r.err:.3e} > bound {r.bound:.3e} (max abs {r.max_abs:.3e})"
+
+
+def test_chunk_equals_recurrent_on_a_long_sequence():
+    """Two GPU paths, same inputs, T = 8192 (128 chunks): they agree to float32 accuracy."""
+    import cupy
+    args = _verify.make_inputs(Case(2, 8192, 4, 128, 128), seed=1)
+    dev = {k: cupy.asarray(v) for k, v in args.items()}
+    oc, sc = cupy_gda.gated_attention(**dev, output_final_state=True, method="chunk")
+    orr, sr = cupy_gda.gated_attention(**dev, output_final_state=True, method="recurrent")
+    for a, b in ((oc, orr), (sc, sr)):
+        a, b = cupy.asnumpy(a).astype(np.float64), cupy.asnumpy(b).astype(np.float64)
+        rel = np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2))
+        assert rel < 1e-5, rel
+
+
+def test_chunk_over_128_is_refused():
+    import cupy
+    q = cupy.zeros((1, 4, 1, 129), cupy.float32)
+    v = cupy.zeros((1, 4, 1, 8), cupy.float32)
+    with pytest.raises(ValueError, match=r"method 'chunk' on the GPU takes a head dimension K of "
+                                         r"at most 128, got K=129"):
+        cupy_gda.gated_attention(q, q, v, q + 1, method="chunk")
+
+
+def test_auto_runs_chunk_on_long_sequences():
+    from cupy_gda import _api
+    import cupy
+    args = _verify.make_inputs(Case(8, 256, 8, 128, 128, init=False), seed=2)
+    dev = {k: cupy.asarray(v) for k, v in args.items()}
+    _api._FAST.clear()
+    cupy_gda.gated_attention(**dev)
+    plans = [type(p).__name__ for p in _api._FAST.values()]
+    assert plans == ["ChunkPlan"], plans
