@@ -220,6 +220,7 @@ __device__ __forceinline__ void gda_stage_v(const io::t* __restrict__ v, float* 
     }
 }
 
+#if ASYNC_COPY && IO_DTYPE == 0 && G_DTYPE == 0 && !LOG_GATE && K_DIM % 4 == 0 && V_DIM % 4 == 0
 __device__ __forceinline__ void gda_cp16(float* dst, const float* src) {
     unsigned a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(dst));
@@ -256,6 +257,7 @@ __device__ __forceinline__ void gda_stage_async(const float* __restrict__ q, con
     }
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
 }
+#endif
 
 // One exchange of the transposed warp sum: lanes with bit O keep the upper N of their 2N
 // partials, the others the lower N, each adding its partner's copy of the kept ones.

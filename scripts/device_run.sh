@@ -21,10 +21,10 @@ if [ "$phase" = "suite" ]; then
 fi
 impl="ours,textbook,fla"
 [ "${3:-}" = "--no-fla" ] && impl="ours,textbook"
-PYTHONPATH=.baselines timeout 360 cupy-gda bench --impl "$impl" --fla-timeout 60 \
+PYTHONPATH=.baselines timeout 330 cupy-gda bench --impl "$impl" --fla-timeout 60 \
     --shapes seed,gla64,long24,big128,big128-bf16,decode --json "$out/bench.json" \
     > "$out/bench.txt" 2>&1
-timeout 150 cupy-gda bench --impl ours --shapes tsweep --budget 2 --json "$out/tsweep.json" \
+timeout 110 cupy-gda bench --impl ours --shapes tsweep --budget 1 --json "$out/tsweep.json" \
     --plot "$out/tsweep.png" > "$out/tsweep.txt" 2>&1
 grep -v "^bench:" "$out/bench.txt" | head -60
 grep -v "^bench:" "$out/tsweep.txt" | grep -E "^tsweep" | grep -v floor
