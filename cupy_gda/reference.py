@@ -124,7 +124,11 @@ def _chunked_core(q, k, v, g, S, scale, BT):
         # 2. intra-chunk: o_t = sum_{s <= t} (q_t ⊙ D[s, t] · k_s) v_s
         W = np.einsum("bthk,bsthk,bshk->bhts", qc, D, kc)
         W = np.where(upper[:C, :C].T, W, 0)        # s > t: no term at all (0 * NaN is NaN)
-        o_c = np.einsum("bhts,bshv->bthv", W, vc)
+        if np.isfinite(vc).all():
+            o_c = np.einsum("bhts,bshv->bthv", W, vc)
+        else:   # a non-finite v_s must not reach o_t, t < s, through W's zeros (0 * NaN)
+            o_c = np.stack([np.einsum("bhs,bshv->bhv", W[:, :, t, :t + 1], vc[:, :t + 1])
+                            for t in range(C)], axis=1)
         # 3. inter-chunk: o_t += (q_t ⊙ A_t)ᵀ S_{chunk start}
         o_c += np.einsum("bthk,bhkv->bthv", qc * A, S)
         # 4. state: S = diag(A_last) S + sum_s diag(D[s, last]) k_s v_sᵀ

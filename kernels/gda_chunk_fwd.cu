@@ -17,8 +17,9 @@
 //   3. gate scans, one thread per column, in place: q*A (A: prefix product over the chunk),
 //      q*P (P: prefix product inside the sub-block), k*D (D: product after s to the chunk end),
 //      and for each anchor a = 16, 32, 48 the anchored keys kA_a[s] = k_s prod_{s<r<a} g_r.
-//   4. output rows of sub-block i: (q*A) S  +  [ (q*P)_i kA_{16i}^T | W_i ] v  (tensor cores),
-//      staged through shared memory for coalesced 16-byte stores.
+//   4. output rows of sub-block i: (q*A) S + ((q*P)_i kA_{16i}^T) v_{<16i} on the tensor cores,
+//      + W_i v_i (s <= t only) on the CUDA cores; staged through shared memory for coalesced
+//      16-byte stores.
 //   5. state: S = diag(A_end) S + (k*D)^T v (tensor cores), in place in shared memory.
 // float32 inputs with a multiplicative gate go straight to shared memory by cp.async; others
 //   through registers (converted, exp of log gates). -DGDA_PROFILE prints block 0's cycles per
@@ -466,10 +467,10 @@ gda_chunk_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
                             b_w[(r0 + lg + 8 * (r >> 1)) * WS + 8 * n + 2 * lt + (r & 1)] = b_c[n][r];
             }
             __syncwarp();
-            // 4c. + [scores | W] v over the steps 0..r0+15
+            // 4c. + scores v over the earlier sub-blocks' steps 0..r0-1 (tensor cores)
             #pragma unroll
-            for (int kb = 0; kb < BT; kb += 8)
-                if (kb < r0 + BS) {
+            for (int kb = 0; kb < BT - BS; kb += 8)
+                if (kb < r0) {
                     unsigned ah[4], al[4];
                     gda_frag_a(b_w + r0 * WS + kb, WS, lane, ah, al);
                     #pragma unroll
@@ -481,6 +482,33 @@ gda_chunk_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
                         gda_mma3<NG>(b_o + n0, ah, al, bh, bl, NTV - n0);
                     }
                 }
+            // 4c'. + W v over the sub-block's own steps s <= t, in fp32 on the CUDA cores: a
+            //      tensor-core tile would also multiply the zeros above the diagonal by later
+            //      v_s, and 0 * NaN (or inf) would leak a later step into o_t
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {               // rows lg, then lg + 8
+                const int t = lg + 8 * h;
+                const float* wt = b_w + (r0 + t) * WS + r0;
+                const float* vt = b_v + r0 * VS + 2 * lt;
+                float acc[NTV][2];
+                #pragma unroll
+                for (int n = 0; n < NTV; ++n) acc[n][0] = acc[n][1] = 0.f;
+                #pragma unroll 1
+                for (int s = 0; s <= t; ++s) {
+                    const float ws = wt[s];
+                    #pragma unroll
+                    for (int n = 0; n < NTV; ++n) {
+                        const float2 vv = *reinterpret_cast<const float2*>(vt + s * VS + 8 * n);
+                        acc[n][0] = fmaf(ws, vv.x, acc[n][0]);
+                        acc[n][1] = fmaf(ws, vv.y, acc[n][1]);
+                    }
+                }
+                #pragma unroll
+                for (int n = 0; n < NTV; ++n) {
+                    b_o[n][2 * h] += acc[n][0];
+                    b_o[n][2 * h + 1] += acc[n][1];
+                }
+            }
             // 4d. o through this warp's rows of b_w (free after 4c), then coalesced stores
             __syncwarp();
             #pragma unroll

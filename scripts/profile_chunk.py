@@ -1,8 +1,10 @@
 """Device probe: per-stage clock64 cycles of gda_chunk_fwd's block 0 (compiled with -DGDA_PROFILE,
 which adds a barrier per stage), and the device time of each method, at the named shapes.
 
-    python3 scripts/profile_chunk.py
+    python3 scripts/profile_chunk.py [--no-profile]
 """
+import sys
+
 import cupy
 import numpy as np
 
@@ -23,6 +25,8 @@ def main():
         t = {m: device_ms(lambda m=m: cupy_gda.gated_attention(q, k, v, g, method=m, out=o), reps=10)
              for m in ("chunk", "recurrent")}
         print(shp, dt, " ".join(f"{m} {x:.4f} ms" for m, x in t.items()), flush=True)
+        if "--no-profile" in sys.argv:
+            continue
         B, T, H, K, V = shp
         p = _checks.Problem(B=B, T=T, H=H, K=K, V=V, N=B, dtype=dt, g_dtype="float32", log_gate=False)
         pl = _gpu.ChunkPlan(p, False)

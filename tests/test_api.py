@@ -156,3 +156,20 @@ def test_tensors_over_2_31_elements():
     assert rel < 2e-3, rel
     del q, k, v, g, o
     cupy.get_default_memory_pool().free_all_blocks()
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # inf - inf
+@pytest.mark.parametrize("bad", [pytest.param(np.nan, id="nan"), pytest.param(np.inf, id="inf")])
+@pytest.mark.parametrize("method", ["chunk", "recurrent"])
+def test_bad_value_in_v_reaches_only_later_steps(method, bad, backend):
+    """A NaN or inf in v_s (mid sub-block, mid chunk) leaves every o_t, t < s, finite and makes
+    o_t's column non-finite from s on, exactly as the recurrence does (no 0 * NaN leaks)."""
+    B, T, H, K, V, s, c = 2, 200, 2, 64, 32, 70, 5
+    q, k, v, g = _inputs(B, T, H, K, V, 12)
+    v[1, s, 0, c] = bad
+    o = _host(cupy_gda.gated_attention(*(to_backend(x, backend) for x in (q, k, v, g)),
+                                       method=method))
+    assert np.isfinite(o[:, :s]).all() and np.isfinite(o[0]).all() and np.isfinite(o[1, :, 1]).all()
+    assert not np.isfinite(o[1, s:, 0, c]).any()
+    others = np.delete(o[1, :, 0], c, axis=-1)
+    assert np.isfinite(others).all()
