@@ -51,13 +51,14 @@ def recurrent_smem(K, R, KT, BV, TC):
 
 
 CHUNK_BVS = (64, 32, 16, 8)
+CHUNK_THREADS = 256      # gda_chunk_fwd's NT: 8 warps, a pair per sub-block
 
 
 def chunk_smem(K, BV):
     """Dynamic shared memory bytes of gda_chunk_fwd (mirrors the kernel's SM_* layout)."""
     KP = _round_up(K, 16)
     QS, KS, VS, WS, BT = KP + 4, KP + 8, BV + 8, 68, 64
-    return 4 * (2 * BT * QS + BT * KS + 96 * QS + BT * VS + KP * VS + BT * WS + KP)
+    return 4 * (2 * BT * QS + BT * KS + 96 * QS + BT * VS + KP * VS + BT * WS + 5 * KP)
 
 
 def chunk_tiles(K, V, NH, sms=132, smem_max=227 * 1024):
@@ -177,7 +178,7 @@ class ChunkPlan(RecurrentPlan):
                              f"of shared memory per block at K={p.K}; this GPU has {smem_max}: "
                              f"use method='recurrent' or 'auto'")
         NV = -(-p.V // BV)
-        self.grid, self.block = (p.N * p.H * NV,), (128,)
+        self.grid, self.block = (p.N * p.H * NV,), (CHUNK_THREADS,)
         self.smem = chunk_smem(p.K, BV)
         self.fn = _compile.get_function("gda_chunk_fwd", chunk_defines(p, seq_int64, BV), self.smem)
         self.o_shape, self.o_dtype = (p.B, p.T, p.H, p.V), _np_dtype(p.dtype)

@@ -48,3 +48,14 @@ __device__ __forceinline__ float gda_gate(gt::t x) {
 }
 
 #define GDA_FULL_MASK 0xffffffffu
+
+// Rows [bos, eos) of sequence n in the [B*T, ...] tensors: cu_seqlens clamped to [0, T] (unchecked
+// offsets must not reach outside the tensors), or n*T .. n*T + T without it.
+template <typename S>
+__device__ __forceinline__ void gda_seq_rows(const S* cu_seqlens, long long n, long long T,
+                                             long long& bos, long long& eos) {
+    if (cu_seqlens) {
+        bos = min(max((long long)cu_seqlens[n], 0LL), T);
+        eos = min(max((long long)cu_seqlens[n + 1], bos), T);
+    } else { bos = n * T; eos = bos + T; }
+}

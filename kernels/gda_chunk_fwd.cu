@@ -3,24 +3,27 @@
 //   S_t = diag(g_t) S_{t-1} + k_t v_t^T,   o_t = scale * S_t^T q_t        (S: [K, V], fp32)
 //
 // Grid (1-D): one block per (sequence n, head h, tile of BV value columns), block id
-//   ((n * H) + h) * NV + iv. Block: 4 warps; sequential over the chunks, the state S [KP, BV]
-//   in shared memory (fp32), each warp updating rows 16*m, m = w, w+4, ... with mma.
-// Every decay factor is a product of gates, never a quotient or a difference of logs, so gates
-//   of 0, tiny, negative or above 1 stay exact (fla's chunk mode divides). Sub-blocks of
-//   BS = 16 steps; warp w owns the output rows of sub-block w. Numbered stages, as in
+//   ((n * H) + h) * NV + iv. Block: 8 warps; sequential over the chunks, the state S [KP, BV]
+//   in shared memory (fp32). Every decay factor is a product of gates, never a quotient or a
+//   difference of logs, so gates of 0, tiny, negative or above 1 stay exact (fla's chunk mode
+//   divides). Sub-blocks of BS = 16 steps; the pair of warps w and w + 4 owns the output rows of
+//   sub-block w & 3, each warp half of the value columns. Numbered stages, as in
 //   benchmarks/chunk_exact.py:
 //   1. stage q, k, g, v of the chunk in shared memory as fp32 (rows past the sequence: gate 1,
 //      q = k = v = 0, which leaves S exactly unchanged).
 //   2. diagonal sub-blocks on the CUDA cores: W[t][s] = sum_k q_t k_s prod_{s<r<=t} g_r, s <= t,
 //      one lane per column carrying the running products, the K-sum by a transposed shuffle
-//      reduction.
-//   3. gate scans, one thread per column, in place: q*A (A: prefix product over the chunk),
-//      q*P (P: prefix product inside the sub-block), k*D (D: product after s to the chunk end),
-//      and for each anchor a = 16, 32, 48 the anchored keys kA_a[s] = k_s prod_{s<r<a} g_r.
-//   4. output rows of sub-block i: (q*A) S + ((q*P)_i kA_{16i}^T) v_{<16i} on the tensor cores,
-//      + W_i v_i (s <= t only) on the CUDA cores; staged through shared memory for coalesced
-//      16-byte stores.
-//   5. state: S = diag(A_end) S + (k*D)^T v (tensor cores), in place in shared memory.
+//      reduction; the warps of a pair take the even and the odd rows t.
+//   3. gate scans, one thread per column; warps 0-3 from the chunk end: k*D (D: product after s
+//      to the chunk end), and for each anchor a = 16, 32, 48 the anchored keys
+//      kA_a[s] = k_s prod_{s<r<a} g_r; warps 4-7 from the start: q*P (P: prefix product inside
+//      the sub-block) and B_i, the product of the sub-blocks before i, so that q*A = q*P*B_i
+//      (A: prefix product over the chunk) is formed at fragment load.
+//   4. output rows of sub-block i: (q*P*B_i) S + ((q*P)_i kA_{16i}^T) v_{<16i} on the tensor
+//      cores, + W_i v_i (s <= t only) on the CUDA cores; staged through shared memory for
+//      coalesced 16-byte stores.
+//   5. state: S = diag(A_end) S + (k*D)^T v (tensor cores), in place in shared memory; each
+//      warp a (row tile of 16, column half) unit at a time.
 // float32 inputs with a multiplicative gate go straight to shared memory by cp.async; others
 //   through registers (converted, exp of log gates). -DGDA_PROFILE prints block 0's cycles per
 //   stage (scripts/profile_chunk.py).
@@ -41,7 +44,7 @@
 #endif
 #define BT 64                                  // steps per chunk
 #define BS 16                                  // steps per sub-block (one warp's output rows)
-#define NW 4                                   // warps
+#define NW 8                                   // warps: a pair per sub-block
 #define NT (NW * 32)
 #define KP (((K_DIM) + 15) / 16 * 16)          // K padded to the m16 / k8 tiles
 #define QS (KP + 4)                            // row strides (floats) that keep the fragment
@@ -49,8 +52,10 @@
 #define VS (BV + 8)
 #define WS (BT + 4)
 #define MT (KP / 16)                           // state row tiles
-#define MW ((MT + NW - 1) / NW)                // state row tiles per warp
 #define NTV (BV / 8)                           // value column tiles
+#define NTH ((NTV + 1) / 2)                    // value column tiles of one warp (its half)
+#define EVEN (NTV % 2 == 0)                    // both halves NTH tiles wide (else the second is short)
+#define MR ((MT + NW / 2 - 1) / (NW / 2))      // stage 5 row tiles per warp
 #define KJ ((KP + 31) / 32)                    // columns per lane in stage 2
 #ifndef NG
 #define NG 4                                   // value tiles per group of independent mma
@@ -58,7 +63,7 @@
 #ifndef ASYNC_COPY
 #define ASYNC_COPY 1                           // float32 inputs staged by cp.async
 #endif
-static_assert(K_DIM >= 1 && KP <= NT, "K_DIM must be 1..128 (one scan thread per column)");
+static_assert(K_DIM >= 1 && KP <= NT / 2, "K_DIM must be 1..128 (one scan thread per column and direction)");
 static_assert(BS == 16 && BT == 4 * BS, "stage 2's reduction and the anchors assume BS = 16, BT = 64");
 static_assert(BV <= BT, "o is staged in the rows of the scores tile");
 static_assert(BV % 8 == 0 && BV >= 8 && BV <= 64, "BV must be a multiple of 8, at most 64");
@@ -79,7 +84,8 @@ typedef int seq_t;
 #define SM_S (SM_V + BT * VS)                  // [KP][VS]  S at the chunk start
 #define SM_W (SM_S + KP * VS)                  // [BT][WS]  scores of the sub-block rows
 #define SM_E (SM_W + BT * WS)                  // [KP]      A_end: the chunk's gate product
-#define SM_FLOATS (SM_E + KP)
+#define SM_B (SM_E + KP)                       // [4][KP]   B_i: product of sub-blocks 0..i-1
+#define SM_FLOATS (SM_B + 4 * KP)
 
 // a = hi + lo, both TF32 (hi: round to nearest; lo: the rounded remainder)
 __device__ __forceinline__ void gda_split(float x, unsigned& hi, unsigned& lo) {
@@ -137,6 +143,39 @@ __device__ __forceinline__ void gda_frag_bt(const float* p, int ld, int lane, un
     const int g = lane >> 2, t = lane & 3;
     gda_split(p[g * ld + t], hi[0], lo[0]);
     gda_split(p[g * ld + t + 4], hi[1], lo[1]);
+}
+
+// A fragment with a column scale: element (r, c) at p[r * ld + c] * cs[c]
+__device__ __forceinline__ void gda_frag_a_cs(const float* p, int ld, const float* cs, int lane,
+                                              unsigned (&hi)[4], unsigned (&lo)[4]) {
+    const int g = lane >> 2, t = lane & 3;
+    const float c0 = cs[t], c4 = cs[t + 4];
+    gda_split(p[g * ld + t] * c0, hi[0], lo[0]);
+    gda_split(p[(g + 8) * ld + t] * c0, hi[1], lo[1]);
+    gda_split(p[g * ld + t + 4] * c4, hi[2], lo[2]);
+    gda_split(p[(g + 8) * ld + t + 4] * c4, hi[3], lo[3]);
+}
+
+// d[n] += a * B_n for the value tiles n < nn (at most NN) of one 16-row band: B_n is the 8x8
+// fragment at b + 8 * n (row-major, stride ld), loaded in groups of NG so that the mma of a
+// group are independent
+template <int NN>
+__device__ __forceinline__ void gda_mma_tiles(float (*d)[4], const unsigned (&ah)[4], const unsigned (&al)[4],
+                                              const float* b, int ld, int nn, int lane) {
+    constexpr int G = NG < NN ? NG : NN;
+    #pragma unroll
+    for (int n0 = 0; n0 < NN; n0 += G) {
+        unsigned bh[G][2], bl[G][2];
+        #pragma unroll
+        for (int j = 0; j < G; ++j)
+            if (n0 + j < nn) gda_frag_b(b + 8 * (n0 + j), ld, lane, bh[j], bl[j]);
+        gda_mma3<G>(d + n0, ah, al, bh, bl, nn - n0);
+    }
+}
+
+// Named barrier of the two warps (64 threads) of one sub-block; id 0 is __syncthreads
+__device__ __forceinline__ void gda_pair_sync(int id) {
+    asm volatile("bar.sync %0, 64;" :: "r"(id) : "memory");
 }
 
 // Packs of 4 elements for 16-byte (float) or 8-byte (16-bit) loads.
@@ -273,6 +312,46 @@ __device__ __forceinline__ void gda_halve(float (&x)[BS], int lane) {
     }
 }
 
+// Stage 2 for the rows t = PAR, PAR + 2, ... of the sub-block at row r0:
+// W[t][s] = sum_k q_t k_s prod_{s<r<=t} g_r, s <= t, into b_w. Lane l carries columns l + 32j
+// and their running products over every row; the K-sum is a transposed shuffle reduction.
+template <int PAR>
+__device__ __forceinline__ void gda_diag(const float* b_q, const float* b_k, const float* b_a,
+                                         float* b_w, int r0, int lane) {
+    float b_pr[KJ][BS];                         // running k_s prod_{s<r<=t} g_r, per column
+    #pragma unroll
+    for (int t = 0; t < BS; ++t) {
+        float b_part[BS];
+        #pragma unroll
+        for (int s = 0; s < BS; ++s) b_part[s] = 0.f;
+        #pragma unroll
+        for (int j = 0; j < KJ; ++j) {
+            const int kk = lane + 32 * j;
+            if (kk < KP) {
+                const float fg = b_a[(r0 + t) * QS + kk];
+                #pragma unroll
+                for (int s = 0; s < t; ++s) b_pr[j][s] *= fg;
+                b_pr[j][t] = b_k[(r0 + t) * KS + kk];
+                if ((t & 1) == PAR) {
+                    const float fq = b_q[(r0 + t) * QS + kk];
+                    #pragma unroll
+                    for (int s = 0; s <= t; ++s) b_part[s] = fmaf(fq, b_pr[j][s], b_part[s]);
+                }
+            }
+        }
+        if ((t & 1) == PAR) {
+            // sum the BS partials over the 32 lanes: halve the set at each exchange; lane l
+            // ends with value (l >> 1) & 15
+            gda_halve<8, 16>(b_part, lane);
+            gda_halve<4, 8>(b_part, lane);
+            gda_halve<2, 4>(b_part, lane);
+            gda_halve<1, 2>(b_part, lane);
+            b_part[0] += __shfl_xor_sync(GDA_FULL_MASK, b_part[0], 1);
+            if ((lane & 1) == 0) b_w[(r0 + t) * WS + r0 + (lane >> 1)] = b_part[0];
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(NT, 1)
 gda_chunk_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
               const io::t* __restrict__ v, const gt::t* __restrict__ g,
@@ -289,18 +368,20 @@ gda_chunk_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
     float* const b_s = b_sm + SM_S;
     float* const b_w = b_sm + SM_W;
     float* const b_e = b_sm + SM_E;
+    float* const b_b = b_sm + SM_B;
 
     const long long i_b = blockIdx.x;
     const int i_v = (int)(i_b % NV), i_h = (int)((i_b / NV) % H);
     const long long i_n = i_b / NV / H;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int lg = lane >> 2, lt = lane & 3;   // fragment row group, thread in group
+    const int i_s = w & 3, half = w >> 2;      // this warp's sub-block and value half (stage 2: row parity)
+    const int r0 = BS * i_s;                   // the sub-block's first row
+    const int nb = NTH * half;                 // this warp's first value tile
+    const int nn = EVEN ? NTH : NTV - nb < NTH ? NTV - nb : NTH;   // and how many (0 only when NTV = 1)
     const int v0 = i_v * BV;
     long long bos, eos;
-    if (cu_seqlens) {   // clamped to [0, T]: unchecked offsets must not reach outside the tensors
-        bos = min(max((long long)cu_seqlens[i_n], 0LL), T);
-        eos = min(max((long long)cu_seqlens[i_n + 1], bos), T);
-    } else { bos = i_n * T; eos = bos + T; }
+    gda_seq_rows(cu_seqlens, i_n, T, bos, eos);
     const long long len = eos - bos;
     const long long sk = (long long)H * K_DIM, sv = (long long)H * V_DIM;
     const long long o_h = ((i_n * H + i_h) * (long long)K_DIM) * V_DIM + v0;   // state [n, h, 0, v0]
@@ -356,41 +437,14 @@ gda_chunk_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
         __syncthreads();
         GDA_PROF(1);
 
-        // 2. diagonal sub-block w: W[t][s] = sum_k q_t k_s prod_{s<r<=t} g_r
-        {
-            const int r0 = BS * w;
-            float b_pr[KJ][BS];                 // running k_s prod_{s<r<=t} g_r, per column
-            #pragma unroll
-            for (int t = 0; t < BS; ++t) {
-                float b_part[BS];
-                #pragma unroll
-                for (int s = 0; s < BS; ++s) b_part[s] = 0.f;
-                #pragma unroll
-                for (int j = 0; j < KJ; ++j) {
-                    const int kk = lane + 32 * j;
-                    if (kk < KP) {
-                        const float fq = b_q[(r0 + t) * QS + kk], fg = b_a[(r0 + t) * QS + kk];
-                        #pragma unroll
-                        for (int s = 0; s < t; ++s) b_pr[j][s] *= fg;
-                        b_pr[j][t] = b_k[(r0 + t) * KS + kk];
-                        #pragma unroll
-                        for (int s = 0; s <= t; ++s) b_part[s] = fmaf(fq, b_pr[j][s], b_part[s]);
-                    }
-                }
-                // sum the BS partials over the 32 lanes: halve the set at each exchange; lane l
-                // ends with value (l >> 1) & 15
-                gda_halve<8, 16>(b_part, lane);
-                gda_halve<4, 8>(b_part, lane);
-                gda_halve<2, 4>(b_part, lane);
-                gda_halve<1, 2>(b_part, lane);
-                b_part[0] += __shfl_xor_sync(GDA_FULL_MASK, b_part[0], 1);
-                if ((lane & 1) == 0) b_w[(r0 + t) * WS + r0 + (lane >> 1)] = b_part[0];
-            }
-        }
+        // 2. diagonal sub-block i_s, the rows t of parity `half`
+        if (half) gda_diag<1>(b_q, b_k, b_a, b_w, r0, lane);
+        else gda_diag<0>(b_q, b_k, b_a, b_w, r0, lane);
         __syncthreads();
         GDA_PROF(2);
 
-        // 3. gate scans, thread tid owns column tid
+        // 3. gate scans, one thread per column: from the end (threads 0..KP-1), from the start
+        //    (threads NT/2 ..); both read the gates, they write disjoint tiles
         if (tid < KP) {
             const int kk = tid;
             float d = 1.f, e1 = 1.f, e2 = 1.f, e3 = 1.f;     // suffix products (to end, to anchors)
@@ -407,80 +461,69 @@ gda_chunk_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
                 if (s < 48) e3 *= fg;
             }
             b_e[kk] = d;
+        } else if (tid >= NT / 2 && tid < NT / 2 + KP) {
+            const int kk = tid - NT / 2;
             float a = 1.f, p = 1.f;                           // prefix: chunk, sub-block
             #pragma unroll 8
             for (int t = 0; t < BT; ++t) {
                 const float fq = b_q[t * QS + kk], fg = b_a[t * QS + kk];
+                if (t % BS == 0) b_b[(t / BS) * KP + kk] = a;
                 a *= fg;
                 p = (t % BS == 0) ? fg : p * fg;
                 b_q[t * QS + kk] = fq * p;
-                b_a[t * QS + kk] = fq * a;
             }
         }
         __syncthreads();
         GDA_PROF(3);
 
-        // 4. output rows r0..r0+15 of this warp
+        // 4. output rows r0..r0+15, value tiles nb..nb+nn-1 of this warp
         {
-            const int r0 = BS * w;
-            float b_o[NTV][4];
+            float b_o[NTH][4];
             #pragma unroll
-            for (int n = 0; n < NTV; ++n)
+            for (int n = 0; n < NTH; ++n)
                 #pragma unroll
                 for (int r = 0; r < 4; ++r) b_o[n][r] = 0.f;
-            // 4a. (q*A) S
+            // 4a. (q*A) S, q*A = (q*P) B_i formed at the fragment load
             #pragma unroll 2
             for (int kb = 0; kb < KP; kb += 8) {
                 unsigned ah[4], al[4];
-                gda_frag_a(b_a + r0 * QS + kb, QS, lane, ah, al);
-                #pragma unroll
-                for (int n0 = 0; n0 < NTV; n0 += NG) {
-                    unsigned bh[NG][2], bl[NG][2];
-                    #pragma unroll
-                    for (int j = 0; j < NG; ++j)
-                        if (n0 + j < NTV) gda_frag_b(b_s + kb * VS + 8 * (n0 + j), VS, lane, bh[j], bl[j]);
-                    gda_mma3<NG>(b_o + n0, ah, al, bh, bl, NTV - n0);
-                }
+                gda_frag_a_cs(b_q + r0 * QS + kb, QS, b_b + i_s * KP + kb, lane, ah, al);
+                gda_mma_tiles<NTH>(b_o, ah, al, b_s + kb * VS + 8 * nb, VS, nn, lane);
             }
-            // 4b. scores against the earlier sub-blocks: (q*P) kA_{r0}^T, columns 0..r0-1
-            if (w > 0) {
-                const float* ka = b_ka + (w == 1 ? 0 : w == 2 ? 16 : 48) * QS;
-                float b_c[2 * (NW - 1)][4];
+            // 4b. scores against the earlier sub-blocks: (q*P) kA_{r0}^T, columns 0..r0-1, in
+            //     2 i_s tiles of 8, i_s of them by each warp of the pair
+            if (i_s > 0) {
+                const float* ka = b_ka + (i_s == 1 ? 0 : i_s == 2 ? 16 : 48) * QS;
+                const int c0 = i_s * half;      // this warp's first score tile
+                float b_c[3][4];
                 #pragma unroll
-                for (int n = 0; n < 2 * (NW - 1); ++n)
+                for (int n = 0; n < 3; ++n)
                     #pragma unroll
                     for (int r = 0; r < 4; ++r) b_c[n][r] = 0.f;
                 #pragma unroll 2
                 for (int kb = 0; kb < KP; kb += 8) {
-                    unsigned ah[4], al[4], bh[2 * (NW - 1)][2], bl[2 * (NW - 1)][2];
+                    unsigned ah[4], al[4], bh[3][2], bl[3][2];
                     gda_frag_a(b_q + r0 * QS + kb, QS, lane, ah, al);
                     #pragma unroll
-                    for (int n = 0; n < 2 * (NW - 1); ++n)
-                        if (n < 2 * w) gda_frag_bt(ka + 8 * n * QS + kb, QS, lane, bh[n], bl[n]);
-                    gda_mma3<2 * (NW - 1)>(b_c, ah, al, bh, bl, 2 * w);
+                    for (int n = 0; n < 3; ++n)
+                        if (n < i_s) gda_frag_bt(ka + 8 * (c0 + n) * QS + kb, QS, lane, bh[n], bl[n]);
+                    gda_mma3<3>(b_c, ah, al, bh, bl, i_s);
                 }
                 #pragma unroll
-                for (int n = 0; n < 2 * (NW - 1); ++n)
-                    if (n < 2 * w)
+                for (int n = 0; n < 3; ++n)
+                    if (n < i_s)
                         #pragma unroll
                         for (int r = 0; r < 4; ++r)
-                            b_w[(r0 + lg + 8 * (r >> 1)) * WS + 8 * n + 2 * lt + (r & 1)] = b_c[n][r];
+                            b_w[(r0 + lg + 8 * (r >> 1)) * WS + 8 * (c0 + n) + 2 * lt + (r & 1)] = b_c[n][r];
             }
-            __syncwarp();
+            gda_pair_sync(1 + i_s);             // the pair's scores are in b_w
             // 4c. + scores v over the earlier sub-blocks' steps 0..r0-1 (tensor cores)
             #pragma unroll
             for (int kb = 0; kb < BT - BS; kb += 8)
                 if (kb < r0) {
                     unsigned ah[4], al[4];
                     gda_frag_a(b_w + r0 * WS + kb, WS, lane, ah, al);
-                    #pragma unroll
-                    for (int n0 = 0; n0 < NTV; n0 += NG) {
-                        unsigned bh[NG][2], bl[NG][2];
-                        #pragma unroll
-                        for (int j = 0; j < NG; ++j)
-                            if (n0 + j < NTV) gda_frag_b(b_v + kb * VS + 8 * (n0 + j), VS, lane, bh[j], bl[j]);
-                        gda_mma3<NG>(b_o + n0, ah, al, bh, bl, NTV - n0);
-                    }
+                    gda_mma_tiles<NTH>(b_o, ah, al, b_v + kb * VS + 8 * nb, VS, nn, lane);
                 }
             // 4c'. + W v over the sub-block's own steps s <= t, in fp32 on the CUDA cores: a
             //      tensor-core tile would also multiply the zeros above the diagonal by later
@@ -489,103 +532,112 @@ gda_chunk_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
             for (int h = 0; h < 2; ++h) {               // rows lg, then lg + 8
                 const int t = lg + 8 * h;
                 const float* wt = b_w + (r0 + t) * WS + r0;
-                const float* vt = b_v + r0 * VS + 2 * lt;
-                float acc[NTV][2];
+                const float* vt = b_v + r0 * VS + 8 * nb + 2 * lt;
+                float acc[NTH][2];
                 #pragma unroll
-                for (int n = 0; n < NTV; ++n) acc[n][0] = acc[n][1] = 0.f;
+                for (int n = 0; n < NTH; ++n) acc[n][0] = acc[n][1] = 0.f;
                 #pragma unroll 1
                 for (int s = 0; s <= t; ++s) {
                     const float ws = wt[s];
                     #pragma unroll
-                    for (int n = 0; n < NTV; ++n) {
-                        const float2 vv = *reinterpret_cast<const float2*>(vt + s * VS + 8 * n);
-                        acc[n][0] = fmaf(ws, vv.x, acc[n][0]);
-                        acc[n][1] = fmaf(ws, vv.y, acc[n][1]);
-                    }
+                    for (int n = 0; n < NTH; ++n)
+                        if (n < nn) {
+                            const float2 vv = *reinterpret_cast<const float2*>(vt + s * VS + 8 * n);
+                            acc[n][0] = fmaf(ws, vv.x, acc[n][0]);
+                            acc[n][1] = fmaf(ws, vv.y, acc[n][1]);
+                        }
                 }
                 #pragma unroll
-                for (int n = 0; n < NTV; ++n) {
+                for (int n = 0; n < NTH; ++n) {
                     b_o[n][2 * h] += acc[n][0];
                     b_o[n][2 * h + 1] += acc[n][1];
                 }
             }
-            // 4d. o through this warp's rows of b_w (free after 4c), then coalesced stores
-            __syncwarp();
+            // 4d. o through this warp's columns of the sub-block's rows of b_w (free once both
+            //     warps are past 4c'), then coalesced stores
+            gda_pair_sync(1 + i_s);
             #pragma unroll
-            for (int n = 0; n < NTV; ++n)
-                #pragma unroll
-                for (int r = 0; r < 4; ++r)
-                    b_w[(r0 + lg + 8 * (r >> 1)) * WS + 8 * n + 2 * lt + (r & 1)] = b_o[n][r] * scale;
+            for (int n = 0; n < NTH; ++n)
+                if (n < nn)
+                    #pragma unroll
+                    for (int r = 0; r < 4; ++r)
+                        b_w[(r0 + lg + 8 * (r >> 1)) * WS + 8 * (nb + n) + 2 * lt + (r & 1)] = b_o[n][r] * scale;
             __syncwarp();
+            const int cn = 8 * nn;                      // this warp's columns: 8nb .. 8nb+cn-1
 #if V_DIM % 4 == 0
             if (vec_o) {
                 #pragma unroll 2
-                for (int e = lane; e < BS * (BV / 4); e += 32) {
-                    const int t = e / (BV / 4), c = 4 * (e % (BV / 4));
-                    if (t0 + r0 + t < len && v0 + c < V_DIM) {
+                for (int e = lane; e < BS * (2 * NTH); e += 32) {
+                    const int t = e / (2 * NTH), c = 4 * (e % (2 * NTH));
+                    if (c < cn && t0 + r0 + t < len && v0 + 8 * nb + c < V_DIM) {
                         gda_pack<io::t, 4> pk;
                         #pragma unroll
-                        for (int i = 0; i < 4; ++i) pk.e[i] = io::store(b_w[(r0 + t) * WS + c + i]);
+                        for (int i = 0; i < 4; ++i) pk.e[i] = io::store(b_w[(r0 + t) * WS + 8 * nb + c + i]);
                         *reinterpret_cast<typename gda_vec4<sizeof(io::t)>::t*>(
-                            o + (bos + t0 + r0 + t) * sv + (long long)i_h * V_DIM + v0 + c) = pk.v;
+                            o + (bos + t0 + r0 + t) * sv + (long long)i_h * V_DIM + v0 + 8 * nb + c) = pk.v;
                     }
                 }
             } else
 #endif
             {
-                for (int e = lane; e < BS * BV; e += 32) {
-                    const int t = e / BV, c = e % BV;
-                    if (t0 + r0 + t < len && v0 + c < V_DIM)
-                        o[(bos + t0 + r0 + t) * sv + (long long)i_h * V_DIM + v0 + c] = io::store(b_w[(r0 + t) * WS + c]);
+                for (int e = lane; e < BS * 8 * NTH; e += 32) {
+                    const int t = e / (8 * NTH), c = e % (8 * NTH);
+                    if (c < cn && t0 + r0 + t < len && v0 + 8 * nb + c < V_DIM)
+                        o[(bos + t0 + r0 + t) * sv + (long long)i_h * V_DIM + v0 + 8 * nb + c]
+                            = io::store(b_w[(r0 + t) * WS + 8 * nb + c]);
                 }
             }
         }
 
         __syncthreads();                        // stage 4's reads of S are done
         GDA_PROF(4);
-        // 5. state: S = diag(A_end) S + (k*D)^T v; warp w owns the row tiles m = w, w + NW, ...
-        //    (tile element r at row 16m + lg + 8*(r>>1), column 8n + 2*lt + (r&1))
+        // 5. state: S = diag(A_end) S + (k*D)^T v; warp w owns value half w & 1 of the row tiles
+        //    m = w / 2 + (NW / 2) i (tile element r at row 16m + lg + 8*(r>>1), column
+        //    8n + 2*lt + (r&1)), each warp reading and writing only its own tiles of S
         {
-            float b_sr[MW][NTV][4];
+            const int n5 = NTH * (w & 1), nn5 = EVEN ? NTH : NTV - n5 < NTH ? NTV - n5 : NTH;
+            float b_sr[MR][NTH][4];
             #pragma unroll
-            for (int i = 0; i < MW; ++i)
-                if (w + NW * i < MT) {
-                    const int m0 = 16 * (w + NW * i);
+            for (int i = 0; i < MR; ++i) {
+                const int m0 = 16 * ((w >> 1) + (NW / 2) * i);
+                if (MT % (NW / 2) == 0 || m0 < KP) {
                     const float e0 = b_e[m0 + lg], e8 = b_e[m0 + lg + 8];
                     #pragma unroll
-                    for (int n = 0; n < NTV; ++n)
-                        #pragma unroll
-                        for (int r = 0; r < 4; ++r)
-                            b_sr[i][n][r] = (r < 2 ? e0 : e8)
-                                * b_s[(m0 + lg + 8 * (r >> 1)) * VS + 8 * n + 2 * lt + (r & 1)];
+                    for (int n = 0; n < NTH; ++n)
+                        if (n < nn5)
+                            #pragma unroll
+                            for (int r = 0; r < 4; ++r)
+                                b_sr[i][n][r] = (r < 2 ? e0 : e8)
+                                    * b_s[(m0 + lg + 8 * (r >> 1)) * VS + 8 * (n5 + n) + 2 * lt + (r & 1)];
                 }
+            }
             #pragma unroll 2
             for (int kb = 0; kb < BT; kb += 8) {
-                unsigned ah[MW][4], al[MW][4];
+                unsigned bh[NTH][2], bl[NTH][2];
                 #pragma unroll
-                for (int i = 0; i < MW; ++i)
-                    if (w + NW * i < MT) gda_frag_at(b_k + kb * KS + 16 * (w + NW * i), KS, lane, ah[i], al[i]);
+                for (int n = 0; n < NTH; ++n)
+                    if (n < nn5) gda_frag_b(b_v + kb * VS + 8 * (n5 + n), VS, lane, bh[n], bl[n]);
                 #pragma unroll
-                for (int n0 = 0; n0 < NTV; n0 += NG) {
-                    unsigned bh[NG][2], bl[NG][2];
-                    #pragma unroll
-                    for (int j = 0; j < NG; ++j)
-                        if (n0 + j < NTV) gda_frag_b(b_v + kb * VS + 8 * (n0 + j), VS, lane, bh[j], bl[j]);
-                    #pragma unroll
-                    for (int i = 0; i < MW; ++i)
-                        if (w + NW * i < MT) gda_mma3<NG>(b_sr[i] + n0, ah[i], al[i], bh, bl, NTV - n0);
+                for (int i = 0; i < MR; ++i) {
+                    const int m0 = 16 * ((w >> 1) + (NW / 2) * i);
+                    if (MT % (NW / 2) == 0 || m0 < KP) {
+                        unsigned ah[4], al[4];
+                        gda_frag_at(b_k + kb * KS + m0, KS, lane, ah, al);
+                        gda_mma3<NTH>(b_sr[i], ah, al, bh, bl, nn5);
+                    }
                 }
             }
             #pragma unroll
-            for (int i = 0; i < MW; ++i)
-                if (w + NW * i < MT) {
-                    const int m0 = 16 * (w + NW * i);
+            for (int i = 0; i < MR; ++i) {
+                const int m0 = 16 * ((w >> 1) + (NW / 2) * i);
+                if (MT % (NW / 2) == 0 || m0 < KP)
                     #pragma unroll
-                    for (int n = 0; n < NTV; ++n)
-                        #pragma unroll
-                        for (int r = 0; r < 4; ++r)
-                            b_s[(m0 + lg + 8 * (r >> 1)) * VS + 8 * n + 2 * lt + (r & 1)] = b_sr[i][n][r];
-                }
+                    for (int n = 0; n < NTH; ++n)
+                        if (n < nn5)
+                            #pragma unroll
+                            for (int r = 0; r < 4; ++r)
+                                b_s[(m0 + lg + 8 * (r >> 1)) * VS + 8 * (n5 + n) + 2 * lt + (r & 1)] = b_sr[i][n][r];
+            }
         }
         __syncthreads();                        // this chunk's shared reads are done
         GDA_PROF(5);

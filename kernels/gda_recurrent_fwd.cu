@@ -89,11 +89,8 @@ gda_recurrent_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
     const int tid = threadIdx.x, kt = tid % KT, c = tid / KT;
     const int v0 = i_v * BV;
     long long bos, eos;
-    if (cu_seqlens) {   // clamped to [0, T]: unchecked offsets must not reach outside the tensors
-        bos = min(max((long long)cu_seqlens[i_n], 0LL), T);
-        eos = min(max((long long)cu_seqlens[i_n + 1], bos), T);
-    } else { bos = i_n * T; eos = bos + T; }
-    const long long len = eos > bos ? eos - bos : 0;
+    gda_seq_rows(cu_seqlens, i_n, T, bos, eos);
+    const long long len = eos - bos;
 
 #if KP > K_DIM
     for (int e = tid; e < TC * (KP - K_DIM); e += NT) {

@@ -155,9 +155,9 @@ def test_chunk_tiles_h200(K, V, NH, want):
 
 def test_chunk_smem_mirrors_the_kernel_layout():
     # K = 128, BV = 64: q, g [64][132], k [64][136], kA [96][132], v [64][72], S [128][72],
-    # scores [64][68], A_end [128] floats
+    # scores [64][68], A_end [128], B_i [4][128] floats
     assert _gpu.chunk_smem(128, 64) == 4 * (2 * 64 * 132 + 64 * 136 + 96 * 132 + 64 * 72
-                                            + 128 * 72 + 64 * 68 + 128)
+                                            + 128 * 72 + 64 * 68 + 5 * 128)
 
 
 def _step_violations(K, V, align):
