@@ -9,7 +9,7 @@ METHODS = {
     "chunk": ("cpu", "gpu"),       # GPU: kernels/gda_chunk_fwd.cu (K <= 128);
 }                                  # CPU: reference.gated_attention_chunked (numbered einsum steps)
 
-CHUNK_MAX_K = 128       # gda_chunk_fwd: one scan thread per key column, 128 threads a block
+CHUNK_MAX_K = 128       # gda_chunk_fwd: one scan thread per key column and direction (256 threads)
 
 # GPU crossovers of method="auto" (H200, scripts/crossover.py; numbers in docs/perf-notes.md,
 # "Dispatch table"): the chunked kernel from (head dimension K, sequence-heads N*H, mean sequence

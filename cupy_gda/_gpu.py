@@ -3,12 +3,14 @@
 Everything here that does not touch a device (tile choice, defines) is plain Python, so it is
 unit-tested without a GPU.
 """
+import ctypes
+import threading
+
 import numpy as np
 
 from cupy_gda import _compile, _dispatch
 
 DTYPE_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
-NULL = np.uint64(0)      # a null pointer argument
 POISON = False           # tests set this: internally allocated outputs start as NaN
 UNROLL = 4               # steps of gda_recurrent_fwd's time loop unrolled (scripts/sweep_recurrent.py)
 
@@ -130,14 +132,49 @@ _LIMITS = {}
 
 def empty(shape, dtype):
     import cupy
-    x = cupy.empty(shape, dtype)
+    x = cupy.ndarray(shape, dtype)
     if POISON:
         x.fill(np.nan)
     return x
 
 
 def _ptr(x):
-    return NULL if x is None else x
+    return 0 if x is None else x.data.ptr
+
+
+class Launch:
+    """One kernel's launches through the driver (cuLaunchKernel) with a parameter buffer built
+    once: a call writes the pointer arguments into it and launches on the current stream, where
+    CuPy would pack every argument again (about 1 µs each). ``npointers`` pointer parameters
+    come first, then scalars of the ctypes ``types``, their values fixed per plan (``sizes``)
+    except the last one, passed per call."""
+
+    def __init__(self, fn, grid, block, smem, npointers, types, sizes):
+        from cupy.cuda import driver, get_current_stream
+        self._launch, self._stream = driver.launchKernel, get_current_stream
+        self.fn = fn                       # a cupy.RawKernel; keeps the module loaded
+        self.ptr, self.grid, self.block, self.smem = fn.kernel.ptr, grid, block, smem
+        self.ptrs = (ctypes.c_uint64 * npointers)()
+        self.scalars = [t(x) for t, x in zip(types, sizes)] + [types[-1]()]
+        addrs = [ctypes.addressof(self.ptrs) + 8 * i for i in range(npointers)]
+        addrs += [ctypes.addressof(x) for x in self.scalars]
+        self.params = (ctypes.c_void_p * len(addrs))(*addrs)
+        self.lock = threading.Lock()       # one buffer: concurrent callers take turns
+
+    def __call__(self, ptrs, last):
+        stream = self._stream().ptr
+        with self.lock:
+            self.ptrs[:] = ptrs
+            self.scalars[-1].value = last
+            self._launch(self.ptr, self.grid, 1, 1, self.block, 1, 1, self.smem, stream,
+                         ctypes.addressof(self.params), 0)
+
+
+# the kernels' scalar parameters after their pointers: T, H, NV, scale after q, k, v, g, o, h0,
+# ht, cu_seqlens (both forward kernels); H, N, NV, scale after q, k, v, g, o, state,
+# state_indices (gda_step)
+FWD_SCALARS = (ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_float)
+STEP_SCALARS = (ctypes.c_int32, ctypes.c_int64, ctypes.c_int32, ctypes.c_float)
 
 
 class RecurrentPlan:
@@ -147,22 +184,23 @@ class RecurrentPlan:
     def __init__(self, p, seq_int64):
         d = recurrent_defines(p, seq_int64)
         NV = -(-p.V // d["BV"])
-        self.grid, self.block = (p.N * p.H * NV,), (d["KT"] * d["BV"],)
-        self.smem = recurrent_smem(p.K, d["R"], d["KT"], d["BV"], d["TC"])
-        self.fn = _compile.get_function("gda_recurrent_fwd", d, self.smem)
+        smem = recurrent_smem(p.K, d["R"], d["KT"], d["BV"], d["TC"])
+        fn = _compile.get_function("gda_recurrent_fwd", d, smem)
+        self._setup(p, fn, p.N * p.H * NV, d["KT"] * d["BV"], smem, NV)
+
+    def _setup(self, p, fn, blocks, threads, smem, NV):
+        self.grid, self.block, self.smem = (blocks,), (threads,), smem
+        self.launch = Launch(fn, blocks, threads, smem, 8, FWD_SCALARS, (p.T, p.H, NV))
         self.o_shape, self.o_dtype = (p.B, p.T, p.H, p.V), _np_dtype(p.dtype)
         self.ht_shape = (p.N, p.H, p.K, p.V)
-        self.sizes = (np.int64(p.T), np.int32(p.H), np.int32(NV))
 
     def __call__(self, q, k, v, g, scale, h0, cu_seqlens, want_final, out):
         """o [B, T, H, V] (and the final state); arrays are contiguous CuPy."""
         o = out if out is not None else empty(self.o_shape, self.o_dtype)
         ht = empty(self.ht_shape, np.float32) if want_final else None
         if self.grid[0]:
-            self.fn(self.grid, self.block,
-                    (q, k, v, g, o, _ptr(h0), _ptr(ht), _ptr(cu_seqlens), *self.sizes,
-                     np.float32(scale)),
-                    shared_mem=self.smem)
+            self.launch((q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, o.data.ptr, _ptr(h0),
+                         _ptr(ht), _ptr(cu_seqlens)), scale)
         return o, ht
 
 
@@ -178,12 +216,9 @@ class ChunkPlan(RecurrentPlan):
                              f"of shared memory per block at K={p.K}; this GPU has {smem_max}: "
                              f"use method='recurrent' or 'auto'")
         NV = -(-p.V // BV)
-        self.grid, self.block = (p.N * p.H * NV,), (CHUNK_THREADS,)
-        self.smem = chunk_smem(p.K, BV)
-        self.fn = _compile.get_function("gda_chunk_fwd", chunk_defines(p, seq_int64, BV), self.smem)
-        self.o_shape, self.o_dtype = (p.B, p.T, p.H, p.V), _np_dtype(p.dtype)
-        self.ht_shape = (p.N, p.H, p.K, p.V)
-        self.sizes = (np.int64(p.T), np.int32(p.H), np.int32(NV))
+        smem = chunk_smem(p.K, BV)
+        fn = _compile.get_function("gda_chunk_fwd", chunk_defines(p, seq_int64, BV), smem)
+        self._setup(p, fn, p.N * p.H * NV, CHUNK_THREADS, smem, NV)
 
 
 class StepPlan:
@@ -193,16 +228,16 @@ class StepPlan:
         d = step_defines(p, idx_int64, align)
         NV = -(-p.V // (32 * d["VEC"]))
         self.grid, self.block = (p.B * p.H * NV,), (d["KW"] * 32,)
-        self.fn = _compile.get_function("gda_step", d)
+        fn = _compile.get_function("gda_step", d)
+        self.launch = Launch(fn, self.grid[0], self.block[0], 0, 7, STEP_SCALARS, (p.H, p.N, NV))
         self.o_shape, self.o_dtype = (p.B, p.H, p.V), _np_dtype(p.dtype)
-        self.sizes = (np.int32(p.H), np.int64(p.N), np.int32(NV))
 
     def __call__(self, q, k, v, g, state, scale, state_indices, out):
         """o [B, H, V]; ``state`` is updated in place."""
         o = out if out is not None else empty(self.o_shape, self.o_dtype)
         if self.grid[0]:
-            self.fn(self.grid, self.block,
-                    (q, k, v, g, o, state, _ptr(state_indices), *self.sizes, np.float32(scale)))
+            self.launch((q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, o.data.ptr, state.data.ptr,
+                         _ptr(state_indices)), scale)
         return o
 
 

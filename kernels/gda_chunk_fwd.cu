@@ -13,15 +13,17 @@
 //      q = k = v = 0, which leaves S exactly unchanged).
 //   2. diagonal sub-blocks on the CUDA cores: W[t][s] = sum_k q_t k_s prod_{s<r<=t} g_r, s <= t,
 //      one lane per column carrying the running products, the K-sum by a transposed shuffle
-//      reduction; the warps of a pair take the even and the odd rows t.
+//      reduction; the warps of a pair take the even and the odd rows t, each advancing its
+//      products by g_{t-1} g_t.
 //   3. gate scans, one thread per column; warps 0-3 from the chunk end: k*D (D: product after s
 //      to the chunk end), and for each anchor a = 16, 32, 48 the anchored keys
 //      kA_a[s] = k_s prod_{s<r<a} g_r; warps 4-7 from the start: q*P (P: prefix product inside
 //      the sub-block) and B_i, the product of the sub-blocks before i, so that q*A = q*P*B_i
 //      (A: prefix product over the chunk) is formed at fragment load.
-//   4. output rows of sub-block i: (q*P*B_i) S + ((q*P)_i kA_{16i}^T) v_{<16i} on the tensor
-//      cores, + W_i v_i (s <= t only) on the CUDA cores; staged through shared memory for
-//      coalesced 16-byte stores.
+//   4. output rows of sub-block i: (q*P*B_i) S + ((q*P)_i kA_{16i}^T) v_{<16i} + W_i v_i on the
+//      tensor cores (W_i v_i in fp32 on the CUDA cores, s <= t only, when the warp's v_i holds
+//      a NaN or inf: 0 * NaN above the diagonal must not leak into o_t); staged through shared
+//      memory for coalesced 16-byte stores.
 //   5. state: S = diag(A_end) S + (k*D)^T v (tensor cores), in place in shared memory; each
 //      warp a (row tile of 16, column half) unit at a time.
 // float32 inputs with a multiplicative gate go straight to shared memory by cp.async; others
@@ -87,10 +89,17 @@ typedef int seq_t;
 #define SM_B (SM_E + KP)                       // [4][KP]   B_i: product of sub-blocks 0..i-1
 #define SM_FLOATS (SM_B + 4 * KP)
 
-// a = hi + lo, both TF32 (hi: round to nearest; lo: the rounded remainder)
+// a = hi + lo, both TF32 (hi: round to nearest; lo: the rounded remainder). sm_90 converts with
+// one instruction in round-to-nearest-even (F2FP); sm_80 has only ties-away, which ptxas expands
+// to four (a finite test, add, select, mask)
+#if __CUDA_ARCH__ >= 900
+#define GDA_TF32 "cvt.rn.tf32.f32"
+#else
+#define GDA_TF32 "cvt.rna.tf32.f32"
+#endif
 __device__ __forceinline__ void gda_split(float x, unsigned& hi, unsigned& lo) {
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+    asm(GDA_TF32 " %0, %1;" : "=r"(hi) : "f"(x));
+    asm(GDA_TF32 " %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
 }
 
 __device__ __forceinline__ void gda_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -314,13 +323,14 @@ __device__ __forceinline__ void gda_halve(float (&x)[BS], int lane) {
 
 // Stage 2 for the rows t = PAR, PAR + 2, ... of the sub-block at row r0:
 // W[t][s] = sum_k q_t k_s prod_{s<r<=t} g_r, s <= t, into b_w. Lane l carries columns l + 32j
-// and their running products over every row; the K-sum is a transposed shuffle reduction.
+// and their running products, advanced two rows at a time by g_{t-1} g_t; the K-sum is a
+// transposed shuffle reduction.
 template <int PAR>
 __device__ __forceinline__ void gda_diag(const float* b_q, const float* b_k, const float* b_a,
                                          float* b_w, int r0, int lane) {
     float b_pr[KJ][BS];                         // running k_s prod_{s<r<=t} g_r, per column
     #pragma unroll
-    for (int t = 0; t < BS; ++t) {
+    for (int t = PAR; t < BS; t += 2) {
         float b_part[BS];
         #pragma unroll
         for (int s = 0; s < BS; ++s) b_part[s] = 0.f;
@@ -328,27 +338,29 @@ __device__ __forceinline__ void gda_diag(const float* b_q, const float* b_k, con
         for (int j = 0; j < KJ; ++j) {
             const int kk = lane + 32 * j;
             if (kk < KP) {
-                const float fg = b_a[(r0 + t) * QS + kk];
-                #pragma unroll
-                for (int s = 0; s < t; ++s) b_pr[j][s] *= fg;
-                b_pr[j][t] = b_k[(r0 + t) * KS + kk];
-                if ((t & 1) == PAR) {
-                    const float fq = b_q[(r0 + t) * QS + kk];
-                    #pragma unroll
-                    for (int s = 0; s <= t; ++s) b_part[s] = fmaf(fq, b_pr[j][s], b_part[s]);
+                if (t >= 1) {
+                    const float fg = b_a[(r0 + t) * QS + kk];
+                    if (t >= 2) {
+                        const float g2 = b_a[(r0 + t - 1) * QS + kk] * fg;
+                        #pragma unroll
+                        for (int s = 0; s < t - 1; ++s) b_pr[j][s] *= g2;
+                    }
+                    b_pr[j][t - 1] = b_k[(r0 + t - 1) * KS + kk] * fg;
                 }
+                b_pr[j][t] = b_k[(r0 + t) * KS + kk];
+                const float fq = b_q[(r0 + t) * QS + kk];
+                #pragma unroll
+                for (int s = 0; s <= t; ++s) b_part[s] = fmaf(fq, b_pr[j][s], b_part[s]);
             }
         }
-        if ((t & 1) == PAR) {
-            // sum the BS partials over the 32 lanes: halve the set at each exchange; lane l
-            // ends with value (l >> 1) & 15
-            gda_halve<8, 16>(b_part, lane);
-            gda_halve<4, 8>(b_part, lane);
-            gda_halve<2, 4>(b_part, lane);
-            gda_halve<1, 2>(b_part, lane);
-            b_part[0] += __shfl_xor_sync(GDA_FULL_MASK, b_part[0], 1);
-            if ((lane & 1) == 0) b_w[(r0 + t) * WS + r0 + (lane >> 1)] = b_part[0];
-        }
+        // sum the BS partials over the 32 lanes: halve the set at each exchange; lane l ends
+        // with value (l >> 1) & 15
+        gda_halve<8, 16>(b_part, lane);
+        gda_halve<4, 8>(b_part, lane);
+        gda_halve<2, 4>(b_part, lane);
+        gda_halve<1, 2>(b_part, lane);
+        b_part[0] += __shfl_xor_sync(GDA_FULL_MASK, b_part[0], 1);
+        if ((lane & 1) == 0) b_w[(r0 + t) * WS + r0 + (lane >> 1)] = b_part[0];
     }
 }
 
@@ -516,41 +528,53 @@ gda_chunk_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
                         for (int r = 0; r < 4; ++r)
                             b_w[(r0 + lg + 8 * (r >> 1)) * WS + 8 * (c0 + n) + 2 * lt + (r & 1)] = b_c[n][r];
             }
-            gda_pair_sync(1 + i_s);             // the pair's scores are in b_w
-            // 4c. + scores v over the earlier sub-blocks' steps 0..r0-1 (tensor cores)
+            // whether this warp's v rows of the sub-block are all finite: then the diagonal
+            // block's zeros above the diagonal times v are exact zeros, and W v can go to the
+            // tensor cores; otherwise 0 * NaN (or inf) would leak a later step into o_t
+            bool fin = true;
             #pragma unroll
-            for (int kb = 0; kb < BT - BS; kb += 8)
-                if (kb < r0) {
+            for (int e = lane; e < BS * 8 * NTH; e += 32) {
+                const int t = e / (8 * NTH), c = e % (8 * NTH);
+                if (c < 8 * nn) fin = fin && isfinite(b_v[(r0 + t) * VS + 8 * nb + c]);
+            }
+            fin = __all_sync(GDA_FULL_MASK, fin);
+            gda_pair_sync(1 + i_s);             // the pair's scores are in b_w
+            // 4c. + scores v over the earlier sub-blocks' steps 0..r0-1, and the sub-block's own
+            //     when finite (tensor cores)
+            #pragma unroll
+            for (int kb = 0; kb < BT; kb += 8)
+                if (kb < r0 + (fin ? BS : 0)) {
                     unsigned ah[4], al[4];
                     gda_frag_a(b_w + r0 * WS + kb, WS, lane, ah, al);
                     gda_mma_tiles<NTH>(b_o, ah, al, b_v + kb * VS + 8 * nb, VS, nn, lane);
                 }
-            // 4c'. + W v over the sub-block's own steps s <= t, in fp32 on the CUDA cores: a
-            //      tensor-core tile would also multiply the zeros above the diagonal by later
-            //      v_s, and 0 * NaN (or inf) would leak a later step into o_t
-            #pragma unroll
-            for (int h = 0; h < 2; ++h) {               // rows lg, then lg + 8
-                const int t = lg + 8 * h;
-                const float* wt = b_w + (r0 + t) * WS + r0;
-                const float* vt = b_v + r0 * VS + 8 * nb + 2 * lt;
-                float acc[NTH][2];
+            // 4c'. otherwise + W v over the sub-block's own steps s <= t only, in fp32 on the
+            //      CUDA cores
+            if (!fin) {
                 #pragma unroll
-                for (int n = 0; n < NTH; ++n) acc[n][0] = acc[n][1] = 0.f;
-                #pragma unroll 1
-                for (int s = 0; s <= t; ++s) {
-                    const float ws = wt[s];
+                for (int h = 0; h < 2; ++h) {               // rows lg, then lg + 8
+                    const int t = lg + 8 * h;
+                    const float* wt = b_w + (r0 + t) * WS + r0;
+                    const float* vt = b_v + r0 * VS + 8 * nb + 2 * lt;
+                    float acc[NTH][2];
                     #pragma unroll
-                    for (int n = 0; n < NTH; ++n)
-                        if (n < nn) {
-                            const float2 vv = *reinterpret_cast<const float2*>(vt + s * VS + 8 * n);
-                            acc[n][0] = fmaf(ws, vv.x, acc[n][0]);
-                            acc[n][1] = fmaf(ws, vv.y, acc[n][1]);
-                        }
-                }
-                #pragma unroll
-                for (int n = 0; n < NTH; ++n) {
-                    b_o[n][2 * h] += acc[n][0];
-                    b_o[n][2 * h + 1] += acc[n][1];
+                    for (int n = 0; n < NTH; ++n) acc[n][0] = acc[n][1] = 0.f;
+                    #pragma unroll 1
+                    for (int s = 0; s <= t; ++s) {
+                        const float ws = wt[s];
+                        #pragma unroll
+                        for (int n = 0; n < NTH; ++n)
+                            if (n < nn) {
+                                const float2 vv = *reinterpret_cast<const float2*>(vt + s * VS + 8 * n);
+                                acc[n][0] = fmaf(ws, vv.x, acc[n][0]);
+                                acc[n][1] = fmaf(ws, vv.y, acc[n][1]);
+                            }
+                    }
+                    #pragma unroll
+                    for (int n = 0; n < NTH; ++n) {
+                        b_o[n][2 * h] += acc[n][0];
+                        b_o[n][2 * h + 1] += acc[n][1];
+                    }
                 }
             }
             // 4d. o through this warp's columns of the sub-block's rows of b_w (free once both

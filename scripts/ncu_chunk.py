@@ -8,7 +8,6 @@
 import sys
 
 import cupy
-import numpy as np
 
 from cupy_gda import _checks, _compile, _gpu
 from probe import inputs
@@ -25,8 +24,9 @@ def main():
     mod = cupy.RawModule(code=_compile.source("gda_chunk_fwd", d), options=_compile.OPTIONS + ("-lineinfo",))
     fn = mod.get_function("gda_chunk_fwd")
     fn.max_dynamic_shared_size_bytes = pl.smem
-    fn(pl.grid, pl.block, (q, k, v, g, o, _gpu.NULL, _gpu.NULL, _gpu.NULL, *pl.sizes, np.float32(1.0)),
-       shared_mem=pl.smem)
+    NV = pl.grid[0] // (B * H)
+    launch = _gpu.Launch(fn, pl.grid[0], pl.block[0], pl.smem, 8, _gpu.FWD_SCALARS, (T, H, NV))
+    launch((q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, o.data.ptr, 0, 0, 0), 1.0)
     cupy.cuda.Device().synchronize()
 
 

@@ -6,7 +6,6 @@ which adds a barrier per stage), and the device time of each method, at the name
 import sys
 
 import cupy
-import numpy as np
 
 import cupy_gda
 from cupy_gda import _checks, _compile, _gpu
@@ -32,8 +31,9 @@ def main():
         pl = _gpu.ChunkPlan(p, False)
         d = dict(_gpu.chunk_defines(p, False, _gpu.chunk_tiles(K, V, B * H)), GDA_PROFILE=1)
         fn = _compile.get_function("gda_chunk_fwd", d, pl.smem)
-        fn(pl.grid, pl.block, (q, k, v, g, o, _gpu.NULL, _gpu.NULL, _gpu.NULL, *pl.sizes,
-                               np.float32(1.0)), shared_mem=pl.smem)
+        NV = pl.grid[0] // (B * H)
+        launch = _gpu.Launch(fn, pl.grid[0], pl.block[0], pl.smem, 8, _gpu.FWD_SCALARS, (T, H, NV))
+        launch((q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, o.data.ptr, 0, 0, 0), 1.0)
         cupy.cuda.Device().synchronize()
 
 

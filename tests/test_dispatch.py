@@ -215,3 +215,21 @@ def test_defines_carry_the_tiles_and_problem(K, V):
 ])
 def test_alignment(ptr, want):
     assert _gpu.alignment(ptr) == want
+
+
+def test_launch_parameter_buffer():
+    """Launch's cuLaunchKernel parameter array points at the pointers, then the plan's sizes,
+    then the per-call scalar, each of its ctypes width (read back without a GPU)."""
+    import ctypes
+    import types
+    fn = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=1234))
+    la = _gpu.Launch(fn, 7, 256, 1024, 8, _gpu.FWD_SCALARS, (4096, 16, 2))
+    la.ptrs[:] = tuple(range(1000, 1008))
+    la.scalars[-1].value = 0.5
+    got = [ctypes.c_uint64.from_address(la.params[i]).value for i in range(8)]
+    got += [t.from_address(la.params[8 + i]).value for i, t in enumerate(_gpu.FWD_SCALARS)]
+    assert got == list(range(1000, 1008)) + [4096, 16, 2, 0.5]
+    assert (la.ptr, la.grid, la.block, la.smem) == (1234, 7, 256, 1024)
+    step = _gpu.Launch(fn, 1, 32, 0, 7, _gpu.STEP_SCALARS, (32, 64, 1))
+    assert [t.from_address(step.params[7 + i]).value
+            for i, t in enumerate(_gpu.STEP_SCALARS[:3])] == [32, 64, 1]
