@@ -45,7 +45,7 @@
 #define BV 64
 #endif
 #define BT 64                                  // steps per chunk
-#define BS 16                                  // steps per sub-block (one warp's output rows)
+#define BS 16                                  // steps per sub-block (one warp pair's output rows)
 #define NW 8                                   // warps: a pair per sub-block
 #define NT (NW * 32)
 #define KP (((K_DIM) + 15) / 16 * 16)          // K padded to the m16 / k8 tiles
@@ -68,6 +68,7 @@
 static_assert(K_DIM >= 1 && KP <= NT / 2, "K_DIM must be 1..128 (one scan thread per column and direction)");
 static_assert(BS == 16 && BT == 4 * BS, "stage 2's reduction and the anchors assume BS = 16, BT = 64");
 static_assert(BV <= BT, "o is staged in the rows of the scores tile");
+static_assert(NW == 2 * (BT / BS), "a pair of warps per sub-block (w & 3, w >> 2)");
 static_assert(BV % 8 == 0 && BV >= 8 && BV <= 64, "BV must be a multiple of 8, at most 64");
 
 #if SEQ_INT64

@@ -9,8 +9,9 @@ import sys
 
 import cupy
 
-from cupy_gda import _checks, _compile, _gpu
+from cupy_gda import _compile
 from probe import inputs
+from profile_chunk import launch_variant
 
 
 def main():
@@ -18,16 +19,15 @@ def main():
     dt = sys.argv[2] if len(sys.argv) > 2 else "float32"
     q, k, v, g = inputs(B, T, H, K, V, dtype=cupy.dtype(dt))
     o = cupy.empty_like(v)
-    p = _checks.Problem(B=B, T=T, H=H, K=K, V=V, N=B, dtype=dt, g_dtype="float32", log_gate=False)
-    pl = _gpu.ChunkPlan(p, False)
-    d = _gpu.chunk_defines(p, False, _gpu.chunk_tiles(K, V, B * H))
-    mod = cupy.RawModule(code=_compile.source("gda_chunk_fwd", d), options=_compile.OPTIONS + ("-lineinfo",))
-    fn = mod.get_function("gda_chunk_fwd")
-    fn.max_dynamic_shared_size_bytes = pl.smem
-    NV = pl.grid[0] // (B * H)
-    launch = _gpu.Launch(fn, pl.grid[0], pl.block[0], pl.smem, 8, _gpu.FWD_SCALARS, (T, H, NV))
-    launch((q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, o.data.ptr, 0, 0, 0), 1.0)
-    cupy.cuda.Device().synchronize()
+
+    def build(defines, smem):
+        mod = cupy.RawModule(code=_compile.source("gda_chunk_fwd", defines),
+                             options=_compile.OPTIONS + ("-lineinfo",))
+        fn = mod.get_function("gda_chunk_fwd")
+        fn.max_dynamic_shared_size_bytes = smem
+        return fn
+
+    launch_variant((B, T, H, K, V), dt, (q, k, v, g, o), build)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,20 @@ SHAPES = [((8, 4096, 16, 128, 128), "float32"), ((8, 4096, 16, 128, 128), "bfloa
           ((2, 128, 4, 24, 24), "float32")]
 
 
+def launch_variant(shp, dt, arrays, build):
+    """One launch of the gda_chunk_fwd that ``build(defines, smem)`` returns (a RawKernel), with
+    the defines and sizes ChunkPlan picks for shape ``shp`` (B, T, H, K, V) on this device;
+    ``arrays``: q, k, v, g, o."""
+    B, T, H, K, V = shp
+    p = _checks.Problem(B=B, T=T, H=H, K=K, V=V, N=B, dtype=dt, g_dtype="float32", log_gate=False)
+    pl = _gpu.ChunkPlan(p, False)
+    BV = _gpu.chunk_tiles(K, V, B * H, *_gpu.device_limits())
+    fn = build(_gpu.chunk_defines(p, False, BV), pl.smem)
+    launch = _gpu.Launch(fn, pl.grid[0], pl.block[0], pl.smem, 8, _gpu.FWD_SCALARS, (T, H, -(-V // BV)))
+    launch(tuple(x.data.ptr for x in arrays) + (0, 0, 0), 1.0)
+    cupy.cuda.Device().synchronize()
+
+
 def main():
     for shp, dt in SHAPES:
         q, k, v, g = inputs(*shp, dtype=cupy.dtype(dt))
@@ -26,15 +40,8 @@ def main():
         print(shp, dt, " ".join(f"{m} {x:.4f} ms" for m, x in t.items()), flush=True)
         if "--no-profile" in sys.argv:
             continue
-        B, T, H, K, V = shp
-        p = _checks.Problem(B=B, T=T, H=H, K=K, V=V, N=B, dtype=dt, g_dtype="float32", log_gate=False)
-        pl = _gpu.ChunkPlan(p, False)
-        d = dict(_gpu.chunk_defines(p, False, _gpu.chunk_tiles(K, V, B * H)), GDA_PROFILE=1)
-        fn = _compile.get_function("gda_chunk_fwd", d, pl.smem)
-        NV = pl.grid[0] // (B * H)
-        launch = _gpu.Launch(fn, pl.grid[0], pl.block[0], pl.smem, 8, _gpu.FWD_SCALARS, (T, H, NV))
-        launch((q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, o.data.ptr, 0, 0, 0), 1.0)
-        cupy.cuda.Device().synchronize()
+        launch_variant(shp, dt, (q, k, v, g, o), lambda d, smem: _compile.get_function(
+            "gda_chunk_fwd", dict(d, GDA_PROFILE=1), smem))
 
 
 if __name__ == "__main__":
