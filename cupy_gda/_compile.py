@@ -37,36 +37,54 @@ def _describe(kernel, defines):
 _memo = None
 
 
-def get_function(kernel, defines, smem=0):
-    """The compiled entry point ``kernel`` for the current device (memoised per device and
-    defines), allowed ``smem`` bytes of dynamic shared memory."""
+def get_function(kernel, defines, smem=0, entry=None):
+    """The compiled entry point ``entry`` (default: ``kernel``) of kernels/<kernel>.cu for the
+    current device (memoised per device and defines), allowed ``smem`` bytes of dynamic shared
+    memory."""
     global _memo
     if _memo is None:
         import cupy
         _memo = cupy.memoize(for_each_device=True)(_load)
-    fn = _memo(kernel, tuple(sorted(defines.items())))
+    fn = _memo(kernel, tuple(sorted(defines.items())), entry or kernel)
     if smem and fn.max_dynamic_shared_size_bytes < smem:   # the default leaves 48 KB - static
         fn.max_dynamic_shared_size_bytes = smem
     return fn
 
 
-def _load(kernel, items):
+def _load(kernel, items, entry):
+    return _module(kernel, items).get_function(entry)
+
+
+@functools.lru_cache(maxsize=None)
+def _module_memo():
+    import cupy
+    return cupy.memoize(for_each_device=True)(_compile_module)
+
+
+def _module(kernel, items):
+    return _module_memo()(kernel, items)
+
+
+def _compile_module(kernel, items):
     import cupy
     defines = dict(items)
     try:
         mod = cupy.RawModule(code=source(kernel, defines), options=OPTIONS)
-        return mod.get_function(kernel)
+        mod.compile()
+        return mod
     except cupy.cuda.compiler.CompileException as e:
         raise KernelCompileError(f"compiling {_describe(kernel, defines)} failed:\n{e}") from None
 
 
 _STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGS = re.compile(r"Used (\d+) registers")
+_ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 
 
 def compile_cubin(kernel, defines, arch="sm_90"):
     """Compile through NVRTC for ``arch`` without a GPU. Returns (cubin bytes, resource dict)
-    with keys registers, stack, spill_stores, spill_loads (from ptxas -v), and the log."""
+    with keys registers, stack, spill_stores, spill_loads (from ptxas -v; the largest over the
+    file's entry points), functions (entry name -> its own such dict) and the log."""
     from cupy_backends.cuda.libs import nvrtc
     opts = list(OPTIONS) + [f"--gpu-architecture={arch}", "--ptxas-options=-v"]
     # a unique last line: a compile cache keyed by the text must not hand back a binary without
@@ -83,13 +101,28 @@ def compile_cubin(kernel, defines, arch="sm_90"):
         cubin = nvrtc.getCUBIN(prog)
     finally:
         nvrtc.destroyProgram(prog)
-    stack = _STACK.search(log)
-    regs = _REGS.search(log)
-    res = {
-        "registers": int(regs.group(1)) if regs else None,
-        "stack": int(stack.group(1)) if stack else None,
-        "spill_stores": int(stack.group(2)) if stack else None,
-        "spill_loads": int(stack.group(3)) if stack else None,
-        "log": log,
-    }
+    functions = {m.group(1): _usage(part) for m, part in _entries(log)}
+    res = {key: _worst(u[key] for u in functions.values())
+           for key in ("registers", "stack", "spill_stores", "spill_loads")}
+    res.update(functions=functions, log=log)
     return cubin, res
+
+
+def _entries(log):
+    """(match, text) of each entry function's part of a ptxas -v log."""
+    ms = list(_ENTRY.finditer(log))
+    return [(m, log[m.end():ms[i + 1].start() if i + 1 < len(ms) else len(log)])
+            for i, m in enumerate(ms)]
+
+
+def _usage(text):
+    stack, regs = _STACK.search(text), _REGS.search(text)
+    return {"registers": int(regs.group(1)) if regs else None,
+            "stack": int(stack.group(1)) if stack else None,
+            "spill_stores": int(stack.group(2)) if stack else None,
+            "spill_loads": int(stack.group(3)) if stack else None}
+
+
+def _worst(values):
+    values = list(values)
+    return None if not values or None in values else max(values)

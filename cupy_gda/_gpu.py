@@ -63,20 +63,30 @@ def chunk_smem(K, BV):
     return 4 * (2 * BT * QS + BT * KS + 96 * QS + BT * VS + KP * VS + BT * WS + 5 * KP)
 
 
-def chunk_tiles(K, V, NH, sms=132, smem_max=227 * 1024):
-    """BV for gda_chunk_fwd: the widest value tile (at most 64, a multiple of 8) that fits in
-    ``smem_max`` bytes of shared memory, narrowed while the grid has fewer than 3/4 of a block
-    per SM (the chunk's scores are recomputed per value tile, so narrower costs work), or None
-    when K is over CHUNK_MAX_K or nothing fits."""
+SEGMENT_CHUNKS = 2       # gda_chunk_fwd's sequence segments: at least this many chunks each
+
+
+def chunk_split(K, V, NH, L, itemsize=4, sms=132, smem_max=227 * 1024):
+    """(BV, P) for gda_chunk_fwd, or None when K is over CHUNK_MAX_K or nothing fits.
+
+    BV: the widest value tile (at most 64, a multiple of 8) that fits in ``smem_max`` bytes of
+    shared memory. P: sequence segments (chunks of one sequence run P at a time, after a state
+    pass over the first P - 1), as many as fill the ``sms`` SMs once with one block each, with
+    at least SEGMENT_CHUNKS chunks of the mean length ``L`` each and a workspace, (P - 1) K (V + 1)
+    floats per sequence-head, no larger than q (``itemsize`` bytes an element). Only then, while
+    the grid has fewer than 3/4 of a block per SM, narrower value tiles (each recomputes the
+    chunk's scores, so narrower costs work where a segment costs only its state pass)."""
     if K > _dispatch.CHUNK_MAX_K:
         return None
     fits = [b for b in CHUNK_BVS if chunk_smem(K, b) <= smem_max]
     if not fits:
         return None
     BV = min(fits[0], _round_up(V, 8))
-    while BV > 16 and NH * -(-V // BV) < 0.75 * sms:
+    blocks = NH * -(-V // BV)
+    P = max(1, min(sms // blocks, -(-L // 64) // SEGMENT_CHUNKS, 1 + L * itemsize // (4 * (V + 1))))
+    while BV > 16 and NH * -(-V // BV) * P < 0.75 * sms:
         BV = max(16, _round_up(BV // 2, 8))
-    return BV
+    return BV, P
 
 
 def step_tiles(K, V, align):
@@ -99,6 +109,14 @@ def recurrent_defines(p, seq_int64):
                 UNROLL=UNROLL)
 
 
+def chunk_split_for(p):
+    """chunk_split for Problem ``p`` on the current device."""
+    return chunk_split(p.K, p.V, p.N * p.H, _dispatch.mean_len(p), _ITEMSIZE[p.dtype], *device_limits())
+
+
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
 def chunk_defines(p, seq_int64, BV):
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BV=BV)
@@ -112,8 +130,7 @@ def step_defines(p, idx_int64, align):
 
 def chunk_fits(p):
     """Whether gda_chunk_fwd can run Problem ``p`` on the current device."""
-    sms, smem_max = device_limits()
-    return chunk_tiles(p.K, p.V, p.N * p.H, sms, smem_max) is not None
+    return chunk_split_for(p) is not None
 
 
 def device_limits():
@@ -171,9 +188,11 @@ class Launch:
 
 
 # the kernels' scalar parameters after their pointers: T, H, NV, scale after q, k, v, g, o, h0,
-# ht, cu_seqlens (both forward kernels); H, N, NV, scale after q, k, v, g, o, state,
-# state_indices (gda_step)
+# ht, cu_seqlens (gda_recurrent_fwd); T, H, NV, P, scale after those and ws_s, ws_d
+# (gda_chunk_fwd, gda_chunk_state); H, N, NV, scale after q, k, v, g, o, state, state_indices
+# (gda_step)
 FWD_SCALARS = (ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_float)
+CHUNK_SCALARS = (ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_float)
 STEP_SCALARS = (ctypes.c_int32, ctypes.c_int64, ctypes.c_int32, ctypes.c_float)
 
 
@@ -186,11 +205,11 @@ class RecurrentPlan:
         NV = -(-p.V // d["BV"])
         smem = recurrent_smem(p.K, d["R"], d["KT"], d["BV"], d["TC"])
         fn = _compile.get_function("gda_recurrent_fwd", d, smem)
-        self._setup(p, fn, p.N * p.H * NV, d["KT"] * d["BV"], smem, NV)
+        self._setup(p, fn, p.N * p.H * NV, d["KT"] * d["BV"], smem, 8, FWD_SCALARS, (p.T, p.H, NV))
 
-    def _setup(self, p, fn, blocks, threads, smem, NV):
+    def _setup(self, p, fn, blocks, threads, smem, npointers, types, sizes):
         self.grid, self.block, self.smem = (blocks,), (threads,), smem
-        self.launch = Launch(fn, blocks, threads, smem, 8, FWD_SCALARS, (p.T, p.H, NV))
+        self.launch = Launch(fn, blocks, threads, smem, npointers, types, sizes)
         self.o_shape, self.o_dtype = (p.B, p.T, p.H, p.V), _np_dtype(p.dtype)
         self.ht_shape = (p.N, p.H, p.K, p.V)
 
@@ -206,19 +225,43 @@ class RecurrentPlan:
 
 class ChunkPlan(RecurrentPlan):
     """gda_chunk_fwd compiled and sized for one Problem on the current device (K <= 128);
-    the same call as RecurrentPlan."""
+    the same call as RecurrentPlan. ``split`` (BV, P) overrides chunk_split's choice. With P > 1
+    sequence segments a call allocates the workspace and launches gda_chunk_state first."""
 
-    def __init__(self, p, seq_int64):
-        sms, smem_max = device_limits()
-        BV = chunk_tiles(p.K, p.V, p.N * p.H, sms, smem_max)
-        if BV is None:
+    def __init__(self, p, seq_int64, split=None):
+        split = split or chunk_split_for(p)
+        if split is None:
             raise ValueError(f"gated_attention: method 'chunk' needs {chunk_smem(p.K, 8)} bytes "
-                             f"of shared memory per block at K={p.K}; this GPU has {smem_max}: "
-                             f"use method='recurrent' or 'auto'")
+                             f"of shared memory per block at K={p.K}; this GPU has "
+                             f"{device_limits()[1]}: use method='recurrent' or 'auto'")
+        BV, P = self.split = split
         NV = -(-p.V // BV)
         smem = chunk_smem(p.K, BV)
-        fn = _compile.get_function("gda_chunk_fwd", chunk_defines(p, seq_int64, BV), smem)
-        self._setup(p, fn, p.N * p.H * NV, CHUNK_THREADS, smem, NV)
+        d = chunk_defines(p, seq_int64, BV)
+        sizes = (p.T, p.H, NV, P)
+        fn = _compile.get_function("gda_chunk_fwd", d, smem)
+        self._setup(p, fn, p.N * p.H * P * NV, CHUNK_THREADS, smem, 10, CHUNK_SCALARS, sizes)
+        self.state_launch = self.ws_sizes = None
+        if P > 1:
+            fs = _compile.get_function("gda_chunk_fwd", d, smem, entry="gda_chunk_state")
+            self.state_launch = Launch(fs, p.N * p.H * (P - 1) * NV, CHUNK_THREADS, smem, 10,
+                                       CHUNK_SCALARS, sizes)
+            self.ws_sizes = (p.N * p.H * (P - 1) * p.K * p.V, p.N * p.H * (P - 1) * p.K)
+
+    def __call__(self, q, k, v, g, scale, h0, cu_seqlens, want_final, out):
+        o = out if out is not None else empty(self.o_shape, self.o_dtype)
+        ht = empty(self.ht_shape, np.float32) if want_final else None
+        if self.grid[0]:
+            ws_s = ws_d = None
+            if self.state_launch is not None:
+                ws = empty((sum(self.ws_sizes),), np.float32)
+                ws_s, ws_d = ws, ws[self.ws_sizes[0]:]
+            ptrs = (q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, o.data.ptr, _ptr(h0), _ptr(ht),
+                    _ptr(cu_seqlens), _ptr(ws_s), _ptr(ws_d))
+            if ws_s is not None:
+                self.state_launch(ptrs, scale)
+            self.launch(ptrs, scale)
+        return o, ht
 
 
 class StepPlan:

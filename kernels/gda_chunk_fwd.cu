@@ -2,9 +2,12 @@
 //
 //   S_t = diag(g_t) S_{t-1} + k_t v_t^T,   o_t = scale * S_t^T q_t        (S: [K, V], fp32)
 //
-// Grid (1-D): one block per (sequence n, head h, tile of BV value columns), block id
-//   ((n * H) + h) * NV + iv. Block: 8 warps; sequential over the chunks, the state S [KP, BV]
-//   in shared memory (fp32). Every decay factor is a product of gates, never a quotient or a
+// Grid (1-D): one block per (sequence n, head h, segment p of the sequence, tile of BV value
+//   columns), block id (((n * H) + h) * P + p) * NV + iv. Block: 8 warps; sequential over the
+//   chunks of its segment, the state S [KP, BV] in shared memory (fp32). With P > 1 segments,
+//   gda_chunk_state first runs segments 0..P-2 from S = 0 (stages 1, 3 and 5 only) and leaves
+//   each one's S and gate product in a workspace; then gda_chunk_fwd's block for segment p starts
+//   from h0 carried through those of segments 0..p-1, so the sequence's chunks run P at a time. Every decay factor is a product of gates, never a quotient or a
 //   difference of logs, so gates of 0, tiny, negative or above 1 stay exact (fla's chunk mode
 //   divides). Sub-blocks of BS = 16 steps; the pair of warps w and w + 4 owns the output rows of
 //   sub-block w & 3, each warp half of the value columns. Numbered stages, as in
@@ -25,14 +28,16 @@
 //      a NaN or inf: 0 * NaN above the diagonal must not leak into o_t); staged through shared
 //      memory for coalesced 16-byte stores.
 //   5. state: S = diag(A_end) S + (k*D)^T v (tensor cores), in place in shared memory; each
-//      warp a (row tile of 16, column half) unit at a time.
+//      warp one value half of MR row tiles of 16.
 // float32 inputs with a multiplicative gate go straight to shared memory by cp.async; others
 //   through registers (converted, exp of log gates). -DGDA_PROFILE prints block 0's cycles per
 //   stage (scripts/profile_chunk.py).
 // Precision: every matmul is 3xTF32 (a = hi + lo, a*b ~ hi*hi + hi*lo + lo*hi, fp32
 //   accumulation), which keeps float32 accuracy; no plain TF32 anywhere.
 // Sequences: rows [bos, eos) of the [B*T, H, *] tensors; cu_seqlens (varlen, B = 1, offsets
-//   clamped to [0, T]) or bos = n*T. No host syncs, no atomics, no workspace.
+//   clamped to [0, T]) or bos = n*T. No host syncs, no atomics; the workspace (P > 1 only) is
+//   (P - 1) * (K * V + K) floats per sequence-head, every element written by gda_chunk_state
+//   before gda_chunk_fwd reads it.
 //
 // Required defines: K_DIM (1..128), V_DIM (1..256), IO_DTYPE, G_DTYPE, LOG_GATE, SEQ_INT64.
 //   Tunable: BV (a multiple of 8, at most 64), NG, ASYNC_COPY.
@@ -208,9 +213,9 @@ template <typename E, int W> __device__ __forceinline__ gda_pack<E, W> gda_ld(co
 
 #define GDA_LB 4                              // loads of each tensor in flight per thread
 
-// Stage 1 for q, k, g: rows t < n (the rest: q = k = 0, gate 1) of the chunk starting at row
-// r0, columns 0..K_DIM-1 in packs of W; PR packs a row.
-template <int PR, int W>
+// Stage 1 for q (when Q), k, g: rows t < n (the rest: q = k = 0, gate 1) of the chunk starting
+// at row r0, columns 0..K_DIM-1 in packs of W; PR packs a row.
+template <int PR, int W, bool Q>
 __device__ __forceinline__ void gda_stage(const io::t* __restrict__ q, const io::t* __restrict__ k,
                                           const gt::t* __restrict__ g, float* b_q, float* b_k, float* b_a,
                                           long long r0, long long n, long long sk, long long col0, int tid) {
@@ -224,7 +229,8 @@ __device__ __forceinline__ void gda_stage(const io::t* __restrict__ q, const io:
             const int e = tid + (j0 + j) * NT, t = e / PR, c = e % PR;
             if (j0 + j < EP && e < NP && t < n) {
                 const long long off = (r0 + t) * sk + col0 + W * c;
-                rq[j] = gda_ld<io::t, W>(q + off); rk[j] = gda_ld<io::t, W>(k + off);
+                if (Q) rq[j] = gda_ld<io::t, W>(q + off);
+                rk[j] = gda_ld<io::t, W>(k + off);
                 rg[j] = gda_ld<gt::t, W>(g + off);
             }
         }
@@ -235,7 +241,7 @@ __device__ __forceinline__ void gda_stage(const io::t* __restrict__ q, const io:
                 const bool m = t < n;
                 #pragma unroll
                 for (int i = 0; i < W; ++i) {
-                    b_q[t * QS + W * c + i] = m ? io::load(rq[j].e[i]) : 0.f;
+                    if (Q) b_q[t * QS + W * c + i] = m ? io::load(rq[j].e[i]) : 0.f;
                     b_k[t * KS + W * c + i] = m ? io::load(rk[j].e[i]) : 0.f;
                     b_a[t * QS + W * c + i] = m ? gda_gate(rg[j].e[i]) : 1.f;
                 }
@@ -277,8 +283,9 @@ __device__ __forceinline__ void gda_cp16(float* dst, const float* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(a), "l"(src) : "memory");
 }
 
-// Stage 1 for float32 q, k, g (multiplicative) and v, 16-byte aligned: asynchronous 16-byte
-// copies, all in flight at once; rows t >= n and columns past V written directly (0, gate 1).
+// Stage 1 for float32 q (when Q), k, g (multiplicative) and v, 16-byte aligned: asynchronous
+// 16-byte copies, all in flight at once; rows t >= n and columns past V written directly (0, gate 1).
+template <bool Q>
 __device__ __forceinline__ void gda_stage_async(const float* __restrict__ q, const float* __restrict__ k,
                                                 const float* __restrict__ g, const float* __restrict__ v,
                                                 float* b_q, float* b_k, float* b_a, float* b_v,
@@ -290,11 +297,11 @@ __device__ __forceinline__ void gda_stage_async(const float* __restrict__ q, con
         const int t = e / PK, c = 4 * (e % PK);
         if (t < n) {
             const long long off = (r0 + t) * sk + colk + c;
-            gda_cp16(b_q + t * QS + c, q + off);
+            if (Q) gda_cp16(b_q + t * QS + c, q + off);
             gda_cp16(b_k + t * KS + c, k + off);
             gda_cp16(b_a + t * QS + c, g + off);
         } else {
-            *reinterpret_cast<float4*>(b_q + t * QS + c) = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (Q) *reinterpret_cast<float4*>(b_q + t * QS + c) = make_float4(0.f, 0.f, 0.f, 0.f);
             *reinterpret_cast<float4*>(b_k + t * KS + c) = make_float4(0.f, 0.f, 0.f, 0.f);
             *reinterpret_cast<float4*>(b_a + t * QS + c) = make_float4(1.f, 1.f, 1.f, 1.f);
         }
@@ -365,11 +372,17 @@ __device__ __forceinline__ void gda_diag(const float* b_q, const float* b_k, con
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 1)
-gda_chunk_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
-              const io::t* __restrict__ v, const gt::t* __restrict__ g,
-              io::t* __restrict__ o, const float* __restrict__ h0, float* __restrict__ ht,
-              const seq_t* __restrict__ cu_seqlens, long long T, int H, int NV, float scale)
+// The chunk loop of one block over segment i_p of its sequence (rows [s0, s1): P segments of
+// whole chunks, the last one short or empty). STATE (gda_chunk_state, segments 0..P-2): stages
+// 1 (k, g, v), 3 (k*D, A_end) and 5 only, from S = 0; it writes the segment's S and its gate
+// product to ws_s, ws_d. Otherwise (gda_chunk_fwd): every stage, from S = h0 carried through the
+// earlier segments' entries (S = diag(ws_d[j]) S + ws_s[j], j < i_p).
+template <bool STATE>
+__device__ __forceinline__ void
+gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t* __restrict__ v,
+          const gt::t* __restrict__ g, io::t* __restrict__ o, const float* __restrict__ h0,
+          float* __restrict__ ht, const seq_t* __restrict__ cu_seqlens, float* __restrict__ ws_s,
+          float* __restrict__ ws_d, long long T, int H, int NV, int P, float scale)
 {
     extern __shared__ float4 gda_smem[];
     float* const b_sm = reinterpret_cast<float*>(gda_smem);
@@ -384,8 +397,9 @@ gda_chunk_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
     float* const b_b = b_sm + SM_B;
 
     const long long i_b = blockIdx.x;
-    const int i_v = (int)(i_b % NV), i_h = (int)((i_b / NV) % H);
-    const long long i_n = i_b / NV / H;
+    const int NP = STATE ? P - 1 : P;          // segments in this grid
+    const int i_v = (int)(i_b % NV), i_p = (int)((i_b / NV) % NP), i_h = (int)((i_b / NV / NP) % H);
+    const long long i_n = i_b / NV / NP / H;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int lg = lane >> 2, lt = lane & 3;   // fragment row group, thread in group
     const int i_s = w & 3, half = w >> 2;      // this warp's sub-block and value half (stage 2: row parity)
@@ -396,15 +410,27 @@ gda_chunk_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
     long long bos, eos;
     gda_seq_rows(cu_seqlens, i_n, T, bos, eos);
     const long long len = eos - bos;
+    const long long cps = ((len + BT - 1) / BT + P - 1) / P * BT;             // rows a segment
+    const long long s0 = min(len, i_p * cps), s1 = min(len, (i_p + 1) * cps);
+    const long long w_0 = (i_n * H + i_h) * (P - 1);                          // workspace entry of
+                                                                              //   segment 0
     const long long sk = (long long)H * K_DIM, sv = (long long)H * V_DIM;
     const long long o_h = ((i_n * H + i_h) * (long long)K_DIM) * V_DIM + v0;   // state [n, h, 0, v0]
 
     // S [KP][BV] lives in shared memory (b_s): read by stage 4, updated in place by stage 5
     for (int e = tid; e < KP * BV; e += NT) {
         const int row = e / BV, col = e % BV;
-        b_s[row * VS + col] = (h0 && row < K_DIM && v0 + col < V_DIM)
-                            ? h0[o_h + (long long)row * V_DIM + col] : 0.f;
+        float s = 0.f;
+        if (!STATE && row < K_DIM && v0 + col < V_DIM) {
+            if (h0) s = h0[o_h + (long long)row * V_DIM + col];
+            for (int j = 0; j < i_p; ++j) {
+                const long long wj = (w_0 + j) * K_DIM + row;
+                s = fmaf(ws_d[wj], s, ws_s[wj * V_DIM + v0 + col]);
+            }
+        }
+        b_s[row * VS + col] = s;
     }
+    float dseg = 1.f;                          // thread kk < KP: the segment's gate product
 
     // padding columns K_DIM..KP-1: q = k = 0 (the gate there is never used but must be finite);
     // stage 1 writes only the first K_DIM columns, and stage 3 keeps these at 0
@@ -423,37 +449,39 @@ gda_chunk_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
 #define GDA_PROF(i) do { } while (0)
 #endif
 
-    for (long long t0 = 0; t0 < len; t0 += BT) {
+    for (long long t0 = s0; t0 < s1; t0 += BT) {
         GDA_PROF(0);
         // 1. stage the chunk (16- or 8-byte loads where K, V and the pointers allow; up to LB
         //    loads of each tensor in flight per thread); S to shared memory
 #if ASYNC_COPY && IO_DTYPE == 0 && G_DTYPE == 0 && !LOG_GATE && K_DIM % 4 == 0 && V_DIM % 4 == 0
         if (vec_qkg && vec_v) {                 // float32 as is: copies that bypass registers
-            gda_stage_async(q, k, g, v, b_q, b_k, b_a, b_v, bos + t0, len - t0, sk, sv,
+            gda_stage_async<!STATE>(q, k, g, v, b_q, b_k, b_a, b_v, bos + t0, s1 - t0, sk, sv,
                             (long long)i_h * K_DIM, (long long)i_h * V_DIM + v0, V_DIM - v0, tid);
         } else
 #endif
         {
 #if K_DIM % 4 == 0
         if (vec_qkg)
-            gda_stage<K_DIM / 4, 4>(q, k, g, b_q, b_k, b_a, bos + t0, len - t0, sk, (long long)i_h * K_DIM, tid);
+            gda_stage<K_DIM / 4, 4, !STATE>(q, k, g, b_q, b_k, b_a, bos + t0, s1 - t0, sk, (long long)i_h * K_DIM, tid);
         else
 #endif
-            gda_stage<K_DIM, 1>(q, k, g, b_q, b_k, b_a, bos + t0, len - t0, sk, (long long)i_h * K_DIM, tid);
+            gda_stage<K_DIM, 1, !STATE>(q, k, g, b_q, b_k, b_a, bos + t0, s1 - t0, sk, (long long)i_h * K_DIM, tid);
 #if V_DIM % 4 == 0
         if (vec_v)
-            gda_stage_v<BV / 4, 4>(v, b_v, bos + t0, len - t0, sv, (long long)i_h * V_DIM + v0, V_DIM - v0, tid);
+            gda_stage_v<BV / 4, 4>(v, b_v, bos + t0, s1 - t0, sv, (long long)i_h * V_DIM + v0, V_DIM - v0, tid);
         else
 #endif
-            gda_stage_v<BV, 1>(v, b_v, bos + t0, len - t0, sv, (long long)i_h * V_DIM + v0, V_DIM - v0, tid);
+            gda_stage_v<BV, 1>(v, b_v, bos + t0, s1 - t0, sv, (long long)i_h * V_DIM + v0, V_DIM - v0, tid);
         }
         __syncthreads();
         GDA_PROF(1);
 
         // 2. diagonal sub-block i_s, the rows t of parity `half`
-        if (half) gda_diag<1>(b_q, b_k, b_a, b_w, r0, lane);
-        else gda_diag<0>(b_q, b_k, b_a, b_w, r0, lane);
-        __syncthreads();
+        if constexpr (!STATE) {
+            if (half) gda_diag<1>(b_q, b_k, b_a, b_w, r0, lane);
+            else gda_diag<0>(b_q, b_k, b_a, b_w, r0, lane);
+            __syncthreads();
+        }
         GDA_PROF(2);
 
         // 3. gate scans, one thread per column: from the end (threads 0..KP-1), from the start
@@ -465,16 +493,19 @@ gda_chunk_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
             for (int s = BT - 1; s >= 0; --s) {
                 const float fk = b_k[s * KS + kk], fg = b_a[s * QS + kk];
                 b_k[s * KS + kk] = fk * d;
-                if (s < 16) b_ka[s * QS + kk] = fk * e1;
-                if (s < 32) b_ka[(16 + s) * QS + kk] = fk * e2;
-                if (s < 48) b_ka[(48 + s) * QS + kk] = fk * e3;
+                if constexpr (!STATE) {
+                    if (s < 16) b_ka[s * QS + kk] = fk * e1;
+                    if (s < 32) b_ka[(16 + s) * QS + kk] = fk * e2;
+                    if (s < 48) b_ka[(48 + s) * QS + kk] = fk * e3;
+                }
                 d *= fg;
                 if (s < 16) e1 *= fg;
                 if (s < 32) e2 *= fg;
                 if (s < 48) e3 *= fg;
             }
             b_e[kk] = d;
-        } else if (tid >= NT / 2 && tid < NT / 2 + KP) {
+            dseg *= d;
+        } else if (!STATE && tid >= NT / 2 && tid < NT / 2 + KP) {
             const int kk = tid - NT / 2;
             float a = 1.f, p = 1.f;                           // prefix: chunk, sub-block
             #pragma unroll 8
@@ -490,7 +521,7 @@ gda_chunk_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
         GDA_PROF(3);
 
         // 4. output rows r0..r0+15, value tiles nb..nb+nn-1 of this warp
-        {
+        if constexpr (!STATE) {
             float b_o[NTH][4];
             #pragma unroll
             for (int n = 0; n < NTH; ++n)
@@ -594,7 +625,7 @@ gda_chunk_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
                 #pragma unroll 2
                 for (int e = lane; e < BS * (2 * NTH); e += 32) {
                     const int t = e / (2 * NTH), c = 4 * (e % (2 * NTH));
-                    if (c < cn && t0 + r0 + t < len && v0 + 8 * nb + c < V_DIM) {
+                    if (c < cn && t0 + r0 + t < s1 && v0 + 8 * nb + c < V_DIM) {
                         gda_pack<io::t, 4> pk;
                         #pragma unroll
                         for (int i = 0; i < 4; ++i) pk.e[i] = io::store(b_w[(r0 + t) * WS + 8 * nb + c + i]);
@@ -607,14 +638,13 @@ gda_chunk_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
             {
                 for (int e = lane; e < BS * 8 * NTH; e += 32) {
                     const int t = e / (8 * NTH), c = e % (8 * NTH);
-                    if (c < cn && t0 + r0 + t < len && v0 + 8 * nb + c < V_DIM)
+                    if (c < cn && t0 + r0 + t < s1 && v0 + 8 * nb + c < V_DIM)
                         o[(bos + t0 + r0 + t) * sv + (long long)i_h * V_DIM + v0 + 8 * nb + c]
                             = io::store(b_w[(r0 + t) * WS + 8 * nb + c]);
                 }
             }
+            __syncthreads();                    // stage 4's reads of S are done
         }
-
-        __syncthreads();                        // stage 4's reads of S are done
         GDA_PROF(4);
         // 5. state: S = diag(A_end) S + (k*D)^T v; warp w owns value half w & 1 of the row tiles
         //    m = w / 2 + (NW / 2) i (tile element r at row 16m + lg + 8*(r>>1), column
@@ -669,15 +699,37 @@ gda_chunk_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
     }
 #ifdef GDA_PROFILE
     if (blockIdx.x == 0 && tid == 0)
-        printf("gda_chunk_fwd block 0 cycles: load %lld diag %lld scan %lld output %lld state %lld  (clock64, %lld chunks)\n",
-               prof[0] + prof[1], prof[2], prof[3], prof[4], prof[5], (len + BT - 1) / BT);
+        printf("%s block 0 cycles: load %lld diag %lld scan %lld output %lld state %lld  (clock64, %lld chunks)\n",
+               STATE ? "gda_chunk_state" : "gda_chunk_fwd", prof[0] + prof[1], prof[2], prof[3], prof[4],
+               prof[5], (s1 - s0 + BT - 1) / BT);
 #endif
 
-    if (ht) {
+    // the segment's S: to the workspace (state pass), or to ht (the last segment's full pass)
+    float* const dst = STATE ? ws_s + (w_0 + i_p) * K_DIM * V_DIM + v0 : ht && i_p == P - 1 ? ht + o_h : nullptr;
+    if (STATE && i_v == 0 && tid < K_DIM) ws_d[(w_0 + i_p) * K_DIM + tid] = dseg;
+    if (dst) {
         __syncthreads();                        // (no chunks: b_s was written by other threads)
         for (int e = tid; e < KP * BV; e += NT) {
             const int row = e / BV, col = e % BV;
-            if (row < K_DIM && v0 + col < V_DIM) ht[o_h + (long long)row * V_DIM + col] = b_s[row * VS + col];
+            if (row < K_DIM && v0 + col < V_DIM) dst[(long long)row * V_DIM + col] = b_s[row * VS + col];
         }
     }
+}
+
+#define GDA_CHUNK_PARAMS                                                                           \
+    const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t* __restrict__ v,       \
+    const gt::t* __restrict__ g, io::t* __restrict__ o, const float* __restrict__ h0,            \
+    float* __restrict__ ht, const seq_t* __restrict__ cu_seqlens, float* __restrict__ ws_s,      \
+    float* __restrict__ ws_d, long long T, int H, int NV, int P, float scale
+
+// Grid: one block per (sequence n, head h, segment p < P, value tile iv), block id
+// (((n * H) + h) * P + p) * NV + iv. With P = 1: the whole sequence, no workspace.
+extern "C" __global__ void __launch_bounds__(NT, 1) gda_chunk_fwd(GDA_CHUNK_PARAMS) {
+    gda_chunk<false>(q, k, v, g, o, h0, ht, cu_seqlens, ws_s, ws_d, T, H, NV, P, scale);
+}
+
+// Grid: the same for the segments p < P - 1 (P >= 2), launched before gda_chunk_fwd on the
+// same stream; q, o, h0 and ht are not read.
+extern "C" __global__ void __launch_bounds__(NT, 1) gda_chunk_state(GDA_CHUNK_PARAMS) {
+    gda_chunk<true>(q, k, v, g, o, h0, ht, cu_seqlens, ws_s, ws_d, T, H, NV, P, scale);
 }

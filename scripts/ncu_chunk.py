@@ -1,5 +1,6 @@
-"""Device probe for ncu's source view: one launch of gda_chunk_fwd at a named shape, compiled with
--lineinfo so that ncu maps its counters to kernels/gda_chunk_fwd.cu lines.
+"""Device probe for ncu's source view: one call of gda_chunk_fwd (and gda_chunk_state where the
+shape takes segments) at a named shape, compiled with -lineinfo so that ncu maps its counters to
+kernels/gda_chunk_fwd.cu lines.
 
     ncu -k gda_chunk_fwd --section SourceCounters --import-source yes -o rep \\
         python3 scripts/ncu_chunk.py 8,4096,16,128,128 [bfloat16]
@@ -20,10 +21,10 @@ def main():
     q, k, v, g = inputs(B, T, H, K, V, dtype=cupy.dtype(dt))
     o = cupy.empty_like(v)
 
-    def build(defines, smem):
+    def build(defines, smem, entry):
         mod = cupy.RawModule(code=_compile.source("gda_chunk_fwd", defines),
                              options=_compile.OPTIONS + ("-lineinfo",))
-        fn = mod.get_function("gda_chunk_fwd")
+        fn = mod.get_function(entry)
         fn.max_dynamic_shared_size_bytes = smem
         return fn
 

@@ -17,17 +17,26 @@ SHAPES = [((8, 4096, 16, 128, 128), "float32"), ((8, 4096, 16, 128, 128), "bfloa
           ((2, 128, 4, 24, 24), "float32")]
 
 
-def launch_variant(shp, dt, arrays, build):
-    """One launch of the gda_chunk_fwd that ``build(defines, smem)`` returns (a RawKernel), with
-    the defines and sizes ChunkPlan picks for shape ``shp`` (B, T, H, K, V) on this device;
-    ``arrays``: q, k, v, g, o."""
+def launch_variant(shp, dt, arrays, build, split=None):
+    """One call of the gda_chunk_fwd (after gda_chunk_state when the split has P > 1 segments)
+    that ``build(defines, smem, entry)`` returns (a RawKernel per entry point), with the defines,
+    sizes and split that ChunkPlan picks for shape ``shp`` (B, T, H, K, V) on this device, or
+    ``split`` (BV, P); ``arrays``: q, k, v, g, o."""
     B, T, H, K, V = shp
     p = _checks.Problem(B=B, T=T, H=H, K=K, V=V, N=B, dtype=dt, g_dtype="float32", log_gate=False)
-    pl = _gpu.ChunkPlan(p, False)
-    BV = _gpu.chunk_tiles(K, V, B * H, *_gpu.device_limits())
-    fn = build(_gpu.chunk_defines(p, False, BV), pl.smem)
-    launch = _gpu.Launch(fn, pl.grid[0], pl.block[0], pl.smem, 8, _gpu.FWD_SCALARS, (T, H, -(-V // BV)))
-    launch(tuple(x.data.ptr for x in arrays) + (0, 0, 0), 1.0)
+    pl = _gpu.ChunkPlan(p, False, split)
+    BV, P = pl.split
+    d = _gpu.chunk_defines(p, False, BV)
+    ws = cupy.empty(sum(pl.ws_sizes), cupy.float32) if pl.ws_sizes else None
+    wp = (ws.data.ptr, ws.data.ptr + 4 * pl.ws_sizes[0]) if ws is not None else (0, 0)
+    ptrs = tuple(x.data.ptr for x in arrays) + (0, 0, 0) + wp
+    sizes = (T, H, -(-V // BV), P)
+    if P > 1:
+        fs = build(d, pl.smem, "gda_chunk_state")
+        _gpu.Launch(fs, pl.state_launch.grid, _gpu.CHUNK_THREADS, pl.smem, 10, _gpu.CHUNK_SCALARS,
+                    sizes)(ptrs, 1.0)
+    fn = build(d, pl.smem, "gda_chunk_fwd")
+    _gpu.Launch(fn, pl.grid[0], _gpu.CHUNK_THREADS, pl.smem, 10, _gpu.CHUNK_SCALARS, sizes)(ptrs, 1.0)
     cupy.cuda.Device().synchronize()
 
 
@@ -40,8 +49,8 @@ def main():
         print(shp, dt, " ".join(f"{m} {x:.4f} ms" for m, x in t.items()), flush=True)
         if "--no-profile" in sys.argv:
             continue
-        launch_variant(shp, dt, (q, k, v, g, o), lambda d, smem: _compile.get_function(
-            "gda_chunk_fwd", dict(d, GDA_PROFILE=1), smem))
+        launch_variant(shp, dt, (q, k, v, g, o), lambda d, smem, entry: _compile.get_function(
+            "gda_chunk_fwd", dict(d, GDA_PROFILE=1), smem, entry))
 
 
 if __name__ == "__main__":

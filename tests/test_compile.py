@@ -70,9 +70,10 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16):
         defines = _gpu.recurrent_defines(p, seq_int64=int64)
         where = f"-NH{B * H}"
     elif kernel == "gda_chunk_fwd":
-        BV = _gpu.chunk_tiles(K, V, B * H, *ARCH_LIMITS[arch])
-        if BV is None:                  # the launcher never runs it there (too little smem)
+        split = _gpu.chunk_split(K, V, B * H, p.T, 4, *ARCH_LIMITS[arch])
+        if split is None:               # the launcher never runs it there (too little smem)
             return None
+        BV = split[0]
         defines = _gpu.chunk_defines(p, int64, BV)
         where = f"-BV{BV}"
     else:
@@ -127,6 +128,8 @@ def test_kernel_compiles_without_local_memory(compiled, kernel, arch, items):
     what = f"{_compile._describe(kernel, dict(items))} for {arch}"
     assert cubin[:4] == b"\x7fELF", f"{what}: no cubin (got {len(cubin)} bytes)\n{log}"
     assert f"Compiling entry function '{kernel}' for '{arch}'" in log, f"{what}: {log}"
+    if kernel == "gda_chunk_fwd":       # and its state pass, checked with it (usage: the worse)
+        assert f"Compiling entry function 'gda_chunk_state' for '{arch}'" in log, f"{what}: {log}"
     assert "warning" not in log.lower(), f"{what}: compiler warnings\n{log}"
     usage = {k: res[k] for k in ("registers", "stack", "spill_stores", "spill_loads")}
     assert None not in usage.values(), f"{what}: no ptxas resource line in the log\n{log}"

@@ -114,18 +114,23 @@ def test_recurrent_tiles_all_dims():
     assert not bad, f"{len(bad)} violations, first: " + "; ".join(bad[:10])
 
 
-# N*H sequence-heads: gda_chunk_fwd narrows its value tiles when the grid is small (132 SMs)
+# N*H sequence-heads: gda_chunk_fwd splits the sequences into segments, then narrows its value
+# tiles, when the grid is small (132 SMs); mean sequence lengths L and element sizes bound the
+# segments
 NHS = (1, 8, 98, 99, 264, 4096)
+LENS = ((1, 4), (64, 4), (200, 2), (2048, 4), (2048, 2), (65536, 4))
 # (SM count, opt-in shared memory): H100/H200, A100, sm_86/89
 DEVICES = ((132, 227 * 1024), (108, 163 * 1024), (84, 99 * 1024))
 
 
-def _chunk_violations(K, V, NH, sms, smem_max):
-    BV = _gpu.chunk_tiles(K, V, NH, sms, smem_max)
-    where = f"K={K} V={V} NH={NH} smem_max={smem_max} BV={BV}"
-    if BV is None:
+def _chunk_violations(K, V, NH, L, itemsize, sms, smem_max):
+    split = _gpu.chunk_split(K, V, NH, L, itemsize, sms, smem_max)
+    where = f"K={K} V={V} NH={NH} L={L} itemsize={itemsize} smem_max={smem_max} split={split}"
+    if split is None:
         return [] if K > _dispatch.CHUNK_MAX_K or _gpu.chunk_smem(K, 8) > smem_max else [
             f"{where}: refused although BV=8 fits"]
+    BV, P = split
+    NV = -(-V // BV)
     bad = []
     if BV % 8 or not 8 <= BV <= 64:
         bad.append("BV is not a multiple of 8 in 8..64")
@@ -133,24 +138,36 @@ def _chunk_violations(K, V, NH, sms, smem_max):
         bad.append("BV is wider than V rounded up to 8")
     if _gpu.chunk_smem(K, BV) > smem_max:
         bad.append(f"shared memory {_gpu.chunk_smem(K, BV)} bytes > {smem_max}")
+    if P < 1 or (P > 1 and -(-L // 64) < P * _gpu.SEGMENT_CHUNKS):
+        bad.append(f"P={P} segments of {-(-L // 64)} chunks")
+    if (P - 1) * (K * V + K) * 4 > L * K * itemsize:
+        bad.append("the workspace is larger than q")
+    if P > 1 and NH * -(-V // 64) * P > sms:
+        bad.append(f"segments make more than one block per SM at BV=64")
+    if P > 1 and BV < min(64, -(-V // 8) * 8) and NH * NV * P // 2 >= 0.75 * sms:
+        bad.append("value tiles narrowed although the segments fill the GPU")
     return [f"{where}: {b}" for b in bad]
 
 
 @pytest.mark.parametrize("sms, smem_max", [pytest.param(*d, id=f"SM{d[0]}") for d in DEVICES])
 @pytest.mark.parametrize("NH", [pytest.param(nh, id=f"NH{nh}") for nh in NHS])
-def test_chunk_tiles_all_dims(NH, sms, smem_max):
-    bad = [b for K in DIMS for V in DIMS for b in _chunk_violations(K, V, NH, sms, smem_max)]
+def test_chunk_split_all_dims(NH, sms, smem_max):
+    bad = [b for K in DIMS for V in DIMS for L, size in LENS
+           for b in _chunk_violations(K, V, NH, L, size, sms, smem_max)]
     assert not bad, f"{len(bad)} violations, first: " + "; ".join(bad[:10])
 
 
-@pytest.mark.parametrize("K, V, NH, want", [
-    pytest.param(128, 128, 128, 64, id="big128"),
-    pytest.param(64, 64, 32, 16, id="gla64-few-heads"),
-    pytest.param(24, 24, 128, 24, id="long24"),
-    pytest.param(128, 256, 8, 16, id="K128-V256-NH8"),
+@pytest.mark.parametrize("K, V, NH, L, want", [
+    pytest.param(128, 128, 128, 4096, (64, 1), id="big128"),
+    pytest.param(64, 64, 32, 2048, (64, 4), id="gla64-segments"),
+    pytest.param(64, 64, 32, 128, (16, 1), id="gla64-T128-narrower"),
+    pytest.param(24, 24, 128, 4096, (24, 1), id="long24"),
+    pytest.param(128, 128, 16, 65536, (64, 4), id="tsweep-B1-H16"),
+    pytest.param(128, 256, 8, 64, (16, 1), id="K128-V256-NH8-one-chunk"),
+    pytest.param(128, 256, 8, 1024, (64, 4), id="K128-V256-NH8-T1024"),
 ])
-def test_chunk_tiles_h200(K, V, NH, want):
-    assert _gpu.chunk_tiles(K, V, NH) == want
+def test_chunk_split_h200(K, V, NH, L, want):
+    assert _gpu.chunk_split(K, V, NH, L) == want
 
 
 def test_chunk_smem_mirrors_the_kernel_layout():
