@@ -81,6 +81,7 @@ def chunk_split(K, V, NH, L, itemsize=4, sms=132, smem_max=227 * 1024):
     fits = [b for b in CHUNK_BVS if chunk_smem(K, b) <= smem_max]
     if not fits:
         return None
+    L = int(L)
     BV = min(fits[0], _round_up(V, 8))
     blocks = NH * -(-V // BV)
     P = max(1, min(sms // blocks, -(-L // 64) // SEGMENT_CHUNKS, 1 + L * itemsize // (4 * (V + 1))))

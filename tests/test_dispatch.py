@@ -118,7 +118,7 @@ def test_recurrent_tiles_all_dims():
 # tiles, when the grid is small (132 SMs); mean sequence lengths L and element sizes bound the
 # segments
 NHS = (1, 8, 98, 99, 264, 4096)
-LENS = ((1, 4), (64, 4), (200, 2), (2048, 4), (2048, 2), (65536, 4))
+LENS = ((1, 4), (64, 4), (200, 2), (1537.5, 4), (2048, 4), (2048, 2), (65536, 4))   # varlen: a mean
 # (SM count, opt-in shared memory): H100/H200, A100, sm_86/89
 DEVICES = ((132, 227 * 1024), (108, 163 * 1024), (84, 99 * 1024))
 
@@ -131,7 +131,8 @@ def _chunk_violations(K, V, NH, L, itemsize, sms, smem_max):
             f"{where}: refused although BV=8 fits"]
     BV, P = split
     NV = -(-V // BV)
-    bad = []
+    bad = [] if type(BV) is int and type(P) is int else ["BV and P are not ints"]
+    L = int(L)
     if BV % 8 or not 8 <= BV <= 64:
         bad.append("BV is not a multiple of 8 in 8..64")
     if BV > -(-V // 8) * 8:
