@@ -337,6 +337,8 @@ template <int PAR>
 __device__ __forceinline__ void gda_diag(const float* b_q, const float* b_k, const float* b_a,
                                          float* b_w, int r0, int lane) {
     float b_pr[KJ][BS];                         // running k_s prod_{s<r<=t} g_r, per column
+    float b_res[BS / 2];                        // the rows' sums, stored after the last row (a
+                                                //   store would hold the next row's loads back)
     #pragma unroll
     for (int t = PAR; t < BS; t += 2) {
         float b_part[BS];
@@ -367,9 +369,11 @@ __device__ __forceinline__ void gda_diag(const float* b_q, const float* b_k, con
         gda_halve<4, 8>(b_part, lane);
         gda_halve<2, 4>(b_part, lane);
         gda_halve<1, 2>(b_part, lane);
-        b_part[0] += __shfl_xor_sync(GDA_FULL_MASK, b_part[0], 1);
-        if ((lane & 1) == 0) b_w[(r0 + t) * WS + r0 + (lane >> 1)] = b_part[0];
+        b_res[t / 2] = b_part[0] + __shfl_xor_sync(GDA_FULL_MASK, b_part[0], 1);
     }
+    if ((lane & 1) == 0)
+        #pragma unroll
+        for (int t = PAR; t < BS; t += 2) b_w[(r0 + t) * WS + r0 + (lane >> 1)] = b_res[t / 2];
 }
 
 // The chunk loop of one block over segment i_p of its sequence (rows [s0, s1): P segments of
@@ -486,35 +490,49 @@ gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t*
 
         // 3. gate scans, one thread per column: from the end (threads 0..KP-1), from the start
         //    (threads NT/2 ..); both read the gates, they write disjoint tiles
+        //    A sub-block's 16 rows are loaded into registers before its first store: the stores
+        //    may alias the next loads for the compiler, which would otherwise wait on each load
         if (tid < KP) {
             const int kk = tid;
             float d = 1.f, e1 = 1.f, e2 = 1.f, e3 = 1.f;     // suffix products (to end, to anchors)
-            #pragma unroll 8
-            for (int s = BT - 1; s >= 0; --s) {
-                const float fk = b_k[s * KS + kk], fg = b_a[s * QS + kk];
-                b_k[s * KS + kk] = fk * d;
-                if constexpr (!STATE) {
-                    if (s < 16) b_ka[s * QS + kk] = fk * e1;
-                    if (s < 32) b_ka[(16 + s) * QS + kk] = fk * e2;
-                    if (s < 48) b_ka[(48 + s) * QS + kk] = fk * e3;
+            #pragma unroll
+            for (int sb = BT - BS; sb >= 0; sb -= BS) {
+                float fk[BS], fg[BS];
+                #pragma unroll
+                for (int i = 0; i < BS; ++i) { fk[i] = b_k[(sb + i) * KS + kk]; fg[i] = b_a[(sb + i) * QS + kk]; }
+                #pragma unroll
+                for (int i = BS - 1; i >= 0; --i) {
+                    const int s = sb + i;
+                    b_k[s * KS + kk] = fk[i] * d;
+                    if constexpr (!STATE) {
+                        if (s < 16) b_ka[s * QS + kk] = fk[i] * e1;
+                        if (s < 32) b_ka[(16 + s) * QS + kk] = fk[i] * e2;
+                        if (s < 48) b_ka[(48 + s) * QS + kk] = fk[i] * e3;
+                    }
+                    d *= fg[i];
+                    if (s < 16) e1 *= fg[i];
+                    if (s < 32) e2 *= fg[i];
+                    if (s < 48) e3 *= fg[i];
                 }
-                d *= fg;
-                if (s < 16) e1 *= fg;
-                if (s < 32) e2 *= fg;
-                if (s < 48) e3 *= fg;
             }
             b_e[kk] = d;
             dseg *= d;
         } else if (!STATE && tid >= NT / 2 && tid < NT / 2 + KP) {
             const int kk = tid - NT / 2;
-            float a = 1.f, p = 1.f;                           // prefix: chunk, sub-block
-            #pragma unroll 8
-            for (int t = 0; t < BT; ++t) {
-                const float fq = b_q[t * QS + kk], fg = b_a[t * QS + kk];
-                if (t % BS == 0) b_b[(t / BS) * KP + kk] = a;
-                a *= fg;
-                p = (t % BS == 0) ? fg : p * fg;
-                b_q[t * QS + kk] = fq * p;
+            float a = 1.f;                                    // prefix over the chunk
+            #pragma unroll
+            for (int tb = 0; tb < BT; tb += BS) {
+                float fq[BS], fg[BS];
+                #pragma unroll
+                for (int i = 0; i < BS; ++i) { fq[i] = b_q[(tb + i) * QS + kk]; fg[i] = b_a[(tb + i) * QS + kk]; }
+                b_b[(tb / BS) * KP + kk] = a;
+                float p = 1.f;                                // prefix inside the sub-block
+                #pragma unroll
+                for (int i = 0; i < BS; ++i) {
+                    p *= fg[i];
+                    b_q[(tb + i) * QS + kk] = fq[i] * p;
+                }
+                a *= p;
             }
         }
         __syncthreads();

@@ -28,10 +28,10 @@ def device_ms(fn, reps=20):
 
 def main():
     quick = "--quick" in sys.argv
-    Ts = (64, 128, 256, 512, 1024, 2048) if not quick else (128, 256, 512, 2048)
+    Ts = (64, 128, 256, 512, 1024, 2048, 4096) if not quick else (128, 256, 512, 1024, 2048)
     print(f"{'K':>4} {'B':>3} {'H':>3} {'T':>6} {'chunk ms':>9} {'recur ms':>9}  faster")
     for K in (24, 64, 128):
-        for B, H in ((1, 8), (4, 8), (4, 16), (8, 16)):
+        for B, H in ((1, 8), (1, 16), (4, 8), (4, 16), (8, 16)):
             for T in Ts:
                 q, k, v, g = inputs(B, T, H, K, K)
                 o = cupy.empty_like(v)
