@@ -9,8 +9,9 @@
 //   each one's S and gate product in a workspace; then gda_chunk_fwd's block for segment p starts
 //   from h0 carried through those of segments 0..p-1, so the sequence's chunks run P at a time. Every decay factor is a product of gates, never a quotient or a
 //   difference of logs, so gates of 0, tiny, negative or above 1 stay exact (fla's chunk mode
-//   divides). Sub-blocks of BS = 16 steps; the pair of warps w and w + 4 owns the output rows of
-//   sub-block w & 3, each warp half of the value columns. Numbered stages, as in
+//   divides). Sub-blocks of BS = 16 steps; the pair of warps i and 7 - i owns the output rows of
+//   sub-block i, each warp half of the value columns (warp w runs on scheduler w % 4, which so
+//   holds sub-blocks i and 3 - i: later sub-blocks have more stage-4 work). Numbered stages, as in
 //   benchmarks/chunk_exact.py:
 //   1. stage q, k, g, v of the chunk in shared memory as fp32 (rows past the sequence: gate 1,
 //      q = k = v = 0, which leaves S exactly unchanged).
@@ -73,7 +74,7 @@
 static_assert(K_DIM >= 1 && KP <= NT / 2, "K_DIM must be 1..128 (one scan thread per column and direction)");
 static_assert(BS == 16 && BT == 4 * BS, "stage 2's reduction and the anchors assume BS = 16, BT = 64");
 static_assert(BV <= BT, "o is staged in the rows of the scores tile");
-static_assert(NW == 2 * (BT / BS), "a pair of warps per sub-block (w & 3, w >> 2)");
+static_assert(NW == 2 * (BT / BS), "a pair of warps per sub-block ((w & 3) ^ 3 (w >> 2), w >> 2)");
 static_assert(BV % 8 == 0 && BV >= 8 && BV <= 64, "BV must be a multiple of 8, at most 64");
 
 #if SEQ_INT64
@@ -406,7 +407,8 @@ gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t*
     const long long i_n = i_b / NV / NP / H;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int lg = lane >> 2, lt = lane & 3;   // fragment row group, thread in group
-    const int i_s = w & 3, half = w >> 2;      // this warp's sub-block and value half (stage 2: row parity)
+    const int half = w >> 2;                   // this warp's value half (stage 2: row parity)
+    const int i_s = (w & 3) ^ (3 * half);      // and sub-block: 0 1 2 3 3 2 1 0
     const int r0 = BS * i_s;                   // the sub-block's first row
     const int nb = NTH * half;                 // this warp's first value tile
     const int nn = EVEN ? NTH : NTV - nb < NTH ? NTV - nb : NTH;   // and how many (0 only when NTV = 1)
