@@ -56,11 +56,19 @@ CHUNK_BVS = (64, 32, 16, 8)
 CHUNK_THREADS = 256      # gda_chunk_fwd's NT: 8 warps, a pair per sub-block
 
 
-def chunk_smem(K, BV):
-    """Dynamic shared memory bytes of gda_chunk_fwd (mirrors the kernel's SM_* layout)."""
+def chunk_smem(K, BV, dbuf=0):
+    """Dynamic shared memory bytes of gda_chunk_fwd (mirrors the kernel's SM_* layout; ``dbuf``:
+    two sets of staged q, g, k, v)."""
     KP = _round_up(K, 16)
     QS, KS, VS, WS, BT = KP + 4, KP + 8, BV + 8, 68, 64
-    return 4 * (2 * BT * QS + BT * KS + 96 * QS + BT * VS + KP * VS + BT * WS + 5 * KP)
+    return 4 * ((1 + dbuf) * (2 * BT * QS + BT * KS + BT * VS) + 96 * QS + KP * VS + BT * WS + 5 * KP)
+
+
+def chunk_dbuf(p, BV, smem_max):
+    """1 where gda_chunk_fwd double-buffers its staged inputs: the cp.async path (float32,
+    multiplicative gate, K and V multiples of 4) and room for two sets in ``smem_max`` bytes."""
+    return int(p.dtype == "float32" and p.g_dtype == "float32" and not p.log_gate
+               and p.K % 4 == 0 and p.V % 4 == 0 and chunk_smem(p.K, BV, 1) <= smem_max)
 
 
 SEGMENT_CHUNKS = 2       # gda_chunk_fwd's sequence segments: at least this many chunks each
@@ -118,9 +126,9 @@ def chunk_split_for(p):
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-def chunk_defines(p, seq_int64, BV):
+def chunk_defines(p, seq_int64, BV, dbuf=0):
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
-                LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BV=BV)
+                LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BV=BV, DBUF=dbuf)
 
 
 def step_defines(p, idx_int64, align):
@@ -237,8 +245,9 @@ class ChunkPlan(RecurrentPlan):
                              f"{device_limits()[1]}: use method='recurrent' or 'auto'")
         BV, P = self.split = split
         NV = -(-p.V // BV)
-        smem = chunk_smem(p.K, BV)
-        d = chunk_defines(p, seq_int64, BV)
+        dbuf = chunk_dbuf(p, BV, device_limits()[1])
+        smem = chunk_smem(p.K, BV, dbuf)
+        d = chunk_defines(p, seq_int64, BV, dbuf)
         sizes = (p.T, p.H, NV, P)
         fn = _compile.get_function("gda_chunk_fwd", d, smem)
         self._setup(p, fn, p.N * p.H * P * NV, CHUNK_THREADS, smem, 10, CHUNK_SCALARS, sizes)

@@ -71,11 +71,16 @@
 #ifndef ASYNC_COPY
 #define ASYNC_COPY 1                           // float32 inputs staged by cp.async
 #endif
+#define GDA_ASYNC (ASYNC_COPY && IO_DTYPE == 0 && G_DTYPE == 0 && !LOG_GATE && K_DIM % 4 == 0 && V_DIM % 4 == 0)
+#ifndef DBUF
+#define DBUF 0                                 // two sets of staged inputs: the next chunk's
+#endif                                         //   copies in flight during this one (cp.async)
 static_assert(K_DIM >= 1 && KP <= NT / 2, "K_DIM must be 1..128 (one scan thread per column and direction)");
 static_assert(BS == 16 && BT == 4 * BS, "stage 2's reduction and the anchors assume BS = 16, BT = 64");
 static_assert(BV <= BT, "o is staged in the rows of the scores tile");
 static_assert(NW == 2 * (BT / BS), "a pair of warps per sub-block ((w & 3) ^ 3 (w >> 2), w >> 2)");
 static_assert(BV % 8 == 0 && BV >= 8 && BV <= 64, "BV must be a multiple of 8, at most 64");
+static_assert(!DBUF || GDA_ASYNC, "DBUF needs the cp.async path (float32, multiplicative gate, K and V multiples of 4)");
 
 #if SEQ_INT64
 typedef long long seq_t;
@@ -83,14 +88,15 @@ typedef long long seq_t;
 typedef int seq_t;
 #endif
 
-// Shared memory layout (floats), in this order.
+// Shared memory layout (floats), in this order; with DBUF the set q, g, k, v twice.
 #define SM_Q 0                                 // [BT][QS]  q, then q*P
 #define SM_A (SM_Q + BT * QS)                  // [BT][QS]  g, then q*A
 #define SM_K (SM_A + BT * QS)                  // [BT][KS]  k, then k*D
-#define SM_KA (SM_K + BT * KS)                 // [96][QS]  kA for anchors 16 (rows 0..15),
+#define SM_V (SM_K + BT * KS)                  // [BT][VS]
+#define SM_SET (SM_V + BT * VS)                // one set of staged inputs
+#define SM_KA (SM_SET * (1 + DBUF))            // [96][QS]  kA for anchors 16 (rows 0..15),
                                                //           32 (16..47), 48 (48..95)
-#define SM_V (SM_KA + 96 * QS)                 // [BT][VS]
-#define SM_S (SM_V + BT * VS)                  // [KP][VS]  S at the chunk start
+#define SM_S (SM_KA + 96 * QS)                 // [KP][VS]  S at the chunk start
 #define SM_W (SM_S + KP * VS)                  // [BT][WS]  scores of the sub-block rows
 #define SM_E (SM_W + BT * WS)                  // [KP]      A_end: the chunk's gate product
 #define SM_B (SM_E + KP)                       // [4][KP]   B_i: product of sub-blocks 0..i-1
@@ -277,7 +283,7 @@ __device__ __forceinline__ void gda_stage_v(const io::t* __restrict__ v, float* 
     }
 }
 
-#if ASYNC_COPY && IO_DTYPE == 0 && G_DTYPE == 0 && !LOG_GATE && K_DIM % 4 == 0 && V_DIM % 4 == 0
+#if GDA_ASYNC
 __device__ __forceinline__ void gda_cp16(float* dst, const float* src) {
     unsigned a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(dst));
@@ -285,7 +291,8 @@ __device__ __forceinline__ void gda_cp16(float* dst, const float* src) {
 }
 
 // Stage 1 for float32 q (when Q), k, g (multiplicative) and v, 16-byte aligned: asynchronous
-// 16-byte copies, all in flight at once; rows t >= n and columns past V written directly (0, gate 1).
+// 16-byte copies, all in flight at once, committed as one group (the caller waits); rows t >= n
+// and columns past V written directly (0, gate 1).
 template <bool Q>
 __device__ __forceinline__ void gda_stage_async(const float* __restrict__ q, const float* __restrict__ k,
                                                 const float* __restrict__ g, const float* __restrict__ v,
@@ -313,7 +320,12 @@ __device__ __forceinline__ void gda_stage_async(const float* __restrict__ q, con
         if (t < n && c < nc) gda_cp16(b_v + t * VS + c, v + (r0 + t) * sv + colv + c);
         else *reinterpret_cast<float4*>(b_v + t * VS + c) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Wait until at most N groups of this thread's copies are in flight.
+template <int N> __device__ __forceinline__ void gda_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 #endif
 
@@ -391,11 +403,7 @@ gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t*
 {
     extern __shared__ float4 gda_smem[];
     float* const b_sm = reinterpret_cast<float*>(gda_smem);
-    float* const b_q = b_sm + SM_Q;
-    float* const b_a = b_sm + SM_A;
-    float* const b_k = b_sm + SM_K;
     float* const b_ka = b_sm + SM_KA;
-    float* const b_v = b_sm + SM_V;
     float* const b_s = b_sm + SM_S;
     float* const b_w = b_sm + SM_W;
     float* const b_e = b_sm + SM_E;
@@ -441,9 +449,11 @@ gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t*
     // padding columns K_DIM..KP-1: q = k = 0 (the gate there is never used but must be finite);
     // stage 1 writes only the first K_DIM columns, and stage 3 keeps these at 0
 #if KP > K_DIM
-    for (int e = tid; e < BT * (KP - K_DIM); e += NT) {
-        const int t = e / (KP - K_DIM), kk = K_DIM + e % (KP - K_DIM);
-        b_q[t * QS + kk] = 0.f; b_k[t * KS + kk] = 0.f; b_a[t * QS + kk] = 1.f;
+    for (int e = tid; e < (1 + DBUF) * BT * (KP - K_DIM); e += NT) {
+        const int set = e / (BT * (KP - K_DIM)) * SM_SET, r = e % (BT * (KP - K_DIM));
+        const int t = r / (KP - K_DIM), kk = K_DIM + r % (KP - K_DIM);
+        b_sm[set + SM_Q + t * QS + kk] = 0.f; b_sm[set + SM_K + t * KS + kk] = 0.f;
+        b_sm[set + SM_A + t * QS + kk] = 1.f;
     }
 #endif
     const bool vec_qkg = gda_aligned<io::t>(q) && gda_aligned<io::t>(k) && gda_aligned<gt::t>(g);
@@ -455,14 +465,36 @@ gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t*
 #define GDA_PROF(i) do { } while (0)
 #endif
 
+    // this chunk's set of staged inputs: DBUF alternates between two, the next chunk's copies
+    // going to the other one while this one is computed
+    int set = 0;
+#if GDA_ASYNC
+    const long long colk = (long long)i_h * K_DIM, colv = (long long)i_h * V_DIM + v0;
+    auto copy_chunk = [&](long long t1, int at) {
+        gda_stage_async<!STATE>(q, k, g, v, b_sm + at + SM_Q, b_sm + at + SM_K, b_sm + at + SM_A,
+                                b_sm + at + SM_V, bos + t1, s1 - t1, sk, sv, colk, colv, V_DIM - v0, tid);
+    };
+    if (DBUF && vec_qkg && vec_v && s0 < s1) copy_chunk(s0, 0);
+#endif
     for (long long t0 = s0; t0 < s1; t0 += BT) {
+        float* const b_q = b_sm + set + SM_Q;
+        float* const b_a = b_sm + set + SM_A;
+        float* const b_k = b_sm + set + SM_K;
+        float* const b_v = b_sm + set + SM_V;
         GDA_PROF(0);
         // 1. stage the chunk (16- or 8-byte loads where K, V and the pointers allow; up to LB
         //    loads of each tensor in flight per thread); S to shared memory
-#if ASYNC_COPY && IO_DTYPE == 0 && G_DTYPE == 0 && !LOG_GATE && K_DIM % 4 == 0 && V_DIM % 4 == 0
+#if GDA_ASYNC
         if (vec_qkg && vec_v) {                 // float32 as is: copies that bypass registers
-            gda_stage_async<!STATE>(q, k, g, v, b_q, b_k, b_a, b_v, bos + t0, s1 - t0, sk, sv,
-                            (long long)i_h * K_DIM, (long long)i_h * V_DIM + v0, V_DIM - v0, tid);
+            if (!DBUF) {
+                copy_chunk(t0, 0);
+                gda_cp_wait<0>();
+            } else if (t0 + BT < s1) {          // this chunk's copies were issued a chunk ago
+                copy_chunk(t0 + BT, SM_SET - set);
+                gda_cp_wait<1>();
+            } else {
+                gda_cp_wait<0>();
+            }
         } else
 #endif
         {
@@ -716,6 +748,7 @@ gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t*
         }
         __syncthreads();                        // this chunk's shared reads are done
         GDA_PROF(5);
+        if (DBUF) set = SM_SET - set;
     }
 #ifdef GDA_PROFILE
     if (blockIdx.x == 0 && tid == 0)

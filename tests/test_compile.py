@@ -74,8 +74,9 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16):
         if split is None:               # the launcher never runs it there (too little smem)
             return None
         BV = split[0]
-        defines = _gpu.chunk_defines(p, int64, BV)
-        where = f"-BV{BV}"
+        dbuf = _gpu.chunk_dbuf(p, BV, ARCH_LIMITS[arch][1])
+        defines = _gpu.chunk_defines(p, int64, BV, dbuf)
+        where = f"-BV{BV}" + ("-dbuf" if dbuf else "")
     else:
         defines = _gpu.step_defines(p, idx_int64=int64, align=align)
         where = "" if align == 16 else f"-align{align}"

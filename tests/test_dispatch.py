@@ -22,9 +22,16 @@ def _p(T=63, K=24, B=2, N=None, H=4):
     pytest.param(_p(T=4096, K=128, B=8, H=16), True, "chunk", id="gpu-big128"),
     pytest.param(_p(T=127, K=128, B=8, H=16), True, "recurrent", id="gpu-K128-below-T128"),
     pytest.param(_p(T=128, K=128, B=8, H=8), True, "chunk", id="gpu-K128-NH64-T128"),
-    pytest.param(_p(T=4096, K=128, B=1, H=16), True, "recurrent", id="gpu-K128-NH16"),
+    pytest.param(_p(T=4096, K=128, B=1, H=16), True, "chunk", id="gpu-K128-NH16-segments"),
+    pytest.param(_p(T=256, K=128, B=1, H=8), True, "recurrent", id="gpu-K128-NH8-T256"),
+    pytest.param(_p(T=512, K=128, B=1, H=8), True, "chunk", id="gpu-K128-NH8-T512"),
     pytest.param(_p(T=4096, K=129, B=8, H=16), True, "recurrent", id="gpu-K129"),
-    pytest.param(_p(T=2048, K=64, B=4, H=8), True, "recurrent", id="gpu-gla64-NH32"),
+    pytest.param(_p(T=2048, K=64, B=4, H=8), True, "chunk", id="gpu-gla64-NH32"),
+    pytest.param(_p(T=512, K=64, B=4, H=16), True, "recurrent", id="gpu-K64-NH64-T512"),
+    pytest.param(_p(T=1024, K=64, B=4, H=16), True, "chunk", id="gpu-K64-NH64-T1024"),
+    pytest.param(_p(T=2048, K=24, B=1, H=8), True, "chunk", id="gpu-K24-NH8-T2048"),
+    pytest.param(_p(T=512, K=24, B=1, H=8), True, "recurrent", id="gpu-K24-NH8-T512"),
+    pytest.param(_p(T=2048, K=24, B=4, H=16), True, "recurrent", id="gpu-K24-NH64-T2048"),
     pytest.param(_p(T=2048, K=64, B=8, H=16), True, "chunk", id="gpu-K64-NH128"),
     pytest.param(_p(T=2048, K=32, B=8, H=16), True, "recurrent", id="gpu-K32-NH128"),
     pytest.param(_p(T=4096, K=128, B=1, N=64, H=16), True, "recurrent", id="gpu-varlen-short-segments"),
@@ -176,6 +183,24 @@ def test_chunk_smem_mirrors_the_kernel_layout():
     # scores [64][68], A_end [128], B_i [4][128] floats
     assert _gpu.chunk_smem(128, 64) == 4 * (2 * 64 * 132 + 64 * 136 + 96 * 132 + 64 * 72
                                             + 128 * 72 + 64 * 68 + 5 * 128)
+    # K = 64, BV = 64, two sets of q, g [64][68], k [64][72], v [64][72]
+    assert _gpu.chunk_smem(64, 64, 1) == 4 * (2 * (2 * 64 * 68 + 64 * 72 + 64 * 72) + 96 * 68
+                                              + 64 * 72 + 64 * 68 + 5 * 64)
+
+
+@pytest.mark.parametrize("K, V, dtype, log_gate, smem_max, want", [
+    pytest.param(64, 64, "float32", False, 227 * 1024, 1, id="gla64"),
+    pytest.param(128, 128, "float32", False, 227 * 1024, 0, id="K128-no-room"),
+    pytest.param(64, 64, "bfloat16", False, 227 * 1024, 0, id="bf16-no-cp.async"),
+    pytest.param(64, 64, "float32", True, 227 * 1024, 0, id="log-gate"),
+    pytest.param(64, 66, "float32", False, 227 * 1024, 0, id="V-not-multiple-of-4"),
+    pytest.param(64, 64, "float32", False, 163 * 1024, 0, id="A100"),
+])
+def test_chunk_double_buffer(K, V, dtype, log_gate, smem_max, want):
+    p = Problem(B=1, T=64, H=1, K=K, V=V, N=1, dtype=dtype, g_dtype="float32" if dtype == "float32"
+                else dtype, log_gate=log_gate)
+    assert _gpu.chunk_dbuf(p, 64, smem_max) == want
+    assert _gpu.chunk_smem(K, 64, want) <= smem_max
 
 
 def _step_violations(K, V, align):
