@@ -7,9 +7,9 @@
 //   chunks of its segment, the state S [KP, BV] in shared memory (fp32). With P > 1 segments,
 //   gda_chunk_state first runs segments 0..P-2 from S = 0 (stages 1, 3 and 5 only) and leaves
 //   each one's S and gate product in a workspace; then gda_chunk_fwd's block for segment p starts
-//   from h0 carried through those of segments 0..p-1, so the sequence's chunks run P at a time. Every decay factor is a product of gates, never a quotient or a
-//   difference of logs, so gates of 0, tiny, negative or above 1 stay exact (fla's chunk mode
-//   divides). Sub-blocks of BS = 16 steps; the pair of warps i and 7 - i owns the output rows of
+//   from h0 carried through those of segments 0..p-1, so the sequence's chunks run P at a time.
+//   Every decay factor is a product of gates, never a quotient or a difference of logs, so gates
+//   of 0, tiny, negative or above 1 stay exact (fla's chunk mode divides). Sub-blocks of BS = 16 steps; the pair of warps i and 7 - i owns the output rows of
 //   sub-block i, each warp half of the value columns (warp w runs on scheduler w % 4, which so
 //   holds sub-blocks i and 3 - i: later sub-blocks have more stage-4 work). Numbered stages, as in
 //   benchmarks/chunk_exact.py:
@@ -30,9 +30,10 @@
 //      memory for coalesced 16-byte stores.
 //   5. state: S = diag(A_end) S + (k*D)^T v (tensor cores), in place in shared memory; each
 //      warp one value half of MR row tiles of 16.
-// float32 inputs with a multiplicative gate go straight to shared memory by cp.async; others
-//   through registers (converted, exp of log gates). -DGDA_PROFILE prints block 0's cycles per
-//   stage (scripts/profile_chunk.py).
+// float32 inputs with a multiplicative gate go straight to shared memory by cp.async (with
+//   DBUF, into the other of two sets while this chunk is computed); others through registers
+//   (converted, exp of log gates). -DGDA_PROFILE prints block 0's cycles per stage
+//   (scripts/profile_chunk.py).
 // Precision: every matmul is 3xTF32 (a = hi + lo, a*b ~ hi*hi + hi*lo + lo*hi, fp32
 //   accumulation), which keeps float32 accuracy; no plain TF32 anywhere.
 // Sequences: rows [bos, eos) of the [B*T, H, *] tensors; cu_seqlens (varlen, B = 1, offsets
@@ -41,7 +42,7 @@
 //   before gda_chunk_fwd reads it.
 //
 // Required defines: K_DIM (1..128), V_DIM (1..256), IO_DTYPE, G_DTYPE, LOG_GATE, SEQ_INT64.
-//   Tunable: BV (a multiple of 8, at most 64), NG, ASYNC_COPY.
+//   Tunable: BV (a multiple of 8, at most 64), NG, ASYNC_COPY, DBUF (cp.async path only).
 // Reference: cupy_gda.reference.gated_attention_ref (and gated_attention_chunked, the same
 //   stages in NumPy).
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64)
@@ -483,7 +484,7 @@ gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t*
         float* const b_v = b_sm + set + SM_V;
         GDA_PROF(0);
         // 1. stage the chunk (16- or 8-byte loads where K, V and the pointers allow; up to LB
-        //    loads of each tensor in flight per thread); S to shared memory
+        //    loads of each tensor in flight per thread)
 #if GDA_ASYNC
         if (vec_qkg && vec_v) {                 // float32 as is: copies that bypass registers
             if (!DBUF) {
