@@ -87,9 +87,10 @@ def compile_cubin(kernel, defines, arch="sm_90"):
     file's entry points), functions (entry name -> its own such dict) and the log."""
     from cupy_backends.cuda.libs import nvrtc
     opts = list(OPTIONS) + [f"--gpu-architecture={arch}", "--ptxas-options=-v"]
-    # a unique last line: a compile cache keyed by the text must not hand back a binary without
-    # the ptxas report (seen on the H200 machine: an empty log on the second run of the same text)
-    text = source(kernel, defines) + f"\n// offline compile {time.time_ns()}\n"
+    # a unique device variable, so that the PTX differs too: a cache of ptxas results keyed by
+    # the PTX hands back a binary without the ptxas report (seen on the H200 machine: empty logs
+    # when the same kernels were compiled a second time, even with a unique comment line)
+    text = source(kernel, defines) + f"\n__device__ int gda_offline_compile_{time.time_ns()} = 1;\n"
     prog = nvrtc.createProgram(text, f"{kernel}.cu", [], [])
     try:
         try:
