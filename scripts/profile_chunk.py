@@ -18,25 +18,20 @@ SHAPES = [((8, 4096, 16, 128, 128), "float32"), ((8, 4096, 16, 128, 128), "bfloa
 
 
 def launch_variant(shp, dt, arrays, build, split=None):
-    """One call of the gda_chunk_fwd (after gda_chunk_state when the split has P > 1 segments)
-    that ``build(defines, smem, entry)`` returns (a RawKernel per entry point), with the defines,
-    sizes and split that ChunkPlan picks for shape ``shp`` (B, T, H, K, V) on this device, or
-    ``split`` (BV, P); ``arrays``: q, k, v, g, o."""
+    """One call of the ChunkPlan for shape ``shp`` (B, T, H, K, V) on this device (or with
+    ``split`` (BV, P)), its entry points swapped for the RawKernels that ``build(defines, smem,
+    entry)`` returns from the plan's defines; ``arrays``: q, k, v, g, o."""
     B, T, H, K, V = shp
     p = _checks.Problem(B=B, T=T, H=H, K=K, V=V, N=B, dtype=dt, g_dtype="float32", log_gate=False)
     pl = _gpu.ChunkPlan(p, False, split)
-    BV, P = pl.split
-    d = _gpu.chunk_defines(p, False, BV)
-    ws = cupy.empty(sum(pl.ws_sizes), cupy.float32) if pl.ws_sizes else None
-    wp = (ws.data.ptr, ws.data.ptr + 4 * pl.ws_sizes[0]) if ws is not None else (0, 0)
-    ptrs = tuple(x.data.ptr for x in arrays) + (0, 0, 0) + wp
-    sizes = (T, H, -(-V // BV), P)
-    if P > 1:
-        fs = build(d, pl.smem, "gda_chunk_state")
-        _gpu.Launch(fs, pl.state_launch.grid, _gpu.CHUNK_THREADS, pl.smem, 10, _gpu.CHUNK_SCALARS,
-                    sizes)(ptrs, 1.0)
-    fn = build(d, pl.smem, "gda_chunk_fwd")
-    _gpu.Launch(fn, pl.grid[0], _gpu.CHUNK_THREADS, pl.smem, 10, _gpu.CHUNK_SCALARS, sizes)(ptrs, 1.0)
+    BV = pl.split[0]
+    d = _gpu.chunk_defines(p, False, BV, _gpu.chunk_dbuf(p, BV, _gpu.device_limits()[1]))
+    for launch, entry in ((pl.launch, "gda_chunk_fwd"), (pl.state_launch, "gda_chunk_state")):
+        if launch is not None:
+            launch.fn = build(d, pl.smem, entry)
+            launch.ptr = launch.fn.kernel.ptr
+    q, k, v, g, o = arrays
+    pl(q, k, v, g, 1.0, None, None, False, o)
     cupy.cuda.Device().synchronize()
 
 
