@@ -11,17 +11,15 @@ METHODS = {
 
 CHUNK_MAX_K = 128       # gda_chunk_fwd: one scan thread per key column and direction (256 threads)
 
-# GPU crossovers of method="auto" (H200, scripts/crossover.py --quick with the v9 kernels; the
-# numbers are in docs/perf-notes.md, "Dispatch table"): rows (K_min, NH_min, NH_max, L_min) tried
-# in order; the chunked kernel where K >= K_min, NH_min <= N*H <= NH_max (None: no bound) and the
-# mean sequence length is >= L_min; the recurrent kernel elsewhere. Few sequence-heads run the
-# chunked kernel in sequence segments (_gpu.chunk_split), so it wins there on long sequences.
+# GPU crossovers of method="auto" (H200, scripts/crossover.py --quick with the kernels of v10:
+# both families in sequence segments; the numbers are in docs/perf-notes.md, "Dispatch table"):
+# rows (K_min, NH_min, L_min) tried in order; the chunked kernel where K >= K_min, N*H >= NH_min
+# and the mean sequence length is >= L_min; the recurrent kernel elsewhere, so always at K <= 32.
 CHUNK_FROM = (
-    (65, 32, None, 128),     # K 65..128, N*H >= 32: 1.3-2.8x faster at every T measured
-    (33, 128, None, 128),    # K 33..128, N*H >= 128: 1.3-1.9x
-    (33, 1, None, 1024),     # K 33..128, T >= 1024: 1.07-2.7x
-    (33, 1, 32, 512),        # K 33..128, N*H <= 32, T >= 512: 1.05-1.2x
-    (1, 1, 32, 1024),        # any K, N*H <= 32, T >= 1024: 1.04-2.2x (K = 24 measured)
+    (65, 32, 128),      # K 65..128, N*H >= 32: 1.6-2.9x faster at every T measured
+    (33, 64, 128),      # K 33..128, N*H >= 64: 1.1-2.2x
+    (33, 16, 256),      # K 33..128, N*H >= 16, T >= 256: 1.0-1.2x
+    (33, 1, 512),       # K 33..128, T >= 512: 1.3-2.5x
 )
 
 
@@ -38,8 +36,8 @@ def pick(fn, method, p, gpu):
         if not gpu:
             return "chunk"
         nh, L = p.N * p.H, mean_len(p)
-        wins = p.K <= CHUNK_MAX_K and any(p.K >= k0 and nh0 <= nh <= (nh1 or nh) and L >= l0
-                                          for k0, nh0, nh1, l0 in CHUNK_FROM)
+        wins = p.K <= CHUNK_MAX_K and any(p.K >= k0 and nh >= nh0 and L >= l0
+                                          for k0, nh0, l0 in CHUNK_FROM)
         return "chunk" if wins else "recurrent"
     if not isinstance(method, str) or method not in METHODS:
         names = ", ".join(repr(m) for m in ("auto", *METHODS))

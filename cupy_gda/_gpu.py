@@ -46,6 +46,28 @@ def recurrent_tiles(K, V):
     return R, KT, BV, TC
 
 
+SEGMENT_STEPS = 64       # gda_recurrent_fwd's sequence segments: at least this many steps each
+RECURRENT_WARPS = 12     # and blocks of at most this many warps a SM in all (at least one block)
+
+
+def recurrent_split(K, V, NH, L, itemsize=4, sms=132):
+    """P, the sequence segments of gda_recurrent_fwd (scripts/sweep_recurrent_split.py, H200).
+
+    A block's time is the latency of its dependent steps, so where the grid (N*H*V/BV blocks)
+    leaves the SMs idle, each sequence runs in P segments at once after a state pass over the
+    first P - 1 (S and gate products only). As many as make max(1, RECURRENT_WARPS // warps a
+    block) blocks a SM (more only queue behind each other), with at least SEGMENT_STEPS steps of
+    the mean length ``L`` each and a workspace, (P - 1) K (V + 1) floats per sequence-head, no
+    larger than q (``itemsize`` bytes an element). Never 2: two segments run as many dependent
+    steps as one (half in the state pass, half in the full pass), plus a launch."""
+    R, KT, BV, TC = recurrent_tiles(K, V)
+    blocks = NH * -(-V // BV)
+    per_sm = max(1, RECURRENT_WARPS // (KT * BV // 32))
+    P = min(per_sm * sms // max(blocks, 1), int(L) // SEGMENT_STEPS,
+            1 + int(L) * itemsize // (4 * (V + 1)))
+    return P if P >= 3 else 1
+
+
 def recurrent_smem(K, R, KT, BV, TC):
     """Dynamic shared memory bytes of gda_recurrent_fwd (mirrors the kernel's layout)."""
     KP = _round_up(K, R * KT)
@@ -116,6 +138,12 @@ def recurrent_defines(p, seq_int64):
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), R=R, KT=KT, BV=BV, TC=TC,
                 UNROLL=UNROLL)
+
+
+def recurrent_split_for(p):
+    """recurrent_split for Problem ``p`` on the current device."""
+    return recurrent_split(p.K, p.V, p.N * p.H, _dispatch.mean_len(p), _ITEMSIZE[p.dtype],
+                           device_limits()[0])
 
 
 def chunk_split_for(p):
@@ -196,29 +224,31 @@ class Launch:
                          ctypes.addressof(self.params), 0)
 
 
-# the kernels' scalar parameters after their pointers: T, H, NV, scale after q, k, v, g, o, h0,
-# ht, cu_seqlens (gda_recurrent_fwd); T, H, NV, P, scale after those and ws_s, ws_d
-# (gda_chunk_fwd, gda_chunk_state); H, N, NV, scale after q, k, v, g, o, state, state_indices
-# (gda_step)
-FWD_SCALARS = (ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_float)
-CHUNK_SCALARS = (ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_float)
+# the kernels' scalar parameters after their pointers: T, H, NV, P, scale after q, k, v, g, o,
+# h0, ht, cu_seqlens, ws_s, ws_d (gda_recurrent_fwd and gda_chunk_fwd, and their state passes);
+# H, N, NV, scale after q, k, v, g, o, state, state_indices (gda_step)
+FWD_SCALARS = (ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_float)
 STEP_SCALARS = (ctypes.c_int32, ctypes.c_int64, ctypes.c_int32, ctypes.c_float)
 
 
-class RecurrentPlan:
-    """gda_recurrent_fwd compiled and sized for one Problem on the current device: calling it
-    costs one allocation per output and one launch."""
+class _SegmentedPlan:
+    """A forward kernel family in P sequence segments: with P > 1 a call allocates the workspace
+    ((P - 1)(K V + K) floats a sequence-head) and launches the state pass first, on the same
+    stream; with P = 1, one launch."""
 
-    def __init__(self, p, seq_int64):
-        d = recurrent_defines(p, seq_int64)
-        NV = -(-p.V // d["BV"])
-        smem = recurrent_smem(p.K, d["R"], d["KT"], d["BV"], d["TC"])
-        fn = _compile.get_function("gda_recurrent_fwd", d, smem)
-        self._setup(p, fn, p.N * p.H * NV, d["KT"] * d["BV"], smem, 8, FWD_SCALARS, (p.T, p.H, NV))
-
-    def _setup(self, p, fn, blocks, threads, smem, npointers, types, sizes):
-        self.grid, self.block, self.smem = (blocks,), (threads,), smem
-        self.launch = Launch(fn, blocks, threads, smem, npointers, types, sizes)
+    def _setup(self, p, kernel, defines, smem, NV, P, threads):
+        self.defines, self.smem, self.P = defines, smem, P
+        self.grid, self.block = (p.N * p.H * P * NV,), (threads,)
+        sizes = (p.T, p.H, NV, P)
+        fn = _compile.get_function(kernel, defines, smem)
+        self.launch = Launch(fn, self.grid[0], threads, smem, 10, FWD_SCALARS, sizes)
+        self.state_launch = self.ws_sizes = None
+        if P > 1:
+            state = kernel.replace("_fwd", "_state")
+            fs = _compile.get_function(kernel, defines, smem, entry=state)
+            self.state_launch = Launch(fs, p.N * p.H * (P - 1) * NV, threads, smem, 10,
+                                       FWD_SCALARS, sizes)
+            self.ws_sizes = (p.N * p.H * (P - 1) * p.K * p.V, p.N * p.H * (P - 1) * p.K)
         self.o_shape, self.o_dtype = (p.B, p.T, p.H, p.V), _np_dtype(p.dtype)
         self.ht_shape = (p.N, p.H, p.K, p.V)
 
@@ -227,15 +257,35 @@ class RecurrentPlan:
         o = out if out is not None else empty(self.o_shape, self.o_dtype)
         ht = empty(self.ht_shape, np.float32) if want_final else None
         if self.grid[0]:
-            self.launch((q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, o.data.ptr, _ptr(h0),
-                         _ptr(ht), _ptr(cu_seqlens)), scale)
+            ws = ws_s = ws_d = 0
+            if self.state_launch is not None:       # kept alive (ws) until both are queued
+                ws = empty((sum(self.ws_sizes),), np.float32)
+                ws_s = ws.data.ptr
+                ws_d = ws_s + 4 * self.ws_sizes[0]
+            ptrs = (q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, o.data.ptr, _ptr(h0), _ptr(ht),
+                    _ptr(cu_seqlens), ws_s, ws_d)
+            if ws_s:
+                self.state_launch(ptrs, scale)
+            self.launch(ptrs, scale)
         return o, ht
 
 
-class ChunkPlan(RecurrentPlan):
+class RecurrentPlan(_SegmentedPlan):
+    """gda_recurrent_fwd compiled and sized for one Problem on the current device: a call costs
+    one allocation per output (and the workspace) and one launch (two with segments).
+    ``segments`` (P) overrides recurrent_split's choice."""
+
+    def __init__(self, p, seq_int64, segments=None):
+        d = recurrent_defines(p, seq_int64)
+        P = segments or recurrent_split_for(p)
+        smem = recurrent_smem(p.K, d["R"], d["KT"], d["BV"], d["TC"])
+        self.split = (d["BV"], P)
+        self._setup(p, "gda_recurrent_fwd", d, smem, -(-p.V // d["BV"]), P, d["KT"] * d["BV"])
+
+
+class ChunkPlan(_SegmentedPlan):
     """gda_chunk_fwd compiled and sized for one Problem on the current device (K <= 128);
-    the same call as RecurrentPlan. ``split`` (BV, P) overrides chunk_split's choice. With P > 1
-    sequence segments a call allocates the workspace and launches gda_chunk_state first."""
+    the same call as RecurrentPlan. ``split`` (BV, P) overrides chunk_split's choice."""
 
     def __init__(self, p, seq_int64, split=None):
         split = split or chunk_split_for(p)
@@ -244,34 +294,10 @@ class ChunkPlan(RecurrentPlan):
                              f"of shared memory per block at K={p.K}; this GPU has "
                              f"{device_limits()[1]}: use method='recurrent' or 'auto'")
         BV, P = self.split = split
-        NV = -(-p.V // BV)
         dbuf = chunk_dbuf(p, BV, device_limits()[1])
-        smem = chunk_smem(p.K, BV, dbuf)
         d = chunk_defines(p, seq_int64, BV, dbuf)
-        sizes = (p.T, p.H, NV, P)
-        fn = _compile.get_function("gda_chunk_fwd", d, smem)
-        self._setup(p, fn, p.N * p.H * P * NV, CHUNK_THREADS, smem, 10, CHUNK_SCALARS, sizes)
-        self.state_launch = self.ws_sizes = None
-        if P > 1:
-            fs = _compile.get_function("gda_chunk_fwd", d, smem, entry="gda_chunk_state")
-            self.state_launch = Launch(fs, p.N * p.H * (P - 1) * NV, CHUNK_THREADS, smem, 10,
-                                       CHUNK_SCALARS, sizes)
-            self.ws_sizes = (p.N * p.H * (P - 1) * p.K * p.V, p.N * p.H * (P - 1) * p.K)
-
-    def __call__(self, q, k, v, g, scale, h0, cu_seqlens, want_final, out):
-        o = out if out is not None else empty(self.o_shape, self.o_dtype)
-        ht = empty(self.ht_shape, np.float32) if want_final else None
-        if self.grid[0]:
-            ws_s = ws_d = None
-            if self.state_launch is not None:
-                ws = empty((sum(self.ws_sizes),), np.float32)
-                ws_s, ws_d = ws, ws[self.ws_sizes[0]:]
-            ptrs = (q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, o.data.ptr, _ptr(h0), _ptr(ht),
-                    _ptr(cu_seqlens), _ptr(ws_s), _ptr(ws_d))
-            if ws_s is not None:
-                self.state_launch(ptrs, scale)
-            self.launch(ptrs, scale)
-        return o, ht
+        self._setup(p, "gda_chunk_fwd", d, chunk_smem(p.K, BV, dbuf), -(-p.V // BV), P,
+                    CHUNK_THREADS)
 
 
 class StepPlan:

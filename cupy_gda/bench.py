@@ -88,7 +88,9 @@ def _all_shapes():
          Shape("long24", 8, 4096, 16, 24, 24),
          Shape("big128", 8, 4096, 16, 128, 128),
          Shape("big128-bf16", 8, 4096, 16, 128, 128, dtype="bfloat16"),
-         Shape("decode", 64, 1, 32, 128, 128, step=True, host=True)]
+         Shape("decode", 64, 1, 32, 128, 128, step=True, host=True),
+         # one sequence, few heads (a prompt being served): the grid alone leaves SMs idle
+         Shape("few24", 1, 2048, 8, 24, 24), Shape("few64", 1, 512, 8, 64, 64)]
     s += [Shape(f"tsweep-{n}k", 1, n * 1024, 16, 128, 128) for n in (1, 2, 4, 8, 16, 32, 64)]
     return {x.name: x for x in s}
 

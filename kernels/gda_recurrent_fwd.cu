@@ -2,8 +2,15 @@
 //
 //   S_t = diag(g_t) S_{t-1} + k_t v_t^T,   o_t = scale * S_t^T q_t        (S: [K, V], fp32)
 //
-// Grid (1-D): one block per (sequence n, head h, tile of BV value columns), block id
-//   ((n * H) + h) * NV + iv. Block: BV columns x KT lanes, lane = c * KT + kt. The lane holds
+// Grid (1-D): one block per (sequence n, head h, segment p of the sequence, tile of BV value
+//   columns), block id (((n * H) + h) * P + p) * NV + iv. With P > 1 segments (few
+//   sequence-heads: the grid would leave SMs idle, and a block's time is its steps' latency),
+//   gda_recurrent_state first runs segments 0..P-2 from S = 0, S and the gate product only (no
+//   q, no o), and leaves each one's S and gate product in a workspace laid out as
+//   gda_chunk_fwd's; then gda_recurrent_fwd's block for segment p starts from h0 carried
+//   through segments 0..p-1 (S = diag(d_j) S + S_j: products, no division, so gates of 0,
+//   negative or above 1 stay exact). Two launches on one stream, no flags, no host syncs.
+//   Block: BV columns x KT lanes, lane = c * KT + kt. The lane holds
 //   S[k][v0 + c] in registers for the rows k = i_g*R*KT + R*kt + j (j < R, i_g < KG): R
 //   consecutive rows, so each step's q, k, g for them are single R*4-byte shared loads.
 //   R = 4 for large problems (fewest instructions per element); R = 1 or 2 where the problem
@@ -15,7 +22,8 @@
 //   sequence's end are padded with gate 1 and k = v = q = 0, which leaves S exactly unchanged;
 //   rows past K likewise stay 0.
 // Sequences: rows [bos, eos) of the [B*T, H, *] tensors; cu_seqlens (varlen, B = 1, offsets
-//   clamped to [0, T]) or bos = n*T.
+//   clamped to [0, T]) or bos = n*T. Segment p: rows [p*L, (p+1)*L) of its sequence, clamped,
+//   L = ceil(len / P) (the last ones may be short or empty).
 // Shared memory: (3*TC*KP + TC*BV) floats dynamic, TC*BV*(KT+1) floats static.
 //
 // Required defines: K_DIM, V_DIM (1..256), IO_DTYPE, G_DTYPE, LOG_GATE, SEQ_INT64 (cu_seqlens
@@ -68,11 +76,16 @@ typedef long long seq_t;
 typedef int seq_t;
 #endif
 
-extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
-gda_recurrent_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
-                  const io::t* __restrict__ v, const gt::t* __restrict__ g,
-                  io::t* __restrict__ o, const float* __restrict__ h0, float* __restrict__ ht,
-                  const seq_t* __restrict__ cu_seqlens, long long T, int H, int NV, float scale)
+// The time loop of one block over segment i_p of its sequence. STATE (gda_recurrent_state,
+// segments 0..P-2): S from 0 and the gate product only, written to ws_s, ws_d. Otherwise
+// (gda_recurrent_fwd): o, from S = h0 carried through the earlier segments' entries.
+template <bool STATE>
+__device__ __forceinline__ void
+gda_recurrent(const io::t* __restrict__ q, const io::t* __restrict__ k,
+              const io::t* __restrict__ v, const gt::t* __restrict__ g,
+              io::t* __restrict__ o, const float* __restrict__ h0, float* __restrict__ ht,
+              const seq_t* __restrict__ cu_seqlens, float* __restrict__ ws_s,
+              float* __restrict__ ws_d, long long T, int H, int NV, int P, float scale)
 {
     // The partial sums live in their own (static) array, so the compiler knows the stores to
     // them never alias the staged inputs and can hoist the next steps' loads above them.
@@ -84,13 +97,18 @@ gda_recurrent_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
     float* b_v = b_g + TC * KP;                          // [TC][BV]
 
     const long long i_b = blockIdx.x;
-    const int i_v = (int)(i_b % NV), i_h = (int)((i_b / NV) % H);
-    const long long i_n = i_b / NV / H;
+    const int NP = STATE ? P - 1 : P;          // segments in this grid
+    const int i_v = (int)(i_b % NV), i_p = (int)((i_b / NV) % NP), i_h = (int)((i_b / NV / NP) % H);
+    const long long i_n = i_b / NV / NP / H;
     const int tid = threadIdx.x, kt = tid % KT, c = tid / KT;
     const int v0 = i_v * BV;
     long long bos, eos;
     gda_seq_rows(cu_seqlens, i_n, T, bos, eos);
-    const long long len = eos - bos;
+    const long long cps = (eos - bos + P - 1) / P;                      // rows a segment
+    const long long s0 = min(eos - bos, i_p * cps), s1 = min(eos - bos, (i_p + 1) * cps);
+    bos += s0;                                                         // the segment's rows
+    const long long len = s1 - s0;
+    const long long w_0 = (i_n * H + i_h) * (P - 1);                   // workspace entry of segment 0
 
 #if KP > K_DIM
     for (int e = tid; e < TC * (KP - K_DIM); e += NT) {
@@ -99,13 +117,22 @@ gda_recurrent_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
     }
 #endif
 
-    float b_s[R * KG];
+    float b_s[R * KG], b_d[R * KG];            // S rows of this lane; their gate product (STATE)
     const long long o_s = ((i_n * H + i_h) * (long long)K_DIM) * V_DIM + v0 + c;
     const bool col = v0 + c < V_DIM;
     #pragma unroll
     for (int i = 0; i < R * KG; ++i) {
         const int kk = (i / R) * R * KT + R * kt + i % R;
-        b_s[i] = (h0 && kk < K_DIM && col) ? h0[o_s + (long long)kk * V_DIM] : 0.f;
+        float s = 0.f;
+        if (!STATE && kk < K_DIM && col) {
+            if (h0) s = h0[o_s + (long long)kk * V_DIM];
+            for (int j = 0; j < i_p; ++j) {
+                const long long wj = (w_0 + j) * K_DIM + kk;
+                s = fmaf(ws_d[wj], s, ws_s[wj * V_DIM + v0 + c]);
+            }
+        }
+        b_s[i] = s;
+        b_d[i] = 1.f;
     }
 
     // register prefetch of one chunk; row stride of q/k/g is H*K, of v/o H*V
@@ -118,7 +145,8 @@ gda_recurrent_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
             const int e = tid + j * NT, t = e / K_DIM, kk = e % K_DIM;
             if (e < TC * K_DIM && t0 + t < len) {
                 const long long off = (bos + t0 + t) * sk + (long long)i_h * K_DIM + kk;
-                r_q[j] = q[off]; r_k[j] = k[off]; r_g[j] = g[off];
+                if (!STATE) r_q[j] = q[off];
+                r_k[j] = k[off]; r_g[j] = g[off];
             }
         }
         #pragma unroll
@@ -134,7 +162,7 @@ gda_recurrent_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
             const int e = tid + j * NT, t = e / K_DIM, kk = e % K_DIM;
             if (e < TC * K_DIM) {
                 const bool m = t0 + t < len;
-                b_q[t * KP + kk] = m ? io::load(r_q[j]) : 0.f;
+                if (!STATE) b_q[t * KP + kk] = m ? io::load(r_q[j]) : 0.f;
                 b_k[t * KP + kk] = m ? io::load(r_k[j]) : 0.f;
                 b_g[t * KP + kk] = m ? gda_gate(r_g[j]) : 1.f;
             }
@@ -160,18 +188,20 @@ gda_recurrent_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
             for (int i_g = 0; i_g < KG; ++i_g) {
                 const int kk = i_g * R * KT + R * kt;
                 gda_lane_rows b_qt, b_kt, b_gt;
-                b_qt.v = *reinterpret_cast<const gda_rows<R>::t*>(b_q + t * KP + kk);
+                if (!STATE) b_qt.v = *reinterpret_cast<const gda_rows<R>::t*>(b_q + t * KP + kk);
                 b_kt.v = *reinterpret_cast<const gda_rows<R>::t*>(b_k + t * KP + kk);
                 b_gt.v = *reinterpret_cast<const gda_rows<R>::t*>(b_g + t * KP + kk);
                 #pragma unroll
                 for (int j = 0; j < R; ++j) {
                     float& s = b_s[R * i_g + j];
                     s = fmaf(b_gt.f[j], s, b_kt.f[j] * b_vt);
-                    b_ot = fmaf(s, b_qt.f[j], b_ot);
+                    if constexpr (STATE) b_d[R * i_g + j] *= b_gt.f[j];
+                    else b_ot = fmaf(s, b_qt.f[j], b_ot);
                 }
             }
-            b_p[(t * BV + c) * KT1 + kt] = b_ot;
+            if (!STATE) b_p[(t * BV + c) * KT1 + kt] = b_ot;
         }
+        if constexpr (STATE) continue;          // no o: the next chunk's first barrier suffices
         __syncthreads();
         for (int e = tid; e < TC * BV; e += NT) {
             const int t = e / BV, cc = e % BV;
@@ -184,11 +214,36 @@ gda_recurrent_fwd(const io::t* __restrict__ q, const io::t* __restrict__ k,
         }
     }
 
-    if (ht) {
+    // the segment's S: to the workspace (state pass), or to ht (the last segment's full pass);
+    // the gate product from the lanes of column 0 of value tile 0
+    float* const dst = STATE ? ws_s + (w_0 + i_p) * K_DIM * V_DIM + v0 + c
+                             : ht && i_p == P - 1 ? ht + o_s : nullptr;
+    if (dst) {
         #pragma unroll
         for (int i = 0; i < R * KG; ++i) {
             const int kk = (i / R) * R * KT + R * kt + i % R;
-            if (kk < K_DIM && col) ht[o_s + (long long)kk * V_DIM] = b_s[i];
+            if (kk < K_DIM && col) dst[(long long)kk * V_DIM] = b_s[i];
+            if (STATE && kk < K_DIM && i_v == 0 && c == 0) ws_d[(w_0 + i_p) * K_DIM + kk] = b_d[i];
         }
     }
+}
+
+#define GDA_RECURRENT_PARAMS                                                                       \
+    const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t* __restrict__ v,       \
+    const gt::t* __restrict__ g, io::t* __restrict__ o, const float* __restrict__ h0,            \
+    float* __restrict__ ht, const seq_t* __restrict__ cu_seqlens, float* __restrict__ ws_s,      \
+    float* __restrict__ ws_d, long long T, int H, int NV, int P, float scale
+
+// Grid: one block per (sequence n, head h, segment p < P, value tile iv), block id
+// (((n * H) + h) * P + p) * NV + iv. With P = 1: the whole sequence, no workspace.
+extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) gda_recurrent_fwd(GDA_RECURRENT_PARAMS) {
+    gda_recurrent<false>(q, k, v, g, o, h0, ht, cu_seqlens, ws_s, ws_d, T, H, NV, P, scale);
+}
+
+// Grid: the same for the segments p < P - 1 (P >= 2), launched before gda_recurrent_fwd on the
+// same stream; q, o, h0 and ht are not read. At most 128 registers, as the full pass takes: its
+// gate products would otherwise cost it half its blocks a SM.
+#define STATE_BLOCKS (512 / NT > MIN_BLOCKS ? 512 / NT : MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(NT, STATE_BLOCKS) gda_recurrent_state(GDA_RECURRENT_PARAMS) {
+    gda_recurrent<true>(q, k, v, g, o, h0, ht, cu_seqlens, ws_s, ws_d, T, H, NV, P, scale);
 }

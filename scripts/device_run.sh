@@ -20,7 +20,7 @@ if [ "$phase" = "suite" ]; then
     timeout 90 cupy-gda verify > "$out/verify.txt" 2>&1; tail -1 "$out/verify.txt"
     exit 0
 fi
-shapes="seed,gla64,long24,big128,big128-bf16,decode"
+shapes="seed,gla64,long24,big128,big128-bf16,decode,few24,few64"
 if [ "$phase" = "fla" ]; then
     PYTHONPATH=.baselines timeout 540 cupy-gda bench --impl fla --fla-timeout 60 --shapes "$shapes" \
         --json "$out/bench-fla.json" > "$out/bench-fla.txt" 2>&1

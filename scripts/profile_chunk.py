@@ -24,11 +24,9 @@ def launch_variant(shp, dt, arrays, build, split=None):
     B, T, H, K, V = shp
     p = _checks.Problem(B=B, T=T, H=H, K=K, V=V, N=B, dtype=dt, g_dtype="float32", log_gate=False)
     pl = _gpu.ChunkPlan(p, False, split)
-    BV = pl.split[0]
-    d = _gpu.chunk_defines(p, False, BV, _gpu.chunk_dbuf(p, BV, _gpu.device_limits()[1]))
     for launch, entry in ((pl.launch, "gda_chunk_fwd"), (pl.state_launch, "gda_chunk_state")):
         if launch is not None:
-            launch.fn = build(d, pl.smem, entry)
+            launch.fn = build(pl.defines, pl.smem, entry)
             launch.ptr = launch.fn.kernel.ptr
     q, k, v, g, o = arrays
     pl(q, k, v, g, 1.0, None, None, False, o)

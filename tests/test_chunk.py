@@ -78,67 +78,6 @@ def test_auto_runs_chunk_on_long_sequences():
     assert plans == ["ChunkPlan"], plans
 
 
-# sequence segments (gda_chunk_state, then gda_chunk_fwd from the carried states), forced to
-# (BV, P): empty last segments, a chunk a segment, varlen sequences shorter than a segment,
-# every gate regime, half dtypes, narrower value tiles, no initial state
-SEGMENT_CASES = [
-    (Case(2, 1000, 2, 64, 64), (64, 2)), (Case(2, 1000, 2, 64, 64), (64, 5)),
-    (Case(1, 1024, 2, 64, 64), (64, 16)), (Case(2, 700, 3, 128, 128), (64, 3)),
-    (Case(2, 300, 2, 48, 7), (8, 3)), (Case(2, 520, 2, 64, 64), (16, 4)),
-    (Case(2, 600, 2, 17, 24, init=False), (24, 4)),
-    *((Case(2, 520, 2, 64, 64, gate=g), (64, 4)) for g in _verify.GATES if g != "logsig"),
-    (Case(2, 520, 2, 128, 64, gate="zeros", log=True), (64, 3)),
-    (Case(2, 520, 2, 128, 128, dtype="bfloat16", log=True), (64, 3)),
-    (Case(2, 520, 2, 64, 64, dtype="float16", gate="tiny"), (32, 4)),
-    (varlen_case((1, 17, 64, 300, 65, 0, 129, 700), K=64, V=64), (64, 3)),
-    (varlen_case((0, 640, 3), K=128, V=128, gate="zeros", dtype="bfloat16"), (64, 6)),
-]
-
-
-def _run_split(case, split, seed=7):
-    """The case through a ChunkPlan with a forced (BV, P), against the references."""
-    import cupy
-    from cupy_gda import _checks, _gpu
-    args = _verify.make_inputs(case, seed)
-    (o_ref, s_ref), (o_emu, s_emu) = _verify.references(case, args)
-    dev = {k: cupy.asarray(x) for k, x in args.items()}
-    gate, log_gate = dev.get("gate"), dev.get("log_gate")
-    h0, cu = dev.get("initial_state"), dev.get("cu_seqlens")
-    p = _checks.check_forward("t", dev["q"], dev["k"], dev["v"], gate, log_gate, h0, cu, cpu=False)
-    plan = _gpu.ChunkPlan(p, False, split)
-    g = gate if gate is not None else log_gate
-    o, s = plan(dev["q"], dev["k"], dev["v"], g, 1.0, h0, cu, True, None)
-    assert plan.split == split and (plan.state_launch is not None) == (split[1] > 1)
-    return [_verify.compare("o", cupy.asnumpy(o), o_ref, o_emu),
-            _verify.compare("state", cupy.asnumpy(s), s_ref, s_emu)]
-
-
-@pytest.mark.parametrize("case, split", [pytest.param(c, s, id=f"{c.id}-BV{s[0]}-P{s[1]}")
-                                         for c, s in SEGMENT_CASES])
-def test_segments_meet_accuracy_contract(case, split):
-    for r in _run_split(case, split):
-        assert r.ok, f"{case.id} {split} {r.name}: err {r.err:.3e} > bound {r.bound:.3e}"
-
-
-def test_auto_splits_few_long_sequences_into_segments():
-    """gla64-like: 32 sequence-heads of 2048 steps take segments on a GPU of 64+ SMs, with the
-    workspace of the state pass as the only extra memory, within the size of q."""
-    import cupy
-    from cupy_gda import _api, _gpu
-    args = _verify.make_inputs(Case(4, 2048, 8, 64, 64, init=False), seed=3)
-    dev = {k: cupy.asarray(v) for k, v in args.items()}
-    _api._FAST.clear()
-    o = cupy_gda.gated_attention(**dev, method="chunk")
-    (plan,) = _api._FAST.values()
-    BV, P = plan.split
-    if _gpu.device_limits()[0] >= 64:
-        assert P > 1 and plan.state_launch is not None, plan.split
-    assert sum(plan.ws_sizes or (0,)) * 4 <= dev["q"].nbytes
-    (o_ref, _), (o_emu, _) = _verify.references(Case(4, 2048, 8, 64, 64, init=False), args)
-    r = _verify.compare("o", cupy.asnumpy(o), o_ref, o_emu)
-    assert r.ok, f"err {r.err:.3e} > bound {r.bound:.3e}"
-
-
 @pytest.mark.parametrize("case", [
     pytest.param(Case(2, 300, 2, 64, 64), id="K64-double-buffered"),
     pytest.param(Case(2, 300, 2, 128, 64), id="K128"),

@@ -27,9 +27,14 @@ def _p(T=63, K=24, B=2, N=None, H=4):
     pytest.param(_p(T=512, K=128, B=1, H=8), True, "chunk", id="gpu-K128-NH8-T512"),
     pytest.param(_p(T=4096, K=129, B=8, H=16), True, "recurrent", id="gpu-K129"),
     pytest.param(_p(T=2048, K=64, B=4, H=8), True, "chunk", id="gpu-gla64-NH32"),
-    pytest.param(_p(T=512, K=64, B=4, H=16), True, "recurrent", id="gpu-K64-NH64-T512"),
+    pytest.param(_p(T=512, K=64, B=4, H=16), True, "chunk", id="gpu-K64-NH64-T512"),
+    pytest.param(_p(T=128, K=64, B=4, H=16), True, "chunk", id="gpu-K64-NH64-T128"),
+    pytest.param(_p(T=128, K=64, B=2, H=16), True, "recurrent", id="gpu-K64-NH32-T128"),
+    pytest.param(_p(T=256, K=64, B=1, H=16), True, "chunk", id="gpu-K64-NH16-T256"),
+    pytest.param(_p(T=256, K=64, B=1, H=8), True, "recurrent", id="gpu-K64-NH8-T256"),
     pytest.param(_p(T=1024, K=64, B=4, H=16), True, "chunk", id="gpu-K64-NH64-T1024"),
-    pytest.param(_p(T=2048, K=24, B=1, H=8), True, "chunk", id="gpu-K24-NH8-T2048"),
+    pytest.param(_p(T=2048, K=24, B=1, H=8), True, "recurrent", id="gpu-K24-NH8-T2048-segments"),
+    pytest.param(_p(T=65536, K=32, B=1, H=16), True, "recurrent", id="gpu-K32-NH16-T64K"),
     pytest.param(_p(T=512, K=24, B=1, H=8), True, "recurrent", id="gpu-K24-NH8-T512"),
     pytest.param(_p(T=2048, K=24, B=4, H=16), True, "recurrent", id="gpu-K24-NH64-T2048"),
     pytest.param(_p(T=2048, K=64, B=8, H=16), True, "chunk", id="gpu-K64-NH128"),
@@ -234,6 +239,46 @@ def test_step_uses_16_byte_accesses_where_allowed(V, want):
     assert _gpu.step_tiles(128, V, 16)[1] == want
 
 
+def _recurrent_split_violations(K, V, NH, L, itemsize, sms):
+    P = _gpu.recurrent_split(K, V, NH, L, itemsize, sms)
+    where = f"K={K} V={V} NH={NH} L={L} itemsize={itemsize} sms={sms} P={P}"
+    R, KT, BV, TC = _gpu.recurrent_tiles(K, V)
+    warps = NH * -(-V // BV) * KT * BV // 32
+    bad = [] if type(P) is int and P >= 1 else ["P is not an int >= 1"]
+    if P > 1 and int(L) < P * _gpu.SEGMENT_STEPS:
+        bad.append(f"segments shorter than {_gpu.SEGMENT_STEPS} steps")
+    if (P - 1) * (K * V + K) * 4 > int(L) * K * itemsize:
+        bad.append("the workspace is larger than q")
+    if P > 1 and warps * P > max(_gpu.RECURRENT_WARPS, KT * BV // 32) * sms:
+        bad.append(f"more than {_gpu.RECURRENT_WARPS} warps (or one block) a SM")
+    if P == 2:
+        bad.append("two segments")
+    return [f"{where}: {b}" for b in bad]
+
+
+@pytest.mark.parametrize("sms", [pytest.param(d[0], id=f"SM{d[0]}") for d in DEVICES])
+@pytest.mark.parametrize("NH", [pytest.param(nh, id=f"NH{nh}") for nh in NHS])
+def test_recurrent_split_all_dims(NH, sms):
+    bad = [b for K in DIMS for V in DIMS for L, size in LENS
+           for b in _recurrent_split_violations(K, V, NH, L, size, sms)]
+    assert not bad, f"{len(bad)} violations, first: " + "; ".join(bad[:10])
+
+
+@pytest.mark.parametrize("K, V, NH, L, want", [
+    pytest.param(24, 24, 8, 128, 1, id="seed-two-would-not-pay"),
+    pytest.param(24, 24, 8, 2048, 16, id="K24-NH8-T2048"),
+    pytest.param(24, 24, 4, 1000, 15, id="K24-NH4-T1000-by-length"),
+    pytest.param(24, 24, 32, 512, 4, id="K24-NH32-T512"),
+    pytest.param(64, 64, 8, 512, 4, id="K64-NH8-T512"),
+    pytest.param(24, 24, 128, 4096, 1, id="long24"),
+    pytest.param(64, 64, 32, 2048, 1, id="gla64-grid-full"),
+    pytest.param(128, 128, 4, 256, 1, id="K128-NH4-T256-two"),
+    pytest.param(24, 24, 1, 64, 1, id="one-segment-of-steps"),
+])
+def test_recurrent_split_h200(K, V, NH, L, want):
+    assert _gpu.recurrent_split(K, V, NH, L) == want
+
+
 @pytest.mark.parametrize("K, V", [
     pytest.param(24, 24, id="K24-V24"),
     pytest.param(32, 48, id="K32-V48"),
@@ -266,12 +311,12 @@ def test_launch_parameter_buffer():
     import ctypes
     import types
     fn = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=1234))
-    la = _gpu.Launch(fn, 7, 256, 1024, 8, _gpu.FWD_SCALARS, (4096, 16, 2))
-    la.ptrs[:] = tuple(range(1000, 1008))
+    la = _gpu.Launch(fn, 7, 256, 1024, 10, _gpu.FWD_SCALARS, (4096, 16, 2, 3))
+    la.ptrs[:] = tuple(range(1000, 1010))
     la.scalars[-1].value = 0.5
-    got = [ctypes.c_uint64.from_address(la.params[i]).value for i in range(8)]
-    got += [t.from_address(la.params[8 + i]).value for i, t in enumerate(_gpu.FWD_SCALARS)]
-    assert got == list(range(1000, 1008)) + [4096, 16, 2, 0.5]
+    got = [ctypes.c_uint64.from_address(la.params[i]).value for i in range(10)]
+    got += [t.from_address(la.params[10 + i]).value for i, t in enumerate(_gpu.FWD_SCALARS)]
+    assert got == list(range(1000, 1010)) + [4096, 16, 2, 3, 0.5]
     assert (la.ptr, la.grid, la.block, la.smem) == (1234, 7, 256, 1024)
     step = _gpu.Launch(fn, 1, 32, 0, 7, _gpu.STEP_SCALARS, (32, 64, 1))
     assert [t.from_address(step.params[7 + i]).value
