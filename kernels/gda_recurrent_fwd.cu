@@ -241,9 +241,10 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) gda_recurrent_fwd(G
 }
 
 // Grid: the same for the segments p < P - 1 (P >= 2), launched before gda_recurrent_fwd on the
-// same stream; q, o, h0 and ht are not read. At most 128 registers, as the full pass takes: its
-// gate products would otherwise cost it half its blocks a SM.
-#define STATE_BLOCKS (512 / NT > MIN_BLOCKS ? 512 / NT : MIN_BLOCKS)
+// same stream; q, o, h0 and ht are not read. At most 128 registers where a lane holds at most 4
+// rows, as the full pass takes there: its gate products would otherwise cost it half its blocks
+// a SM (with 8 rows, K > 128, the cap spills).
+#define STATE_BLOCKS (R * KG <= 4 && 512 / NT > MIN_BLOCKS ? 512 / NT : MIN_BLOCKS)
 extern "C" __global__ void __launch_bounds__(NT, STATE_BLOCKS) gda_recurrent_state(GDA_RECURRENT_PARAMS) {
     gda_recurrent<true>(q, k, v, g, o, h0, ht, cu_seqlens, ws_s, ws_d, T, H, NV, P, scale);
 }
