@@ -20,6 +20,19 @@ def inputs(B, T, H, K, V, dtype=cupy.float32):
     return q, k, v, g
 
 
+def sweep_shapes(shapes, names):
+    """For each of ``names`` (all of ``shapes`` if empty), a dict of ``shapes``: the name, its
+    (B, T, H, K, V), inputs() of it, its float32 Problem (for plans built with a forced split)
+    and the recurrent kernel's output (what every variant is compared with)."""
+    from cupy_gda import _checks
+    for name in names or list(shapes):
+        B, T, H, K, V = shapes[name]
+        p = _checks.Problem(B=B, T=T, H=H, K=K, V=V, N=B, dtype="float32", g_dtype="float32",
+                            log_gate=False)
+        q, k, v, g = inputs(B, T, H, K, V)
+        yield name, shapes[name], (q, k, v, g), p, cupy_gda.gated_attention(q, k, v, g, method="recurrent")
+
+
 def main():
     which = sys.argv[1] if len(sys.argv) > 1 else "time"
     SHAPES = [(2, 128, 4, 24, 24), (4, 2048, 8, 64, 64), (8, 4096, 16, 24, 24),

@@ -9,9 +9,9 @@ import sys
 import cupy
 
 import cupy_gda
-from cupy_gda import _checks, _gpu
+from cupy_gda import _gpu
 from crossover import device_ms
-from probe import inputs
+from probe import sweep_shapes
 
 SHAPES = {"gla64": (4, 2048, 8, 64, 64), "long24": (8, 4096, 16, 24, 24),
           "K64-NH64-T2048": (4, 2048, 16, 64, 64), "K64-NH16-T512": (2, 512, 8, 64, 64),
@@ -20,14 +20,8 @@ SHAPES = {"gla64": (4, 2048, 8, 64, 64), "long24": (8, 4096, 16, 24, 24),
 
 
 def main():
-    names = sys.argv[1:] or list(SHAPES)
     sms = _gpu.device_limits()[0]
-    for name in names:
-        B, T, H, K, V = SHAPES[name]
-        q, k, v, g = inputs(B, T, H, K, V)
-        p = _checks.Problem(B=B, T=T, H=H, K=K, V=V, N=B, dtype="float32", g_dtype="float32",
-                            log_gate=False)
-        want = cupy_gda.gated_attention(q, k, v, g, method="recurrent")
+    for name, (B, T, H, K, V), (q, k, v, g), p, want in sweep_shapes(SHAPES, sys.argv[1:]):
         rec = device_ms(lambda: cupy_gda.gated_attention(q, k, v, g, method="recurrent"))
         pick = _gpu.chunk_split_for(p)
         rows = []

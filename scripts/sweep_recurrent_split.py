@@ -10,9 +10,9 @@ import time
 import cupy
 
 import cupy_gda
-from cupy_gda import _checks, _gpu
+from cupy_gda import _gpu
 from crossover import device_ms
-from probe import inputs
+from probe import sweep_shapes
 
 SHAPES = {"seed": (2, 128, 4, 24, 24), "K24-NH4-T1000": (1, 1000, 4, 24, 24),
           "K24-NH32-T512": (4, 512, 8, 24, 24), "K24-NH8-T2048": (1, 2048, 8, 24, 24),
@@ -34,15 +34,9 @@ def host_ms(fn, n=200):
 
 
 def main():
-    names = sys.argv[1:] or list(SHAPES)
     sms = _gpu.device_limits()[0]
-    for name in names:
-        B, T, H, K, V = SHAPES[name]
-        q, k, v, g = inputs(B, T, H, K, V)
+    for name, (B, T, H, K, V), (q, k, v, g), p, want in sweep_shapes(SHAPES, sys.argv[1:]):
         o = cupy.empty_like(v)
-        p = _checks.Problem(B=B, T=T, H=H, K=K, V=V, N=B, dtype="float32", g_dtype="float32",
-                            log_gate=False)
-        want = cupy_gda.gated_attention(q, k, v, g, method="recurrent")
         chunk = device_ms(lambda: cupy_gda.gated_attention(q, k, v, g, method="chunk", out=o))
         pick = _gpu.recurrent_split_for(p)
         blocks = B * H * -(-V // _gpu.recurrent_tiles(K, V)[2])
