@@ -237,7 +237,7 @@ class _SegmentedPlan:
     stream; with P = 1, one launch."""
 
     def _setup(self, p, kernel, defines, smem, NV, P, threads):
-        self.defines, self.smem, self.P = defines, smem, P
+        self.defines, self.smem = defines, smem
         self.grid, self.block = (p.N * p.H * P * NV,), (threads,)
         sizes = (p.T, p.H, NV, P)
         fn = _compile.get_function(kernel, defines, smem)

@@ -5,12 +5,11 @@ docs/perf-notes.md). Median of CUDA-event times of the plan's call (state pass i
     python3 scripts/sweep_recurrent_split.py [name ...]
 """
 import sys
-import time
 
 import cupy
 
 import cupy_gda
-from cupy_gda import _gpu
+from cupy_gda import _gpu, bench
 from crossover import device_ms
 from probe import sweep_shapes
 
@@ -22,19 +21,9 @@ SHAPES = {"seed": (2, 128, 4, 24, 24), "K24-NH4-T1000": (1, 1000, 4, 24, 24),
 PS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 
-def host_ms(fn, n=200):
-    """Host wall ms a call of back-to-back calls (the GPU keeps up or the host waits on it)."""
-    fn()
-    cupy.cuda.Device().synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    cupy.cuda.Device().synchronize()
-    return (time.perf_counter() - t0) * 1e3 / n
-
-
 def main():
     sms = _gpu.device_limits()[0]
+    sync = cupy.cuda.Device().synchronize
     for name, (B, T, H, K, V), (q, k, v, g), p, want in sweep_shapes(SHAPES, sys.argv[1:]):
         o = cupy.empty_like(v)
         chunk = device_ms(lambda: cupy_gda.gated_attention(q, k, v, g, method="chunk", out=o))
@@ -48,7 +37,8 @@ def main():
             got, _ = plan(q, k, v, g, 1.0, None, None, False, None)
             err = float(cupy.abs(got - want).max())
             ms = device_ms(lambda: plan(q, k, v, g, 1.0, None, None, False, o))
-            rows.append((ms, P, blocks * P, err, host_ms(lambda: plan(q, k, v, g, 1.0, None, None, False, o))))
+            host = bench.host_times(lambda: plan(q, k, v, g, 1.0, None, None, False, o), sync, 1, 200)
+            rows.append((ms, P, blocks * P, err, host[0]))
         print(f"{name} (B{B} T{T} H{H} K{K} V{V}): chunk {chunk:.4f} ms ({_gpu.chunk_split_for(p)});"
               f" recurrent_split picks P = {pick}", flush=True)
         for ms, P, nb, err, host in sorted(rows):
