@@ -59,3 +59,26 @@ __device__ __forceinline__ void gda_seq_rows(const S* cu_seqlens, long long n, l
         eos = min(max((long long)cu_seqlens[n + 1], bos), T);
     } else { bos = n * T; eos = bos + T; }
 }
+
+// Sequence segments (gda_recurrent_fwd, gda_chunk_fwd): segment p of P holds rows [s0, s1) of a
+// sequence of len rows, whole units of `unit` rows a segment but the last (short or empty ones
+// at the end).
+__device__ __forceinline__ void gda_segment_rows(long long len, int P, int p, int unit,
+                                                 long long& s0, long long& s1) {
+    const long long per = ((len + unit - 1) / unit + P - 1) / P * unit;
+    s0 = min(len, p * per);
+    s1 = min(len, (p + 1) * per);
+}
+
+// Their workspace, written by the state passes: entry w = (n * H + h) * (P - 1) + j holds segment
+// j's end state S_j [K][V] at ws_s + w * K * V and its gate product d_j [K] at ws_d + w * K.
+// Element (row, col) of S carried from s through entries w_0 .. w_0 + p - 1: S = d_j S + S_j.
+__device__ __forceinline__ float gda_carry(const float* __restrict__ ws_s,
+                                           const float* __restrict__ ws_d, long long w_0, int p,
+                                           int K, int V, int row, int col, float s) {
+    for (int j = 0; j < p; ++j) {
+        const long long wj = (w_0 + j) * K + row;
+        s = fmaf(ws_d[wj], s, ws_s[wj * V + col]);
+    }
+    return s;
+}

@@ -425,8 +425,8 @@ gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t*
     long long bos, eos;
     gda_seq_rows(cu_seqlens, i_n, T, bos, eos);
     const long long len = eos - bos;
-    const long long cps = ((len + BT - 1) / BT + P - 1) / P * BT;             // rows a segment
-    const long long s0 = min(len, i_p * cps), s1 = min(len, (i_p + 1) * cps);
+    long long s0, s1;                          // the segment's rows: whole chunks
+    gda_segment_rows(len, P, i_p, BT, s0, s1);
     const long long w_0 = (i_n * H + i_h) * (P - 1);                          // workspace entry of
                                                                               //   segment 0
     const long long sk = (long long)H * K_DIM, sv = (long long)H * V_DIM;
@@ -438,10 +438,7 @@ gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t*
         float s = 0.f;
         if (!STATE && row < K_DIM && v0 + col < V_DIM) {
             if (h0) s = h0[o_h + (long long)row * V_DIM + col];
-            for (int j = 0; j < i_p; ++j) {
-                const long long wj = (w_0 + j) * K_DIM + row;
-                s = fmaf(ws_d[wj], s, ws_s[wj * V_DIM + v0 + col]);
-            }
+            s = gda_carry(ws_s, ws_d, w_0, i_p, K_DIM, V_DIM, row, v0 + col, s);
         }
         b_s[row * VS + col] = s;
     }

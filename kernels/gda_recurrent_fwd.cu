@@ -104,9 +104,9 @@ gda_recurrent(const io::t* __restrict__ q, const io::t* __restrict__ k,
     const int v0 = i_v * BV;
     long long bos, eos;
     gda_seq_rows(cu_seqlens, i_n, T, bos, eos);
-    const long long cps = (eos - bos + P - 1) / P;                      // rows a segment
-    const long long s0 = min(eos - bos, i_p * cps), s1 = min(eos - bos, (i_p + 1) * cps);
-    bos += s0;                                                         // the segment's rows
+    long long s0, s1;                                                  // the segment's rows
+    gda_segment_rows(eos - bos, P, i_p, 1, s0, s1);
+    bos += s0;
     const long long len = s1 - s0;
     const long long w_0 = (i_n * H + i_h) * (P - 1);                   // workspace entry of segment 0
 
@@ -126,10 +126,7 @@ gda_recurrent(const io::t* __restrict__ q, const io::t* __restrict__ k,
         float s = 0.f;
         if (!STATE && kk < K_DIM && col) {
             if (h0) s = h0[o_s + (long long)kk * V_DIM];
-            for (int j = 0; j < i_p; ++j) {
-                const long long wj = (w_0 + j) * K_DIM + kk;
-                s = fmaf(ws_d[wj], s, ws_s[wj * V_DIM + v0 + c]);
-            }
+            s = gda_carry(ws_s, ws_d, w_0, i_p, K_DIM, V_DIM, kk, v0 + c, s);
         }
         b_s[i] = s;
         b_d[i] = 1.f;
