@@ -68,10 +68,20 @@ def recurrent_split(K, V, NH, L, itemsize=4, sms=132):
     return P if P >= 3 else 1
 
 
-def recurrent_smem(K, R, KT, BV, TC):
-    """Dynamic shared memory bytes of gda_recurrent_fwd (mirrors the kernel's layout)."""
+def recurrent_smem(K, R, KT, BV, TC, dbuf=0):
+    """Dynamic shared memory bytes of gda_recurrent_fwd (mirrors the kernel's layout; ``dbuf``:
+    two sets of staged inputs)."""
     KP = _round_up(K, R * KT)
-    return (3 * TC * KP + TC * BV) * 4          # plus TC * BV * (KT + 1) floats static
+    return (1 + dbuf) * (3 * TC * KP + TC * BV) * 4   # plus TC * BV * (KT + 1) floats static
+
+
+def recurrent_async(p, tiles):
+    """1 where gda_recurrent_fwd stages by cp.async into two sets (ASYNC_COPY): float32 inputs,
+    a multiplicative float32 gate, K, V and BV multiples of 4, and two sets in 100 KB."""
+    R, KT, BV, TC = tiles
+    return int(p.dtype == "float32" and p.g_dtype == "float32" and not p.log_gate
+               and p.K % 4 == 0 and p.V % 4 == 0 and BV % 4 == 0
+               and recurrent_smem(p.K, R, KT, BV, TC, 1) <= 100 * 1024)
 
 
 CHUNK_BVS = (64, 32, 16, 8)
@@ -134,10 +144,10 @@ def alignment(ptr):
 
 
 def recurrent_defines(p, seq_int64):
-    R, KT, BV, TC = recurrent_tiles(p.K, p.V)
+    R, KT, BV, TC = tiles = recurrent_tiles(p.K, p.V)
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), R=R, KT=KT, BV=BV, TC=TC,
-                UNROLL=UNROLL)
+                UNROLL=UNROLL, ASYNC_COPY=recurrent_async(p, tiles))
 
 
 def recurrent_split_for(p):
@@ -278,7 +288,7 @@ class RecurrentPlan(_SegmentedPlan):
     def __init__(self, p, seq_int64, segments=None):
         d = recurrent_defines(p, seq_int64)
         P = segments or recurrent_split_for(p)
-        smem = recurrent_smem(p.K, d["R"], d["KT"], d["BV"], d["TC"])
+        smem = recurrent_smem(p.K, d["R"], d["KT"], d["BV"], d["TC"], d["ASYNC_COPY"])
         self.split = (d["BV"], P)
         self._setup(p, "gda_recurrent_fwd", d, smem, -(-p.V // d["BV"]), P, d["KT"] * d["BV"])
 

@@ -82,3 +82,21 @@ __device__ __forceinline__ float gda_carry(const float* __restrict__ ws_s,
     }
     return s;
 }
+
+// Whether p is aligned for loads of 4 elements at once (16 bytes of float, 8 of a 16-bit type).
+template <typename E> __device__ __forceinline__ bool gda_aligned(const E* p) {
+    return (reinterpret_cast<unsigned long long>(p) & (4 * sizeof(E) - 1)) == 0;
+}
+
+// cp.async (sm_80+): 16 bytes from global to shared memory without registers; a thread's copies
+// since its last commit form a group, and gda_cp_wait<N> waits until at most N of its groups
+// are in flight (the copies are then visible to the thread; a barrier makes them the block's).
+__device__ __forceinline__ void gda_cp16(float* dst, const float* src) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(a), "l"(src) : "memory");
+}
+__device__ __forceinline__ void gda_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void gda_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}

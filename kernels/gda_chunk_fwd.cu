@@ -208,10 +208,6 @@ template <> struct gda_vec4<2> { typedef uint2 t; };
 template <typename E, int W> union gda_pack { E e[W]; };
 template <typename E> union gda_pack<E, 4> { typename gda_vec4<sizeof(E)>::t v; E e[4]; };
 
-template <typename E> __device__ __forceinline__ bool gda_aligned(const E* p) {
-    return (reinterpret_cast<unsigned long long>(p) & (4 * sizeof(E) - 1)) == 0;
-}
-
 template <typename E, int W> __device__ __forceinline__ gda_pack<E, W> gda_ld(const E* p) {
     gda_pack<E, W> r;
     if constexpr (W == 4) r.v = *reinterpret_cast<const typename gda_vec4<sizeof(E)>::t*>(p);
@@ -285,12 +281,6 @@ __device__ __forceinline__ void gda_stage_v(const io::t* __restrict__ v, float* 
 }
 
 #if GDA_ASYNC
-__device__ __forceinline__ void gda_cp16(float* dst, const float* src) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(a), "l"(src) : "memory");
-}
-
 // Stage 1 for float32 q (when Q), k, g (multiplicative) and v, 16-byte aligned: asynchronous
 // 16-byte copies, all in flight at once, committed as one group (the caller waits); rows t >= n
 // and columns past V written directly (0, gate 1).
@@ -321,12 +311,7 @@ __device__ __forceinline__ void gda_stage_async(const float* __restrict__ q, con
         if (t < n && c < nc) gda_cp16(b_v + t * VS + c, v + (r0 + t) * sv + colv + c);
         else *reinterpret_cast<float4*>(b_v + t * VS + c) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-// Wait until at most N groups of this thread's copies are in flight.
-template <int N> __device__ __forceinline__ void gda_cp_wait() {
-    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+    gda_cp_commit();
 }
 #endif
 

@@ -18,17 +18,20 @@
 // o_t's sum over K: each lane stores its partial sum in shared memory (one store per step, no
 //   shuffles on the way), and the partials are summed once per chunk, coalesced.
 // Time goes in chunks of TC steps staged in shared memory as fp32 (q, k, the multiplicative
-//   gate, v); the next chunk is loaded into registers while this one is computed. Steps past a
-//   sequence's end are padded with gate 1 and k = v = q = 0, which leaves S exactly unchanged;
-//   rows past K likewise stay 0.
+//   gate, v). With ASYNC_COPY (float32 inputs, multiplicative gate, K, V and BV multiples of 4)
+//   the next chunk is copied by 16-byte cp.async into the second of two sets while this one is
+//   computed (nothing held in registers); otherwise it is loaded into registers and converted
+//   (half inputs, exp of log gates). Steps past a sequence's end are padded with gate 1 and
+//   k = v = q = 0, which leaves S exactly unchanged; rows past K likewise stay 0.
 // Sequences: rows [bos, eos) of the [B*T, H, *] tensors; cu_seqlens (varlen, B = 1, offsets
 //   clamped to [0, T]) or bos = n*T. Segment p: rows [p*L, (p+1)*L) of its sequence, clamped,
 //   L = ceil(len / P) (the last ones may be short or empty).
-// Shared memory: (3*TC*KP + TC*BV) floats dynamic, TC*BV*(KT+1) floats static.
+// Shared memory: (3*TC*KP + TC*BV) floats dynamic (twice that with ASYNC_COPY), TC*BV*(KT+1)
+//   floats static.
 //
 // Required defines: K_DIM, V_DIM (1..256), IO_DTYPE, G_DTYPE, LOG_GATE, SEQ_INT64 (cu_seqlens
 //   int64 vs int32). Tunable: R (1, 2 or 4), KT (power of 2 <= 32), BV (KT*BV a multiple of
-//   32), TC.
+//   32), TC, ASYNC_COPY (where allowed).
 // Reference: cupy_gda.reference.gated_attention_ref.
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64)
 #error "K_DIM, V_DIM, LOG_GATE and SEQ_INT64 are required"
@@ -69,6 +72,13 @@ static_assert(TC * BV * KT1 * 4 <= 48 * 1024, "partial sums exceed 48 KB of stat
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
 #endif
+#ifndef ASYNC_COPY
+#define ASYNC_COPY 0
+#endif
+static_assert(!ASYNC_COPY || (IO_DTYPE == 0 && G_DTYPE == 0 && !LOG_GATE && K_DIM % 4 == 0
+                              && V_DIM % 4 == 0 && BV % 4 == 0),
+              "ASYNC_COPY needs float32 inputs, a multiplicative gate and K, V, BV multiples of 4");
+#define SET (3 * TC * KP + TC * BV)            // floats of one set of staged inputs
 
 #if SEQ_INT64
 typedef long long seq_t;
@@ -91,7 +101,8 @@ gda_recurrent(const io::t* __restrict__ q, const io::t* __restrict__ k,
     // them never alias the staged inputs and can hoist the next steps' loads above them.
     __shared__ float b_p[TC * BV * KT1];                 // [TC][BV][KT1] partial sums of o
     extern __shared__ float4 gda_smem[];
-    float* b_q = reinterpret_cast<float*>(gda_smem);    // [TC][KP]
+    float* const b_sm = reinterpret_cast<float*>(gda_smem);   // one or two sets of:
+    float* b_q = b_sm;                                   // [TC][KP]
     float* b_k = b_q + TC * KP;                          // [TC][KP]
     float* b_g = b_k + TC * KP;                          // [TC][KP]
     float* b_v = b_g + TC * KP;                          // [TC][BV]
@@ -111,9 +122,10 @@ gda_recurrent(const io::t* __restrict__ q, const io::t* __restrict__ k,
     const long long w_0 = (i_n * H + i_h) * (P - 1);                   // workspace entry of segment 0
 
 #if KP > K_DIM
-    for (int e = tid; e < TC * (KP - K_DIM); e += NT) {
-        const int t = e / (KP - K_DIM), kk = K_DIM + e % (KP - K_DIM);
-        b_q[t * KP + kk] = 0.f; b_k[t * KP + kk] = 0.f; b_g[t * KP + kk] = 1.f;
+    for (int e = tid; e < (1 + ASYNC_COPY) * TC * (KP - K_DIM); e += NT) {
+        const int set = e / (TC * (KP - K_DIM)) * SET, r = e % (TC * (KP - K_DIM));
+        const int t = r / (KP - K_DIM), kk = K_DIM + r % (KP - K_DIM);
+        b_q[set + t * KP + kk] = 0.f; b_k[set + t * KP + kk] = 0.f; b_g[set + t * KP + kk] = 1.f;
     }
 #endif
 
@@ -132,8 +144,52 @@ gda_recurrent(const io::t* __restrict__ q, const io::t* __restrict__ k,
         b_d[i] = 1.f;
     }
 
-    // register prefetch of one chunk; row stride of q/k/g is H*K, of v/o H*V
-    const long long sk = (long long)H * K_DIM, sv = (long long)H * V_DIM;
+    const long long sk = (long long)H * K_DIM, sv = (long long)H * V_DIM;   // row strides
+#if ASYNC_COPY
+    // chunk t1's 16-byte copies into set `at`, committed as one group (the caller waits); steps
+    // past the segment and columns past V written directly (0, gate 1)
+    auto copy = [&](long long t1, int at) {
+        constexpr int PK = K_DIM / 4, PV = BV / 4;
+        const long long colk = (long long)i_h * K_DIM, colv = (long long)i_h * V_DIM + v0;
+        #pragma unroll 2
+        for (int e = tid; e < TC * PK; e += NT) {
+            const int t = e / PK, kk = 4 * (e % PK), d = at + t * KP + kk;
+            if (t1 + t < len) {
+                const long long off = (bos + t1 + t) * sk + colk + kk;
+                if (!STATE) gda_cp16(b_q + d, q + off);
+                gda_cp16(b_k + d, k + off);
+                gda_cp16(b_g + d, g + off);
+            } else {
+                if (!STATE) *reinterpret_cast<float4*>(b_q + d) = make_float4(0.f, 0.f, 0.f, 0.f);
+                *reinterpret_cast<float4*>(b_k + d) = make_float4(0.f, 0.f, 0.f, 0.f);
+                *reinterpret_cast<float4*>(b_g + d) = make_float4(1.f, 1.f, 1.f, 1.f);
+            }
+        }
+        for (int e = tid; e < TC * PV; e += NT) {
+            const int t = e / PV, cc = 4 * (e % PV), d = at + t * BV + cc;
+            if (t1 + t < len && v0 + cc < V_DIM) gda_cp16(b_v + d, v + (bos + t1 + t) * sv + colv + cc);
+            else *reinterpret_cast<float4*>(b_v + d) = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        gda_cp_commit();
+    };
+    // the same, synchronously, for pointers that are not 16-byte aligned
+    auto copy_sync = [&](long long t1, int at) {
+        for (int e = tid; e < TC * K_DIM; e += NT) {
+            const int t = e / K_DIM, kk = e % K_DIM, d = at + t * KP + kk;
+            const bool m = t1 + t < len;
+            const long long off = (bos + t1 + t) * sk + (long long)i_h * K_DIM + kk;
+            if (!STATE) b_q[d] = m ? q[off] : 0.f;
+            b_k[d] = m ? k[off] : 0.f;
+            b_g[d] = m ? g[off] : 1.f;
+        }
+        for (int e = tid; e < TC * BV; e += NT) {
+            const int t = e / BV, cc = e % BV;
+            b_v[at + e] = t1 + t < len && v0 + cc < V_DIM ? v[(bos + t1 + t) * sv + (long long)i_h * V_DIM + v0 + cc] : 0.f;
+        }
+    };
+    const bool vec = (STATE || gda_aligned(q)) && gda_aligned(k) && gda_aligned(g) && gda_aligned(v);
+#else
+    // register prefetch of one chunk
     io::t r_q[EK], r_k[EK], r_v[EV];
     gt::t r_g[EK];
     auto load = [&](long long t0) {
@@ -171,12 +227,35 @@ gda_recurrent(const io::t* __restrict__ q, const io::t* __restrict__ k,
         }
     };
 
+#endif
+
+#if ASYNC_COPY
+    if (vec && len > 0) copy(0, 0);
+#else
     load(0);
+#endif
     for (long long t0 = 0; t0 < len; t0 += TC) {
         __syncthreads();                        // previous chunk's b_* reads are done
+#if ASYNC_COPY
+        const int set = (int)((t0 / TC) & 1) * SET;        // this chunk's set
+        if (!vec) {
+            copy_sync(t0, set);
+        } else if (t0 + TC < len) {             // this chunk's copies were issued a chunk ago
+            copy(t0 + TC, SET - set);
+            gda_cp_wait<1>();
+        } else {
+            gda_cp_wait<0>();
+        }
+        __syncthreads();
+        const float* const b_q = b_sm + set;
+        const float* const b_k = b_q + TC * KP;
+        const float* const b_g = b_k + TC * KP;
+        const float* const b_v = b_g + TC * KP;
+#else
         stage(t0);
         __syncthreads();
         if (t0 + TC < len) load(t0 + TC);       // in flight while this chunk is computed
+#endif
         GDA_UNROLL(UNROLL)
         for (int t = 0; t < TC; ++t) {
             const float b_vt = b_v[t * BV + c];

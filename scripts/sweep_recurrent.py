@@ -1,9 +1,11 @@
 """Time gda_recurrent_fwd over its tiles (R rows per lane, KT*BV threads a block, TC steps
-staged) at a few shapes: the data behind the tile rule in cupy_gda/_gpu.py (see
+staged) and its staging (A: cp.async into two sets where the rule allows it; otherwise through
+registers) at a few shapes: the data behind the tile rule in cupy_gda/_gpu.py (see
 docs/perf-notes.md). Device time of the gated_attention call (crossover.device_ms: each call
 queued behind a spin kernel, so host time is excluded).
 
-    python3 scripts/sweep_recurrent.py [name ...]
+    python3 scripts/sweep_recurrent.py [--top N] [name ...]
+    python3 scripts/sweep_recurrent.py --grid small|large   # a few candidates over a grid of shapes
 """
 import itertools
 import sys
@@ -11,54 +13,116 @@ import sys
 import cupy
 
 import cupy_gda
-from cupy_gda import _compile, _gpu
+from cupy_gda import _checks, _compile, _gpu
 from crossover import device_ms
 from probe import inputs
 
 SHAPES = {"seed": (2, 128, 4, 24, 24), "few24": (1, 2048, 8, 24, 24), "gla64": (4, 2048, 8, 64, 64),
-          "long24": (8, 4096, 16, 24, 24), "tsweep-4k": (1, 4096, 16, 128, 128)}
+          "long24": (8, 4096, 16, 24, 24), "tsweep-4k": (1, 4096, 16, 128, 128),
+          "few64": (1, 512, 8, 64, 64), "K128-NH8-T512": (1, 512, 8, 128, 128)}
+RULE = _gpu.recurrent_tiles, _gpu.recurrent_async
 
 
-def _use(tiles):
+def _use(tiles, staging):
+    """Force the tiles, and the rule's staging (staging 1) or the register path (0)."""
     _gpu.recurrent_tiles = lambda K, V, t=tiles: t
+    _gpu.recurrent_async = RULE[1] if staging else (lambda p, t: 0)
     _gpu._PLANS.clear()
     cupy_gda._api._FAST.clear()
 
 
+def _tiles(K, R, threads, TC):
+    KT = min(32, _gpu._pow2_at_least(-(-K // R)))
+    return R, KT, max(32 // KT, threads // KT), TC
+
+
+# --grid: (R, threads, TC) candidates, and the shapes K x (B, H) x T; "small": K <= 32, "large":
+# K = 64, 128 where method="auto" runs the recurrent kernel (few heads, short sequences)
+GRIDS = {
+    "small": (((2, 128, 32), (2, 128, 64), (1, 128, 32), (1, 128, 64), (4, 64, 32), (4, 64, 64),
+               (4, 128, 64), (2, 64, 32)),
+              ((16, 24, 32), ((1, 4), (2, 4), (1, 16), (4, 16), (8, 16), (16, 16)), (128, 512, 2048, 4096))),
+    "large": (((4, 256, 16), (4, 256, 32), (4, 256, 64), (4, 128, 32), (2, 256, 32), (4, 512, 32)),
+              ((64, 128), ((1, 4), (1, 8), (1, 16), (4, 8)), (128, 256, 512))),
+}
+
+
+def grid(which):
+    """Device ms of each candidate (staged by cp.async where the rule allows) at every shape of
+    GRIDS[which], with the rule's own pick and segments."""
+    cands, (Ks, BHs, Ts) = GRIDS[which]
+    print("K B H T | rule(tiles, P) | " + " ".join(f"R{r}/{n}/{tc}" for r, n, tc in cands)
+          + " | rule ms", flush=True)
+    for K, (B, H), T in itertools.product(Ks, BHs, Ts):
+        q, k, v, g = inputs(B, T, H, K, K)
+        o = cupy.empty_like(v)
+        call = lambda: cupy_gda.gated_attention(q, k, v, g, method="recurrent", out=o)  # noqa: E731
+        rule = RULE[0](K, K)
+        P = _gpu.recurrent_split(K, K, B * H, T)
+        rule_ms = device_ms(call)
+        ms = []
+        for R, n, TC in cands:
+            t = _tiles(K, R, n, TC)
+            if TC * t[2] * (t[1] + 1) * 4 > 48 * 1024:     # partial sums over the static 48 KB
+                ms.append(float("nan"))
+                continue
+            _use(t, 1)
+            ms.append(device_ms(call))
+        _gpu.recurrent_tiles, _gpu.recurrent_async = RULE
+        _gpu._PLANS.clear()
+        cupy_gda._api._FAST.clear()
+        best = min((i for i in range(len(ms)) if ms[i] == ms[i]), key=ms.__getitem__)
+        print(f"{K} {B} {H} {T} | {rule} P={P} | "
+              + " ".join(f"{m:.4f}{'*' if i == best else ''}" for i, m in enumerate(ms))
+              + f" | {rule_ms:.4f}", flush=True)
+
+
 def main():
-    default = _gpu.recurrent_tiles
-    for name in sys.argv[1:] or list(SHAPES):
+    args = sys.argv[1:]
+    if args[:1] == ["--grid"]:
+        return grid(args[1])
+    top = 8
+    if args[:1] == ["--top"]:
+        top, args = int(args[1]), args[2:]
+    default = RULE[0]
+    for name in args or list(SHAPES):
         B, T, H, K, V = SHAPES[name]
         q, k, v, g = inputs(B, T, H, K, V)
         o = cupy.empty_like(v)
         want = cupy_gda.gated_attention(q, k, v, g, method="recurrent")
         best = default(K, V)
         rows = []
-        for R, threads, TC in itertools.product((1, 2, 4), (64, 128, 256), (16, 32, 64)):
+        for R, threads, TC, A in itertools.product((1, 2, 4), (64, 128, 256), (16, 32, 64), (1, 0)):
             KT = min(32, _gpu._pow2_at_least(-(-K // R)))
             if -(-K // (R * KT)) * R > 8 or threads < KT:
                 continue
             BV = max(32 // KT, threads // KT)
             if TC * BV * (KT + 1) * 4 > 48 * 1024:
                 continue
-            _use((R, KT, BV, TC))
+            p = _checks.Problem(B=B, T=T, H=H, K=K, V=V, N=B, dtype="float32", g_dtype="float32",
+                                log_gate=False)
+            if A and not RULE[1](p, (R, KT, BV, TC)):
+                continue                        # the register path, timed with A = 0
+            _use((R, KT, BV, TC), A)
             try:
                 got = cupy_gda.gated_attention(q, k, v, g, method="recurrent")
             except _compile.KernelCompileError:
                 continue
             err = float(cupy.abs(got - want).max())
             ms = device_ms(lambda: cupy_gda.gated_attention(q, k, v, g, method="recurrent", out=o))
-            rows.append((ms, R, KT, BV, TC, err))
-        _use(best)
-        _gpu.recurrent_tiles = default
+            rows.append((ms, R, KT, BV, TC, "A" if A else "reg", err))
+        _gpu.recurrent_tiles, _gpu.recurrent_async = RULE
+        _gpu._PLANS.clear()
+        cupy_gda._api._FAST.clear()
         print(f"{name} (B{B} T{T} H{H} K{K} V{V}); rule picks (R, KT, BV, TC) = {best}", flush=True)
-        for ms, R, KT, BV, TC, err in sorted(rows)[:8]:
+        rows.sort()
+        for ms, R, KT, BV, TC, staged, err in rows[:top]:
             mark = " <- rule" if (R, KT, BV, TC) == best else ""
-            print(f"   {ms:9.4f} ms  R={R} KT={KT:2d} BV={BV:3d} TC={TC:2d}  max|diff| {err:.1e}{mark}",
-                  flush=True)
-        rule = [r for r in rows if r[1:5] == best]
-        if rule and rule[0] not in sorted(rows)[:8]:
-            print(f"   {rule[0][0]:9.4f} ms  the rule's pick", flush=True)
+            print(f"   {ms:9.4f} ms  R={R} KT={KT:2d} BV={BV:3d} TC={TC:2d} {staged:>3}  "
+                  f"max|diff| {err:.1e}{mark}", flush=True)
+        for r in rows[top:]:
+            if r[1:5] == best:
+                print(f"   {r[0]:9.4f} ms  the rule's tiles, {r[5]}", flush=True)
 
 
 if __name__ == "__main__":

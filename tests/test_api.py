@@ -173,3 +173,32 @@ def test_bad_value_in_v_reaches_only_later_steps(method, bad, backend):
     assert not np.isfinite(o[1, s:, 0, c]).any()
     others = np.delete(o[1, :, 0], c, axis=-1)
     assert np.isfinite(others).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method, case", [
+    pytest.param("chunk", Case(2, 300, 2, 64, 64), id="chunk-K64-double-buffered"),
+    pytest.param("chunk", Case(2, 300, 2, 128, 64), id="chunk-K128"),
+    pytest.param("chunk", Case(1, 700, 2, 32, 32), id="chunk-K32-segments"),
+    pytest.param("recurrent", Case(2, 300, 2, 24, 24), id="recurrent-K24"),
+    pytest.param("recurrent", Case(1, 2048, 2, 64, 64), id="recurrent-K64-segments"),
+])
+def test_inputs_not_16_byte_aligned(method, case):
+    """q, k, v, gate 4 bytes past a 16-byte boundary: the kernels stage them through registers
+    or plain loads (no cp.async, whose 16-byte copies need alignment), with the same result."""
+    import cupy
+    args = _verify.make_inputs(case, seed=11)
+    (o_ref, s_ref), (o_emu, s_emu) = _verify.references(case, args)
+    dev = {}
+    for name, x in args.items():
+        if name in ("q", "k", "v", "gate"):
+            flat = cupy.empty(x.size + 1, x.dtype)
+            dev[name] = flat[1:].reshape(x.shape)
+            dev[name][...] = cupy.asarray(x)
+            assert dev[name].data.ptr % 16 and dev[name].flags.c_contiguous
+        else:
+            dev[name] = cupy.asarray(x)
+    o, s = cupy_gda.gated_attention(**dev, output_final_state=True, method=method)
+    for r in (_verify.compare("o", cupy.asnumpy(o), o_ref, o_emu),
+              _verify.compare("state", cupy.asnumpy(s), s_ref, s_emu)):
+        assert r.ok, f"{r.name}: err {r.err:.3e} > bound {r.bound:.3e}"

@@ -142,7 +142,7 @@ def test_kernel_compiles_without_local_memory(compiled, kernel, arch, items):
         d = dict(items)
         m = _SMEM.search(log)
         static = int(m.group(1)) if m else 0
-        dynamic = _gpu.recurrent_smem(d["K_DIM"], d["R"], d["KT"], d["BV"], d["TC"])
+        dynamic = _gpu.recurrent_smem(d["K_DIM"], d["R"], d["KT"], d["BV"], d["TC"], d["ASYNC_COPY"])
         assert static + dynamic <= SMEM_MAX, (
             f"{what}: shared memory {static} static + {dynamic} dynamic > {SMEM_MAX} bytes")
 

@@ -126,6 +126,25 @@ def test_recurrent_tiles_all_dims():
     assert not bad, f"{len(bad)} violations, first: " + "; ".join(bad[:10])
 
 
+def test_recurrent_async_only_where_the_kernel_allows():
+    """ASYNC_COPY (cp.async into two sets) exactly where the kernel's static_assert allows it and
+    two sets fit in 100 KB; every float32 K, V multiple of 4 gets it, others the register path."""
+    bad = []
+    for K in DIMS:
+        for V in DIMS:
+            tiles = _gpu.recurrent_tiles(K, V)
+            allowed = K % 4 == 0 and V % 4 == 0 and tiles[2] % 4 == 0
+            for dt, gdt, log_gate in (("float32", "float32", False), ("float32", "float32", True),
+                                      ("bfloat16", "float32", False), ("float32", "float16", False)):
+                p = Problem(B=1, T=1, H=1, K=K, V=V, N=1, dtype=dt, g_dtype=gdt, log_gate=log_gate)
+                got = _gpu.recurrent_async(p, tiles)
+                want = int(allowed and dt == gdt == "float32" and not log_gate)
+                smem = _gpu.recurrent_smem(K, *tiles, got)
+                if got != want or smem > 100 * 1024:
+                    bad.append(f"K={K} V={V} {dt}/{gdt} log={log_gate}: {got} (want {want}), {smem} B")
+    assert not bad, f"{len(bad)} violations, first: " + "; ".join(bad[:10])
+
+
 # N*H sequence-heads: gda_chunk_fwd splits the sequences into segments, then narrows its value
 # tiles, when the grid is small (132 SMs); mean sequence lengths L and element sizes bound the
 # segments
