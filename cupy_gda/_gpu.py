@@ -26,31 +26,87 @@ def _round_up(n, m):
     return -(-n // m) * m
 
 
-def recurrent_tiles(K, V):
-    """(R, KT, BV, TC) for gda_recurrent_fwd, by the sweep in docs/perf-notes.md
-    (scripts/sweep_recurrent.py on the H200, 2026-11-30).
-
-    R state rows per lane: 4 for K >= 64 (fewest instructions per element), else 2. KT lanes
-    per column hold the K rows (at most 8 a lane). Blocks of 256 threads for K >= 64, else 128.
-    TC up to 32 steps, with at most 8 prefetched q/k/g and 8 v elements per thread (registers)
-    and 100 KB of shared memory.
-    """
-    R = 4 if K >= 64 else 2
+def _lanes(K, V, R, threads):
+    """(KT, BV): KT lanes a value column hold its K rows, R a lane; blocks of about ``threads``."""
     KT = min(32, _pow2_at_least(-(-K // R)))
     cols = 32 // KT                                     # columns one warp covers
-    BV = min(_round_up(V, cols), max(cols, (256 if K >= 64 else 128) // KT))
+    return KT, min(_round_up(V, cols), max(cols, threads // KT))
+
+
+def _register_tc(K, R, KT, BV):
+    """TC of the register-staged kernel: up to 32 steps, at most 8 prefetched q/k/g and 8 v
+    elements a thread (registers), one set in 100 KB."""
     TC = 32
     while TC > 1 and (TC * K > 8 * KT * BV or TC > 8 * KT      # prefetch: EK, EV <= 8
                       or recurrent_smem(K, R, KT, BV, TC) > 100 * 1024):
         TC //= 2
-    return R, KT, BV, TC
+    return TC
 
 
 SEGMENT_STEPS = 64       # gda_recurrent_fwd's sequence segments: at least this many steps each
 RECURRENT_WARPS = 12     # and blocks of at most this many warps a SM in all (at least one block)
+THREAD_REGS = 128        # registers a thread of gda_recurrent_fwd takes, about (of 65536 a SM)
 
 
-def recurrent_split(K, V, NH, L, itemsize=4, sms=132):
+def _segments(K, V, KT, BV, NH, L, itemsize, sms):
+    """recurrent_split for given lanes (KT, BV)."""
+    blocks = NH * -(-V // BV)
+    per_sm = max(1, RECURRENT_WARPS // (KT * BV // 32))
+    P = min(per_sm * sms // max(blocks, 1), int(L) // SEGMENT_STEPS,
+            1 + int(L) * itemsize // (4 * (V + 1)))
+    return P if P >= 3 else 1
+
+
+def recurrent_tiles(K, V, NH=None, L=None, itemsize=4, sms=132, smem_max=227 * 1024, staged=False):
+    """(R, KT, BV, TC) for gda_recurrent_fwd, by the sweeps in docs/perf-notes.md
+    (scripts/sweep_recurrent.py on the H200, 2026-11-30).
+
+    Without the grid (``NH`` sequence-heads of mean length ``L``), or where the inputs are not
+    ``staged`` by cp.async (recurrent_async: float32, multiplicative gate, K and V multiples of 4),
+    the grid-free rule: R state rows a lane 4 for K >= 64 (fewest instructions per element), else
+    2; KT lanes a column hold the K rows; blocks of 256 threads for K >= 64, else 128; TC by
+    _register_tc. Staged, the rule depends on W, the warps a SM of that rule's grid in its
+    segments (recurrent_split):
+    - K <= 32, W < 1, or W < 2 with segments of <= 128 steps (the GPU mostly idle: a step's
+      latency is the time): R = 1, TC = 64.
+    - K <= 32, W >= 16, or segments of >= 256 steps that stay so in R = 4's own segments (or
+      were segments already) (work, not latency): R = 4 in blocks of 64 threads, or of 128 with
+      TC = 64 where K > 16, V % 16 == 0 and W >= 12.
+    - K 33..64, W < 6: R = 2 (KT = 32: twice the warps).
+    TC staged: the largest of that (else 32) down to 1 with two sets in 100 KB, the partial sums
+    in the static 48 KB, both in ``smem_max`` bytes (a block's opt-in limit), and the blocks a SM
+    needs (at most the registers' 512 / threads) in one SM (smem_max + 1 KB, 1 KB a block)."""
+    R, threads = (4, 256) if K >= 64 else (2, 128)
+    KT, BV = _lanes(K, V, R, threads)
+    if NH is None or not staged or K % 4 or V % 4:
+        return R, KT, BV, _register_tc(K, R, KT, BV)
+    P = _segments(K, V, KT, BV, NH, L, itemsize, sms)
+    W = NH * P * -(-V // BV) * KT * BV / 32 / sms
+    TC = 32
+    if K <= 32 and (W < 1 or W < 2 and int(L) // P <= 128):
+        R, threads, TC = 1, 128, 64
+    elif K <= 32 and (W >= 16 or int(L) // P >= 256 and (
+            P > 1 or int(L) // _segments(K, V, *_lanes(K, V, 4, 64), NH, L, itemsize, sms) >= 256)):
+        R, threads = 4, 64
+        if K > 16 and V % 16 == 0 and W >= 12:
+            threads, TC = 128, 64
+    elif 32 < K <= 64 and W < 6:
+        R = 2
+    KT, BV = _lanes(K, V, R, threads)
+    P = _segments(K, V, KT, BV, NH, L, itemsize, sms)
+    need = min(-(-NH * P * -(-V // BV) // sms), max(1, 65536 // (THREAD_REGS * KT * BV)))
+    if BV % 4:                                          # no cp.async: the register rule's TC
+        return R, KT, BV, _register_tc(K, R, KT, BV)
+    while TC > 1 and (recurrent_smem(K, R, KT, BV, TC, 1) > 100 * 1024
+                      or TC * BV * (KT + 1) * 4 > 48 * 1024
+                      or recurrent_smem(K, R, KT, BV, TC, 1) + TC * BV * (KT + 1) * 4 > smem_max
+                      or need * (recurrent_smem(K, R, KT, BV, TC, 1) + TC * BV * (KT + 1) * 4 + 1024)
+                      > smem_max + 1024):
+        TC //= 2
+    return R, KT, BV, TC
+
+
+def recurrent_split(K, V, NH, L, itemsize=4, sms=132, smem_max=227 * 1024, staged=False):
     """P, the sequence segments of gda_recurrent_fwd (scripts/sweep_recurrent_split.py, H200).
 
     A block's time is the latency of its dependent steps, so where the grid (N*H*V/BV blocks)
@@ -59,13 +115,10 @@ def recurrent_split(K, V, NH, L, itemsize=4, sms=132):
     block) blocks a SM (more only queue behind each other), with at least SEGMENT_STEPS steps of
     the mean length ``L`` each and a workspace, (P - 1) K (V + 1) floats per sequence-head, no
     larger than q (``itemsize`` bytes an element). Never 2: two segments run as many dependent
-    steps as one (half in the state pass, half in the full pass), plus a launch."""
-    R, KT, BV, TC = recurrent_tiles(K, V)
-    blocks = NH * -(-V // BV)
-    per_sm = max(1, RECURRENT_WARPS // (KT * BV // 32))
-    P = min(per_sm * sms // max(blocks, 1), int(L) // SEGMENT_STEPS,
-            1 + int(L) * itemsize // (4 * (V + 1)))
-    return P if P >= 3 else 1
+    steps as one (half in the state pass, half in the full pass), plus a launch. The lanes are
+    recurrent_tiles' for the same arguments."""
+    R, KT, BV, TC = recurrent_tiles(K, V, NH, L, itemsize, sms, smem_max, staged)
+    return _segments(K, V, KT, BV, NH, L, itemsize, sms)
 
 
 def recurrent_smem(K, R, KT, BV, TC, dbuf=0):
@@ -75,12 +128,18 @@ def recurrent_smem(K, R, KT, BV, TC, dbuf=0):
     return (1 + dbuf) * (3 * TC * KP + TC * BV) * 4   # plus TC * BV * (KT + 1) floats static
 
 
+def recurrent_staged(p):
+    """Whether Problem ``p``'s inputs allow gda_recurrent_fwd's cp.async staging: float32, a
+    multiplicative float32 gate, K and V multiples of 4 (recurrent_async adds the tiles' terms)."""
+    return (p.dtype == "float32" and p.g_dtype == "float32" and not p.log_gate
+            and p.K % 4 == 0 and p.V % 4 == 0)
+
+
 def recurrent_async(p, tiles):
-    """1 where gda_recurrent_fwd stages by cp.async into two sets (ASYNC_COPY): float32 inputs,
-    a multiplicative float32 gate, K, V and BV multiples of 4, and two sets in 100 KB."""
+    """1 where gda_recurrent_fwd stages by cp.async into two sets (ASYNC_COPY): recurrent_staged,
+    BV a multiple of 4, and two sets in 100 KB."""
     R, KT, BV, TC = tiles
-    return int(p.dtype == "float32" and p.g_dtype == "float32" and not p.log_gate
-               and p.K % 4 == 0 and p.V % 4 == 0 and BV % 4 == 0
+    return int(recurrent_staged(p) and BV % 4 == 0
                and recurrent_smem(p.K, R, KT, BV, TC, 1) <= 100 * 1024)
 
 
@@ -143,8 +202,11 @@ def alignment(ptr):
     return next(a for a in (16, 8, 4, 2, 1) if ptr % a == 0)
 
 
-def recurrent_defines(p, seq_int64):
-    R, KT, BV, TC = tiles = recurrent_tiles(p.K, p.V)
+def recurrent_defines(p, seq_int64, sms=132, smem_max=227 * 1024):
+    """gda_recurrent_fwd's defines for Problem ``p`` on a GPU of ``sms`` SMs and ``smem_max``
+    bytes of opt-in shared memory a block."""
+    R, KT, BV, TC = tiles = recurrent_tiles(p.K, p.V, p.N * p.H, _dispatch.mean_len(p),
+                                            _ITEMSIZE[p.dtype], sms, smem_max, recurrent_staged(p))
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), R=R, KT=KT, BV=BV, TC=TC,
                 UNROLL=UNROLL, ASYNC_COPY=recurrent_async(p, tiles))
@@ -153,7 +215,7 @@ def recurrent_defines(p, seq_int64):
 def recurrent_split_for(p):
     """recurrent_split for Problem ``p`` on the current device."""
     return recurrent_split(p.K, p.V, p.N * p.H, _dispatch.mean_len(p), _ITEMSIZE[p.dtype],
-                           device_limits()[0])
+                           *device_limits(), recurrent_staged(p))
 
 
 def chunk_split_for(p):
@@ -286,7 +348,7 @@ class RecurrentPlan(_SegmentedPlan):
     ``segments`` (P) overrides recurrent_split's choice."""
 
     def __init__(self, p, seq_int64, segments=None):
-        d = recurrent_defines(p, seq_int64)
+        d = recurrent_defines(p, seq_int64, *device_limits())
         P = segments or recurrent_split_for(p)
         smem = recurrent_smem(p.K, d["R"], d["KT"], d["BV"], d["TC"], d["ASYNC_COPY"])
         self.split = (d["BV"], P)

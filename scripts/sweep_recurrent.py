@@ -25,7 +25,7 @@ RULE = _gpu.recurrent_tiles, _gpu.recurrent_async
 
 def _use(tiles, staging):
     """Force the tiles, and the rule's staging (staging 1) or the register path (0)."""
-    _gpu.recurrent_tiles = lambda K, V, t=tiles: t
+    _gpu.recurrent_tiles = lambda *a, t=tiles, **kw: t
     _gpu.recurrent_async = RULE[1] if staging else (lambda p, t: 0)
     _gpu._PLANS.clear()
     cupy_gda._api._FAST.clear()
@@ -57,8 +57,8 @@ def grid(which):
         q, k, v, g = inputs(B, T, H, K, K)
         o = cupy.empty_like(v)
         call = lambda: cupy_gda.gated_attention(q, k, v, g, method="recurrent", out=o)  # noqa: E731
-        rule = RULE[0](K, K)
-        P = _gpu.recurrent_split(K, K, B * H, T)
+        rule = RULE[0](K, K, B * H, T, staged=True)
+        P = _gpu.recurrent_split(K, K, B * H, T, staged=True)
         rule_ms = device_ms(call)
         ms = []
         for R, n, TC in cands:
@@ -90,7 +90,7 @@ def main():
         q, k, v, g = inputs(B, T, H, K, V)
         o = cupy.empty_like(v)
         want = cupy_gda.gated_attention(q, k, v, g, method="recurrent")
-        best = default(K, V)
+        best = default(K, V, B * H, T, staged=True)
         rows = []
         for R, threads, TC, A in itertools.product((1, 2, 4), (64, 128, 256), (16, 32, 64), (1, 0)):
             KT = min(32, _gpu._pow2_at_least(-(-K // R)))

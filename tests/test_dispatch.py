@@ -104,8 +104,17 @@ DIMS = range(1, MAX_DIM + 1)
 SMEM_MAX = 99 * 1024
 
 
-def _recurrent_violations(K, V):
-    R, KT, BV, TC = _gpu.recurrent_tiles(K, V)
+# N*H sequence-heads: gda_chunk_fwd splits the sequences into segments, then narrows its value
+# tiles, when the grid is small (132 SMs); mean sequence lengths L and element sizes bound the
+# segments
+NHS = (1, 8, 98, 99, 264, 4096)
+LENS = ((1, 4), (64, 4), (200, 2), (1537.5, 4), (2048, 4), (2048, 2), (65536, 4))   # varlen: a mean
+# (SM count, opt-in shared memory): H100/H200, A100, sm_86/89
+DEVICES = ((132, 227 * 1024), (108, 163 * 1024), (84, 99 * 1024))
+
+
+def _recurrent_violations(K, V, NH=None, L=None, sms=132, smem_max=SMEM_MAX, staged=False):
+    R, KT, BV, TC = tiles = _gpu.recurrent_tiles(K, V, NH, L, 4, sms, smem_max, staged)
     bad = []
     if R not in (1, 2, 4) or -(-K // (R * KT)) * R > 8:
         bad.append(f"R={R}: not 1, 2 or 4, or more than 8 state rows a lane")
@@ -115,15 +124,48 @@ def _recurrent_violations(K, V):
         bad.append(f"KT*BV={KT}*{BV} is not a multiple of 32 at most 1024")
     if TC < 1:
         bad.append(f"TC={TC} < 1")
-    smem = _gpu.recurrent_smem(K, R, KT, BV, TC)   # the launch's dynamic shared memory
-    if smem > SMEM_MAX:
-        bad.append(f"dynamic shared memory {smem} bytes > {SMEM_MAX}")
-    return [f"K={K} V={V} (R, KT, BV, TC)=({R}, {KT}, {BV}, {TC}): {b}" for b in bad]
+    if TC * BV * (KT + 1) * 4 > 48 * 1024:
+        bad.append("partial sums over 48 KB of static shared memory")
+    p = Problem(B=1, T=1, H=1, K=K, V=V, N=1, dtype="float32", g_dtype="float32", log_gate=False)
+    dbuf = _gpu.recurrent_async(p, tiles) if staged else 0
+    smem = _gpu.recurrent_smem(K, R, KT, BV, TC, dbuf)     # the launch's dynamic shared memory
+    if smem + TC * BV * (KT + 1) * 4 > smem_max:
+        bad.append(f"shared memory {smem} dynamic + static > {smem_max}")
+    if not dbuf and (TC * K > 8 * KT * BV or TC * BV > 8 * KT * BV):
+        bad.append("more than 8 prefetched elements a thread (registers)")
+    where = f"K={K} V={V} NH={NH} L={L} sms={sms} staged={staged}"
+    return [f"{where} (R, KT, BV, TC)=({R}, {KT}, {BV}, {TC}): {b}" for b in bad]
 
 
 def test_recurrent_tiles_all_dims():
+    """The grid-free rule (a single set of staged inputs in the 99 KB every sm_80+ GPU has)."""
     bad = [b for K in DIMS for V in DIMS for b in _recurrent_violations(K, V)]
     assert not bad, f"{len(bad)} violations, first: " + "; ".join(bad[:10])
+
+
+@pytest.mark.parametrize("sms, smem_max", [pytest.param(*d, id=f"SM{d[0]}") for d in DEVICES])
+def test_recurrent_tiles_staged_all_dims(sms, smem_max):
+    """The grid's rule for cp.async-staged inputs, over grids from idle to full: K in 1..256 with
+    V a multiple of 4 (cp.async needs one; K too, but the rule must hold for any)."""
+    grids = ((1, 64), (8, 128), (8, 4096), (64, 512), (128, 4096), (4096, 64))
+    bad = [b for K in DIMS for V in range(4, MAX_DIM + 1, 4) for NH, L in grids
+           for b in _recurrent_violations(K, V, NH, L, sms, smem_max, staged=True)]
+    assert not bad, f"{len(bad)} violations, first: " + "; ".join(bad[:10])
+
+
+@pytest.mark.parametrize("K, V, B, T, H, staged, want", [
+    pytest.param(24, 24, 2, 128, 4, True, (1, 32, 4, 64), id="seed-idle-one-row-a-lane"),
+    pytest.param(24, 24, 2, 128, 4, False, (2, 16, 8, 32), id="seed-bf16-grid-free"),
+    pytest.param(24, 24, 8, 4096, 16, True, (4, 8, 8, 32), id="long24-four-rows"),
+    pytest.param(32, 32, 8, 4096, 16, True, (4, 8, 16, 64), id="K32-full-128-threads"),
+    pytest.param(24, 24, 1, 2048, 8, True, (2, 16, 8, 32), id="few24-short-segments"),
+    pytest.param(64, 64, 1, 128, 16, True, (2, 32, 8, 32), id="K64-few-warps-two-rows"),
+    pytest.param(64, 64, 4, 2048, 8, True, (4, 16, 16, 32), id="gla64"),
+    pytest.param(128, 128, 1, 512, 8, True, (4, 32, 8, 32), id="K128-one-block-a-SM"),
+    pytest.param(128, 128, 1, 256, 16, True, (4, 32, 8, 16), id="K128-two-blocks-a-SM"),
+])
+def test_recurrent_tiles_h200(K, V, B, T, H, staged, want):
+    assert _gpu.recurrent_tiles(K, V, B * H, T, staged=staged) == want
 
 
 def test_recurrent_async_only_where_the_kernel_allows():
@@ -132,26 +174,20 @@ def test_recurrent_async_only_where_the_kernel_allows():
     bad = []
     for K in DIMS:
         for V in DIMS:
-            tiles = _gpu.recurrent_tiles(K, V)
-            allowed = K % 4 == 0 and V % 4 == 0 and tiles[2] % 4 == 0
             for dt, gdt, log_gate in (("float32", "float32", False), ("float32", "float32", True),
                                       ("bfloat16", "float32", False), ("float32", "float16", False)):
                 p = Problem(B=1, T=1, H=1, K=K, V=V, N=1, dtype=dt, g_dtype=gdt, log_gate=log_gate)
+                staged = _gpu.recurrent_staged(p)
+                tiles = _gpu.recurrent_tiles(K, V, 8, 4096, staged=staged)
                 got = _gpu.recurrent_async(p, tiles)
-                want = int(allowed and dt == gdt == "float32" and not log_gate)
+                want = int(K % 4 == 0 and V % 4 == 0 and tiles[2] % 4 == 0
+                           and dt == gdt == "float32" and not log_gate)
                 smem = _gpu.recurrent_smem(K, *tiles, got)
                 if got != want or smem > 100 * 1024:
                     bad.append(f"K={K} V={V} {dt}/{gdt} log={log_gate}: {got} (want {want}), {smem} B")
     assert not bad, f"{len(bad)} violations, first: " + "; ".join(bad[:10])
 
 
-# N*H sequence-heads: gda_chunk_fwd splits the sequences into segments, then narrows its value
-# tiles, when the grid is small (132 SMs); mean sequence lengths L and element sizes bound the
-# segments
-NHS = (1, 8, 98, 99, 264, 4096)
-LENS = ((1, 4), (64, 4), (200, 2), (1537.5, 4), (2048, 4), (2048, 2), (65536, 4))   # varlen: a mean
-# (SM count, opt-in shared memory): H100/H200, A100, sm_86/89
-DEVICES = ((132, 227 * 1024), (108, 163 * 1024), (84, 99 * 1024))
 
 
 def _chunk_violations(K, V, NH, L, itemsize, sms, smem_max):
@@ -258,10 +294,10 @@ def test_step_uses_16_byte_accesses_where_allowed(V, want):
     assert _gpu.step_tiles(128, V, 16)[1] == want
 
 
-def _recurrent_split_violations(K, V, NH, L, itemsize, sms):
-    P = _gpu.recurrent_split(K, V, NH, L, itemsize, sms)
-    where = f"K={K} V={V} NH={NH} L={L} itemsize={itemsize} sms={sms} P={P}"
-    R, KT, BV, TC = _gpu.recurrent_tiles(K, V)
+def _recurrent_split_violations(K, V, NH, L, itemsize, sms, staged):
+    P = _gpu.recurrent_split(K, V, NH, L, itemsize, sms, staged=staged)
+    where = f"K={K} V={V} NH={NH} L={L} itemsize={itemsize} sms={sms} staged={staged} P={P}"
+    R, KT, BV, TC = _gpu.recurrent_tiles(K, V, NH, L, itemsize, sms, staged=staged)
     warps = NH * -(-V // BV) * KT * BV // 32
     bad = [] if type(P) is int and P >= 1 else ["P is not an int >= 1"]
     if P > 1 and int(L) < P * _gpu.SEGMENT_STEPS:
@@ -278,8 +314,9 @@ def _recurrent_split_violations(K, V, NH, L, itemsize, sms):
 @pytest.mark.parametrize("sms", [pytest.param(d[0], id=f"SM{d[0]}") for d in DEVICES])
 @pytest.mark.parametrize("NH", [pytest.param(nh, id=f"NH{nh}") for nh in NHS])
 def test_recurrent_split_all_dims(NH, sms):
-    bad = [b for K in DIMS for V in DIMS for L, size in LENS
-           for b in _recurrent_split_violations(K, V, NH, L, size, sms)]
+    bad = [b for K in DIMS for V in DIMS for L, size in LENS for staged in (False, True)
+           if not staged or V % 4 == 0
+           for b in _recurrent_split_violations(K, V, NH, L, size, sms, staged)]
     assert not bad, f"{len(bad)} violations, first: " + "; ".join(bad[:10])
 
 
@@ -307,7 +344,7 @@ def test_recurrent_split_h200(K, V, NH, L, want):
 def test_defines_carry_the_tiles_and_problem(K, V):
     p = Problem(B=1, T=1, H=1, K=K, V=V, N=1, dtype="bfloat16", g_dtype="float32", log_gate=True)
     d = _gpu.recurrent_defines(p, seq_int64=True)
-    assert (d["R"], d["KT"], d["BV"], d["TC"]) == _gpu.recurrent_tiles(K, V)
+    assert (d["R"], d["KT"], d["BV"], d["TC"]) == _gpu.recurrent_tiles(K, V, 1, 1)
     assert (d["K_DIM"], d["V_DIM"], d["IO_DTYPE"], d["G_DTYPE"], d["LOG_GATE"], d["SEQ_INT64"]) == (
         K, V, 2, 0, 1, 1)
     d = _gpu.step_defines(p, idx_int64=False, align=16)
