@@ -28,7 +28,7 @@ def main():
         o = cupy.empty_like(v)
         chunk = device_ms(lambda: cupy_gda.gated_attention(q, k, v, g, method="chunk", out=o))
         pick = _gpu.recurrent_split_for(p)
-        blocks = B * H * -(-V // _gpu.recurrent_tiles(K, V)[2])
+        blocks = B * H * -(-V // _gpu.recurrent_defines(p, False, sms)["BV"])
         rows = []
         for P in PS:
             if (P > 1 and T < 8 * P) or blocks * P > 8 * sms:

@@ -211,7 +211,7 @@ def _chunk_violations(K, V, NH, L, itemsize, sms, smem_max):
     if (P - 1) * (K * V + K) * 4 > L * K * itemsize:
         bad.append("the workspace is larger than q")
     if P > 1 and NH * -(-V // 64) * P > sms:
-        bad.append(f"segments make more than one block per SM at BV=64")
+        bad.append("segments make more than one block per SM at BV=64")
     if P > 1 and BV < min(64, -(-V // 8) * 8) and NH * NV * P // 2 >= 0.75 * sms:
         bad.append("value tiles narrowed although the segments fill the GPU")
     return [f"{where}: {b}" for b in bad]
