@@ -11,15 +11,17 @@ METHODS = {
 
 CHUNK_MAX_K = 128       # gda_chunk_fwd: one scan thread per key column and direction (256 threads)
 
-# GPU crossovers of method="auto" (H200, scripts/crossover.py --quick with the kernels of v10:
-# both families in sequence segments; the numbers are in docs/perf-notes.md, "Dispatch table"):
-# rows (K_min, NH_min, L_min) tried in order; the chunked kernel where K >= K_min, N*H >= NH_min
-# and the mean sequence length is >= L_min; the recurrent kernel elsewhere, so always at K <= 32.
+# GPU crossovers of method="auto" (H200, scripts/crossover.py --quick with the kernels of v11:
+# both families in sequence segments, the recurrent one staged by cp.async with tiles by the
+# grid; the numbers are in docs/perf-notes.md, "Dispatch table"): rows (K_min, NH_min, L_min)
+# tried in order; the chunked kernel where K >= K_min, N*H >= NH_min and the mean sequence
+# length is >= L_min; the recurrent kernel elsewhere, so always at K <= 32.
 CHUNK_FROM = (
-    (65, 32, 128),      # K 65..128, N*H >= 32: 1.6-2.9x faster at every T measured
-    (33, 64, 128),      # K 33..128, N*H >= 64: 1.1-2.2x
-    (33, 16, 256),      # K 33..128, N*H >= 16, T >= 256: 1.0-1.2x
-    (33, 1, 512),       # K 33..128, T >= 512: 1.3-2.5x
+    (65, 32, 128),      # K 65..128, N*H >= 32: 1.5-2.6x faster at every T measured
+    (33, 64, 128),      # K 33..128, N*H >= 64: 1.0-2.0x
+    (65, 16, 256),      # K 65..128, N*H >= 16, T >= 256: 1.1-1.9x (at K <= 64 the recurrent
+                        #   kernel now wins N*H 16..63 at T = 256 by 10-28 %)
+    (33, 1, 512),       # K 33..128, T >= 512: 1.0-1.9x
 )
 
 
