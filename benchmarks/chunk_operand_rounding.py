@@ -24,6 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cupy_gda import _verify  # noqa: E402
 from cupy_gda._verify import Case  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from chunk_exact import _suffix_exclusive  # noqa: E402
+
 try:
     import ml_dtypes
     BF16 = ml_dtypes.bfloat16
@@ -88,7 +91,7 @@ def chunk_forward(q, k, v, g, h0, out_spec, state_spec, v_exact, BT=64, BS=16):
         D[:-1] = np.cumprod(gc[:0:-1], axis=0)[::-1]
         subs = [(a, min(a + BS, C)) for a in range(0, C, BS)]
         P = np.concatenate([np.cumprod(gc[a:e], axis=0) for a, e in subs])
-        Q = np.concatenate([_suffix_exclusive(gc[a:e]) for a, e in subs])
+        Q = np.concatenate([_suffix_exclusive(gc[None, a:e])[0] for a, e in subs])
         G = [np.prod(gc[a:e], axis=0) for a, e in subs]
         oc = matmul(qc * A, S, out_spec)                                      # (q*A) S
         for i, (ai, ei) in enumerate(subs):
@@ -109,12 +112,6 @@ def chunk_forward(q, k, v, g, h0, out_spec, state_spec, v_exact, BT=64, BS=16):
         S = A[-1][:, None] * S + matmul((kc * D).T, vc, state_spec, b_exact=v_exact)
         o[c0:c0 + C] = oc
     return o, S
-
-
-def _suffix_exclusive(x):
-    y = np.ones_like(x)
-    y[:-1] = np.cumprod(x[:0:-1], axis=0)[::-1]
-    return y
 
 
 SCHEMES = (("f32", "f32"), ("tf32x3", "tf32x3"), ("bf16", "tf32x3"), ("bf16x2", "tf32x3"),

@@ -16,13 +16,12 @@ from crossover import device_ms
 from probe import inputs
 
 DEFINES = {"chunk": "chunk_defines", "recurrent": "recurrent_defines"}
+RULES = {family: getattr(_gpu, attr) for family, attr in DEFINES.items()}   # the launcher's own
 
 
 def _force(family, name, value):
     """Patch the family's defines so that ``name`` is ``value`` (None: as the launcher picks)."""
-    attr = DEFINES[family]
-    rule = getattr(_gpu, "_rule_" + attr, None) or getattr(_gpu, attr)
-    setattr(_gpu, "_rule_" + attr, rule)
+    attr, rule = DEFINES[family], RULES[family]
 
     def forced(*a, **kw):
         d = rule(*a, **kw)

@@ -24,8 +24,9 @@ RULE = _gpu.recurrent_tiles, _gpu.recurrent_async
 
 
 def _use(tiles, staging):
-    """Force the tiles, and the rule's staging (staging 1) or the register path (0)."""
-    _gpu.recurrent_tiles = lambda *a, t=tiles, **kw: t
+    """Force the tiles, and the rule's staging (staging 1) or the register path (0); tiles None:
+    the rule's own again."""
+    _gpu.recurrent_tiles = RULE[0] if tiles is None else (lambda *a, t=tiles, **kw: t)
     _gpu.recurrent_async = RULE[1] if staging else (lambda p, t: 0)
     _gpu._PLANS.clear()
     cupy_gda._api._FAST.clear()
@@ -68,9 +69,7 @@ def grid(which):
                 continue
             _use(t, 1)
             ms.append(device_ms(call))
-        _gpu.recurrent_tiles, _gpu.recurrent_async = RULE
-        _gpu._PLANS.clear()
-        cupy_gda._api._FAST.clear()
+        _use(None, 1)
         best = min((i for i in range(len(ms)) if ms[i] == ms[i]), key=ms.__getitem__)
         print(f"{K} {B} {H} {T} | {rule} P={P} | "
               + " ".join(f"{m:.4f}{'*' if i == best else ''}" for i, m in enumerate(ms))
@@ -93,10 +92,9 @@ def main():
         best = default(K, V, B * H, T, staged=True)
         rows = []
         for R, threads, TC, A in itertools.product((1, 2, 4), (64, 128, 256), (16, 32, 64), (1, 0)):
-            KT = min(32, _gpu._pow2_at_least(-(-K // R)))
+            R, KT, BV, TC = _tiles(K, R, threads, TC)
             if -(-K // (R * KT)) * R > 8 or threads < KT:
                 continue
-            BV = max(32 // KT, threads // KT)
             if TC * BV * (KT + 1) * 4 > 48 * 1024:
                 continue
             p = _checks.Problem(B=B, T=T, H=H, K=K, V=V, N=B, dtype="float32", g_dtype="float32",
@@ -111,9 +109,7 @@ def main():
             err = float(cupy.abs(got - want).max())
             ms = device_ms(lambda: cupy_gda.gated_attention(q, k, v, g, method="recurrent", out=o))
             rows.append((ms, R, KT, BV, TC, "A" if A else "reg", err))
-        _gpu.recurrent_tiles, _gpu.recurrent_async = RULE
-        _gpu._PLANS.clear()
-        cupy_gda._api._FAST.clear()
+        _use(None, 1)
         print(f"{name} (B{B} T{T} H{H} K{K} V{V}); rule picks (R, KT, BV, TC) = {best}", flush=True)
         rows.sort()
         for ms, R, KT, BV, TC, staged, err in rows[:top]:

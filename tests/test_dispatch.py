@@ -134,7 +134,7 @@ def _recurrent_violations(K, V, NH=None, L=None, sms=132, smem_max=SMEM_MAX, sta
     smem = _gpu.recurrent_smem(K, R, KT, BV, TC, dbuf)     # the launch's dynamic shared memory
     if smem + TC * BV * (KT + 1) * 4 > smem_max:
         bad.append(f"shared memory {smem} dynamic + static > {smem_max}")
-    if not dbuf and (TC * K > 8 * KT * BV or TC * BV > 8 * KT * BV):
+    if not dbuf and (TC * K > 8 * KT * BV or TC > 8 * KT):     # EK, EV <= 8
         bad.append("more than 8 prefetched elements a thread (registers)")
     where = f"K={K} V={V} NH={NH} L={L} sms={sms} staged={staged}"
     return [f"{where} (R, KT, BV, TC)=({R}, {KT}, {BV}, {TC}): {b}" for b in bad]
