@@ -35,14 +35,16 @@
 //   (converted, exp of log gates). -DGDA_PROFILE prints block 0's cycles per stage
 //   (scripts/profile_chunk.py).
 // Precision: every matmul is 3xTF32 (a = hi + lo, a*b ~ hi*hi + hi*lo + lo*hi, fp32
-//   accumulation), which keeps float32 accuracy; no plain TF32 anywhere.
+//   accumulation), which keeps float32 accuracy; no plain TF32 anywhere. bfloat16 inputs: bf16
+//   mma with the same split in bf16 terms (v exact in one), at the bf16 contract (see KSTEP).
 // Sequences: rows [bos, eos) of the [B*T, H, *] tensors; cu_seqlens (varlen, B = 1, offsets
 //   clamped to [0, T]) or bos = n*T. No host syncs, no atomics; the workspace (P > 1 only) is
 //   (P - 1) * (K * V + K) floats per sequence-head, every element written by gda_chunk_state
 //   before gda_chunk_fwd reads it.
 //
 // Required defines: K_DIM (1..128), V_DIM (1..256), IO_DTYPE, G_DTYPE, LOG_GATE, SEQ_INT64.
-//   Tunable: BV (a multiple of 8, at most 64), NG, ASYNC_COPY, DBUF (cp.async path only).
+//   Tunable: BV (a multiple of 8, at most 64), NG, ASYNC_COPY, DBUF (cp.async path only),
+//   BF16_MMA (bfloat16 inputs: 1 bf16 mma, 0 the 3xTF32 path).
 // Reference: cupy_gda.reference.gated_attention_ref (and gated_attention_chunked, the same
 //   stages in NumPy).
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64)
@@ -103,6 +105,26 @@ typedef int seq_t;
 #define SM_B (SM_E + KP)                       // [4][KP]   B_i: product of sub-blocks 0..i-1
 #define SM_FLOATS (SM_B + 4 * KP)
 
+// Tensor-core operands. TF32 (float32 and float16 inputs): k-steps of 8, each operand element
+// split a = hi + lo in TF32, products lo*hi, hi*lo, hi*hi (mma.m16n8k8, fp32 accumulation).
+// BF16 (bfloat16 inputs, -DBF16_MMA=1, the default there): k-steps of 16, two elements a register,
+// each operand that is not exact in bf16 split in two bf16 terms, the same three products
+// (mma.m16n8k16); v is a bfloat16 input, exact in one term, so its products are lo*v + hi*v.
+// benchmarks/chunk_operand_rounding.py shows both within the accuracy contract (bf16: o at 0.50
+// of the bound, the final state at up to 0.48). Within a k-step the columns are permuted the
+// same way in A and B (a sum over k does not care): the BF16 register j of a thread holds the
+// columns t + 8j' and t + 8j' + 4, those of two TF32 k-steps, so both read the same addresses
+// (free of bank conflicts with the strides above).
+#ifndef BF16_MMA
+#define BF16_MMA 1
+#endif
+#define GDA_BF16 (BF16_MMA && IO_DTYPE == 2)
+#if GDA_BF16
+#define KSTEP 16
+#else
+#define KSTEP 8
+#endif
+
 // a = hi + lo, both TF32 (hi: round to nearest; lo: the rounded remainder). sm_90 converts with
 // one instruction in round-to-nearest-even (F2FP); sm_80 has only ties-away, which ptxas expands
 // to four (a finite test, add, select, mask)
@@ -116,73 +138,82 @@ __device__ __forceinline__ void gda_split(float x, unsigned& hi, unsigned& lo) {
     asm(GDA_TF32 " %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
 }
 
+// (x0, x1) as bf16 pairs (x0 in the low half): hi rounded to nearest even, lo the rounded
+// remainders (not formed when EXACT: the operand is a bf16 input)
+template <bool EXACT>
+__device__ __forceinline__ void gda_split2(float x0, float x1, unsigned& hi, unsigned& lo) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(x1), "f"(x0));
+    if constexpr (!EXACT) {
+        const float r0 = x0 - __uint_as_float(hi << 16), r1 = x1 - __uint_as_float(hi & 0xffff0000u);
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(r1), "f"(r0));
+    }
+}
+
+// d += a b over one k-step
 __device__ __forceinline__ void gda_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+#if GDA_BF16
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+#else
     asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+#endif
         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// d[j] += a * b[j], j < J (those with j < jn), in 3xTF32: the small terms first, each pass over
-// all J tiles, so that consecutive mma are independent (an mma waits for its accumulator's last)
-template <int J>
+// d[j] += a * b[j], j < J (those with j < jn), over one k-step: the small terms first, each pass
+// over all J tiles, so that consecutive mma are independent (an mma waits for its accumulator's
+// last). BX: b is exact (a bf16 input, BF16 only): no hi*lo term, bl unused.
+template <int J, bool BX = false>
 __device__ __forceinline__ void gda_mma3(float (*d)[4], const unsigned (&ah)[4], const unsigned (&al)[4],
                                          const unsigned (&bh)[J][2], const unsigned (&bl)[J][2], int jn = J) {
     #pragma unroll
     for (int j = 0; j < J; ++j) if (j < jn) gda_mma(d[j], al, bh[j]);
-    #pragma unroll
-    for (int j = 0; j < J; ++j) if (j < jn) gda_mma(d[j], ah, bl[j]);
+    if constexpr (!(GDA_BF16 && BX)) {
+        #pragma unroll
+        for (int j = 0; j < J; ++j) if (j < jn) gda_mma(d[j], ah, bl[j]);
+    }
     #pragma unroll
     for (int j = 0; j < J; ++j) if (j < jn) gda_mma(d[j], ah, bh[j]);
 }
 
-// A fragment (16x8, row-major source): element (r, c) at p[r * ld + c]
-__device__ __forceinline__ void gda_frag_a(const float* p, int ld, int lane, unsigned (&hi)[4], unsigned (&lo)[4]) {
+// A fragment of one k-step (16 rows): element (r, c) is f(r, c), r < 16, c < KSTEP.
+// TF32: register j holds (g + 8 (j & 1), t + 4 (j >> 1)); BF16: (g + 8 (j & 1), t + 8 (j >> 1))
+// and the same row 4 columns on (g = lane / 4, t = lane % 4).
+template <bool EXACT = false, typename F>
+__device__ __forceinline__ void gda_frag_a(F f, int lane, unsigned (&hi)[4], unsigned (&lo)[4]) {
     const int g = lane >> 2, t = lane & 3;
-    gda_split(p[g * ld + t], hi[0], lo[0]);
-    gda_split(p[(g + 8) * ld + t], hi[1], lo[1]);
-    gda_split(p[g * ld + t + 4], hi[2], lo[2]);
-    gda_split(p[(g + 8) * ld + t + 4], hi[3], lo[3]);
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int r = g + 8 * (j & 1), c = t + KSTEP / 2 * (j >> 1);
+#if GDA_BF16
+        gda_split2<EXACT>(f(r, c), f(r, c + 4), hi[j], lo[j]);
+#else
+        gda_split(f(r, c), hi[j], lo[j]);
+#endif
+    }
 }
 
-// A fragment from a transposed source: element (r, c) at p[c * ld + r]
-__device__ __forceinline__ void gda_frag_at(const float* p, int ld, int lane, unsigned (&hi)[4], unsigned (&lo)[4]) {
+// B fragment of one k-step (8 columns): element (kk, n) is f(kk, n). TF32: register j holds
+// (t + 4 j, g); BF16: (t + 8 j, g) and 4 rows on.
+template <bool EXACT = false, typename F>
+__device__ __forceinline__ void gda_frag_b(F f, int lane, unsigned (&hi)[2], unsigned (&lo)[2]) {
     const int g = lane >> 2, t = lane & 3;
-    gda_split(p[t * ld + g], hi[0], lo[0]);
-    gda_split(p[t * ld + g + 8], hi[1], lo[1]);
-    gda_split(p[(t + 4) * ld + g], hi[2], lo[2]);
-    gda_split(p[(t + 4) * ld + g + 8], hi[3], lo[3]);
+    #pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int kk = t + KSTEP / 2 * j;
+#if GDA_BF16
+        gda_split2<EXACT>(f(kk, g), f(kk + 4, g), hi[j], lo[j]);
+#else
+        gda_split(f(kk, g), hi[j], lo[j]);
+#endif
+    }
 }
 
-// B fragment (8x8): element (kk, n) at p[kk * ld + n]
-__device__ __forceinline__ void gda_frag_b(const float* p, int ld, int lane, unsigned (&hi)[2], unsigned (&lo)[2]) {
-    const int g = lane >> 2, t = lane & 3;
-    gda_split(p[t * ld + g], hi[0], lo[0]);
-    gda_split(p[(t + 4) * ld + g], hi[1], lo[1]);
-}
-
-// B fragment from a transposed source: element (kk, n) at p[n * ld + kk]
-__device__ __forceinline__ void gda_frag_bt(const float* p, int ld, int lane, unsigned (&hi)[2], unsigned (&lo)[2]) {
-    const int g = lane >> 2, t = lane & 3;
-    gda_split(p[g * ld + t], hi[0], lo[0]);
-    gda_split(p[g * ld + t + 4], hi[1], lo[1]);
-}
-
-// A fragment with a column scale: element (r, c) at p[r * ld + c] * cs[c]
-__device__ __forceinline__ void gda_frag_a_cs(const float* p, int ld, const float* cs, int lane,
-                                              unsigned (&hi)[4], unsigned (&lo)[4]) {
-    const int g = lane >> 2, t = lane & 3;
-    const float c0 = cs[t], c4 = cs[t + 4];
-    gda_split(p[g * ld + t] * c0, hi[0], lo[0]);
-    gda_split(p[(g + 8) * ld + t] * c0, hi[1], lo[1]);
-    gda_split(p[g * ld + t + 4] * c4, hi[2], lo[2]);
-    gda_split(p[(g + 8) * ld + t + 4] * c4, hi[3], lo[3]);
-}
-
-// d[n] += a * B_n for the value tiles n < nn (at most NN) of one 16-row band: B_n is the 8x8
-// fragment at b + 8 * n (row-major, stride ld), loaded in groups of NG so that the mma of a
-// group are independent
-template <int NN>
+// d[n] += a * B_n for the value tiles n < nn (at most NN) of one 16-row band over one k-step: B_n
+// is the fragment at b + 8 * n (row-major, stride ld; BX: exact, a bf16 input), loaded in groups
+// of NG so that the mma of a group are independent
+template <int NN, bool BX = false>
 __device__ __forceinline__ void gda_mma_tiles(float (*d)[4], const unsigned (&ah)[4], const unsigned (&al)[4],
                                               const float* b, int ld, int nn, int lane) {
     constexpr int G = NG < NN ? NG : NN;
@@ -191,8 +222,11 @@ __device__ __forceinline__ void gda_mma_tiles(float (*d)[4], const unsigned (&ah
         unsigned bh[G][2], bl[G][2];
         #pragma unroll
         for (int j = 0; j < G; ++j)
-            if (n0 + j < nn) gda_frag_b(b + 8 * (n0 + j), ld, lane, bh[j], bl[j]);
-        gda_mma3<G>(d + n0, ah, al, bh, bl, nn - n0);
+            if (n0 + j < nn) {
+                const float* p = b + 8 * (n0 + j);
+                gda_frag_b<BX>([&](int kk, int n) { return p[kk * ld + n]; }, lane, bh[j], bl[j]);
+            }
+        gda_mma3<G, BX>(d + n0, ah, al, bh, bl, nn - n0);
     }
 }
 
@@ -564,9 +598,11 @@ gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t*
                 for (int r = 0; r < 4; ++r) b_o[n][r] = 0.f;
             // 4a. (q*A) S, q*A = (q*P) B_i formed at the fragment load
             #pragma unroll 2
-            for (int kb = 0; kb < KP; kb += 8) {
+            for (int kb = 0; kb < KP; kb += KSTEP) {
                 unsigned ah[4], al[4];
-                gda_frag_a_cs(b_q + r0 * QS + kb, QS, b_b + i_s * KP + kb, lane, ah, al);
+                const float* pq = b_q + r0 * QS + kb;
+                const float* pb = b_b + i_s * KP + kb;
+                gda_frag_a([&](int r, int c) { return pq[r * QS + c] * pb[c]; }, lane, ah, al);
                 gda_mma_tiles<NTH>(b_o, ah, al, b_s + kb * VS + 8 * nb, VS, nn, lane);
             }
             // 4b. scores against the earlier sub-blocks: (q*P) kA_{r0}^T, columns 0..r0-1, in
@@ -580,12 +616,16 @@ gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t*
                     #pragma unroll
                     for (int r = 0; r < 4; ++r) b_c[n][r] = 0.f;
                 #pragma unroll 2
-                for (int kb = 0; kb < KP; kb += 8) {
+                for (int kb = 0; kb < KP; kb += KSTEP) {
                     unsigned ah[4], al[4], bh[3][2], bl[3][2];
-                    gda_frag_a(b_q + r0 * QS + kb, QS, lane, ah, al);
+                    const float* pq = b_q + r0 * QS + kb;
+                    gda_frag_a([&](int r, int c) { return pq[r * QS + c]; }, lane, ah, al);
                     #pragma unroll
                     for (int n = 0; n < 3; ++n)
-                        if (n < i_s) gda_frag_bt(ka + 8 * (c0 + n) * QS + kb, QS, lane, bh[n], bl[n]);
+                        if (n < i_s) {
+                            const float* pk = ka + 8 * (c0 + n) * QS + kb;    // kA^T
+                            gda_frag_b([&](int kk, int m) { return pk[m * QS + kk]; }, lane, bh[n], bl[n]);
+                        }
                     gda_mma3<3>(b_c, ah, al, bh, bl, i_s);
                 }
                 #pragma unroll
@@ -609,11 +649,12 @@ gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t*
             // 4c. + scores v over the earlier sub-blocks' steps 0..r0-1, and the sub-block's own
             //     when finite (tensor cores)
             #pragma unroll
-            for (int kb = 0; kb < BT; kb += 8)
+            for (int kb = 0; kb < BT; kb += KSTEP)
                 if (kb < r0 + (fin ? BS : 0)) {
                     unsigned ah[4], al[4];
-                    gda_frag_a(b_w + r0 * WS + kb, WS, lane, ah, al);
-                    gda_mma_tiles<NTH>(b_o, ah, al, b_v + kb * VS + 8 * nb, VS, nn, lane);
+                    const float* pw = b_w + r0 * WS + kb;
+                    gda_frag_a([&](int r, int c) { return pw[r * WS + c]; }, lane, ah, al);
+                    gda_mma_tiles<NTH, true>(b_o, ah, al, b_v + kb * VS + 8 * nb, VS, nn, lane);
                 }
             // 4c'. otherwise + W v over the sub-block's own steps s <= t only, in fp32 on the
             //      CUDA cores
@@ -702,18 +743,22 @@ gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t*
                 }
             }
             #pragma unroll 2
-            for (int kb = 0; kb < BT; kb += 8) {
+            for (int kb = 0; kb < BT; kb += KSTEP) {
                 unsigned bh[NTH][2], bl[NTH][2];
                 #pragma unroll
                 for (int n = 0; n < NTH; ++n)
-                    if (n < nn5) gda_frag_b(b_v + kb * VS + 8 * (n5 + n), VS, lane, bh[n], bl[n]);
+                    if (n < nn5) {
+                        const float* pv = b_v + kb * VS + 8 * (n5 + n);
+                        gda_frag_b<true>([&](int kk, int c) { return pv[kk * VS + c]; }, lane, bh[n], bl[n]);
+                    }
                 #pragma unroll
                 for (int i = 0; i < MR; ++i) {
                     const int m0 = 16 * ((w >> 1) + (NW / 2) * i);
                     if (MT % (NW / 2) == 0 || m0 < KP) {
                         unsigned ah[4], al[4];
-                        gda_frag_at(b_k + kb * KS + m0, KS, lane, ah, al);
-                        gda_mma3<NTH>(b_sr[i], ah, al, bh, bl, nn5);
+                        const float* pk = b_k + kb * KS + m0;            // (k*D)^T
+                        gda_frag_a([&](int r, int c) { return pk[c * KS + r]; }, lane, ah, al);
+                        gda_mma3<NTH, true>(b_sr[i], ah, al, bh, bl, nn5);
                     }
                 }
             }

@@ -160,12 +160,14 @@ def test_tensors_over_2_31_elements():
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # inf - inf
 @pytest.mark.parametrize("bad", [pytest.param(np.nan, id="nan"), pytest.param(np.inf, id="inf")])
-@pytest.mark.parametrize("method", ["chunk", "recurrent"])
-def test_bad_value_in_v_reaches_only_later_steps(method, bad, backend):
+@pytest.mark.parametrize("method, dtype", [("chunk", "float32"), ("chunk", "bfloat16"),
+                                           ("recurrent", "float32")])
+def test_bad_value_in_v_reaches_only_later_steps(method, dtype, bad, backend):
     """A NaN or inf in v_s (mid sub-block, mid chunk) leaves every o_t, t < s, finite and makes
-    o_t's column non-finite from s on, exactly as the recurrence does (no 0 * NaN leaks)."""
+    o_t's column non-finite from s on, exactly as the recurrence does (no 0 * NaN leaks);
+    bfloat16 inputs run the chunked kernel's bf16 mma."""
     B, T, H, K, V, s, c = 2, 200, 2, 64, 32, 70, 5
-    q, k, v, g = _inputs(B, T, H, K, V, 12)
+    q, k, v, g = _inputs(B, T, H, K, V, 12, _verify._dtype(dtype))
     v[1, s, 0, c] = bad
     o = _host(cupy_gda.gated_attention(*(to_backend(x, backend) for x in (q, k, v, g)),
                                        method=method))

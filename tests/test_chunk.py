@@ -33,6 +33,11 @@ CASES += [
     # half dtypes over several chunks
     Case(2, 300, 2, 128, 128, dtype="bfloat16"), Case(2, 300, 2, 64, 64, dtype="float16", gate="zeros"),
     Case(2, 300, 2, 128, 128, dtype="bfloat16", log=True, init=False),
+    # bfloat16 inputs take bf16 mma (operands split in two bf16 terms, v exact): every gate
+    # regime, K and V off the tiles, chunk boundaries, value tiles over 64
+    *(Case(2, 300, 2, 64, 64, dtype="bfloat16", gate=g) for g in _verify.GATES),
+    Case(2, 129, 2, 17, 24, dtype="bfloat16"), Case(2, 150, 2, 100, 7, dtype="bfloat16", gate="neg"),
+    Case(2, 200, 2, 40, 200, dtype="bfloat16", log=True), Case(1, 2000, 2, 128, 128, dtype="bfloat16", gate="unif"),
     # varlen: segments ending inside chunks and sub-blocks, empty ones
     varlen_case((1, 17, 64, 300, 65, 0, 129), K=64, V=64),
     varlen_case((200, 0, 3), K=128, V=128, gate="zeros", dtype="bfloat16"),
