@@ -43,7 +43,7 @@
 //   before gda_chunk_fwd reads it.
 //
 // Required defines: K_DIM (1..128), V_DIM (1..256), IO_DTYPE, G_DTYPE, LOG_GATE, SEQ_INT64.
-//   Tunable: BV (a multiple of 8, at most 64), NG, ASYNC_COPY, DBUF (cp.async path only),
+//   Tunable: BV (a multiple of 8, at most 64), NG, LB, ASYNC_COPY, DBUF (cp.async path only),
 //   BF16_MMA (bfloat16 inputs: 1 bf16 mma, 0 the 3xTF32 path).
 // Reference: cupy_gda.reference.gated_attention_ref (and gated_attention_chunked, the same
 //   stages in NumPy).
@@ -249,66 +249,77 @@ template <typename E, int W> __device__ __forceinline__ gda_pack<E, W> gda_ld(co
     return r;
 }
 
-#define GDA_LB 4                              // loads of each tensor in flight per thread
+// A pack to shared memory: one 16-byte store for 4 floats (the row strides keep packs aligned;
+// 4 scalar stores a lane 16 bytes apart would be 4-way bank conflicts)
+template <int W> __device__ __forceinline__ void gda_st(float* p, const gda_pack<float, W>& x) {
+    if constexpr (W == 4) *reinterpret_cast<float4*>(p) = x.v;
+    else p[0] = x.e[0];
+}
 
-// Stage 1 for q (when Q), k, g: rows t < n (the rest: q = k = 0, gate 1) of the chunk starting
-// at row r0, columns 0..K_DIM-1 in packs of W; PR packs a row.
-template <int PR, int W, bool Q>
+#ifndef LB
+#define LB 4                                   // loads of each tensor in flight per thread
+#endif
+
+// Stage 1 through registers (half inputs, log gates, unaligned pointers): q (when Q), k, g in
+// packs of W (PR packs a row), v in packs of WV (PRV a row, tile columns c < nc), rows t < n of
+// the chunk starting at row r0 (the rest: q = k = v = 0, gate 1), converted to fp32. Up to LB
+// loads of each tensor in flight per thread, every tensor's issued before the first store.
+template <int PR, int W, int PRV, int WV, bool Q>
 __device__ __forceinline__ void gda_stage(const io::t* __restrict__ q, const io::t* __restrict__ k,
-                                          const gt::t* __restrict__ g, float* b_q, float* b_k, float* b_a,
-                                          long long r0, long long n, long long sk, long long col0, int tid) {
-    constexpr int NP = BT * PR, EP = (NP + NT - 1) / NT, LB = EP < GDA_LB ? EP : GDA_LB;
+                                          const gt::t* __restrict__ g, const io::t* __restrict__ v,
+                                          float* b_q, float* b_k, float* b_a, float* b_v,
+                                          long long r0, long long n, long long sk, long long sv,
+                                          long long colk, long long colv, int nc, int tid) {
+    constexpr int NP = BT * PR, EP = (NP + NT - 1) / NT, LK = EP < LB ? EP : LB;
+    constexpr int NPV = BT * PRV, EPV = (NPV + NT - 1) / NT, LV = EPV < LB ? EPV : LB;
+    constexpr int RK = (EP + LK - 1) / LK, RV = (EPV + LV - 1) / LV, ROUNDS = RK > RV ? RK : RV;
     #pragma unroll 1
-    for (int j0 = 0; j0 < EP; j0 += LB) {
-        gda_pack<io::t, W> rq[LB], rk[LB];
-        gda_pack<gt::t, W> rg[LB];
+    for (int i0 = 0; i0 < ROUNDS; ++i0) {
+        gda_pack<io::t, W> rq[LK], rk[LK];
+        gda_pack<gt::t, W> rg[LK];
+        gda_pack<io::t, WV> rv[LV];
         #pragma unroll
-        for (int j = 0; j < LB; ++j) {
-            const int e = tid + (j0 + j) * NT, t = e / PR, c = e % PR;
-            if (j0 + j < EP && e < NP && t < n) {
-                const long long off = (r0 + t) * sk + col0 + W * c;
+        for (int j = 0; j < LK; ++j) {
+            const int e = tid + (i0 * LK + j) * NT, t = e / PR, c = e % PR;
+            if (i0 * LK + j < EP && e < NP && t < n) {
+                const long long off = (r0 + t) * sk + colk + W * c;
                 if (Q) rq[j] = gda_ld<io::t, W>(q + off);
                 rk[j] = gda_ld<io::t, W>(k + off);
                 rg[j] = gda_ld<gt::t, W>(g + off);
             }
         }
         #pragma unroll
-        for (int j = 0; j < LB; ++j) {
-            const int e = tid + (j0 + j) * NT, t = e / PR, c = e % PR;
-            if (j0 + j < EP && e < NP) {
+        for (int j = 0; j < LV; ++j) {
+            const int e = tid + (i0 * LV + j) * NT, t = e / PRV, c = e % PRV;
+            if (i0 * LV + j < EPV && e < NPV && t < n && WV * c < nc)
+                rv[j] = gda_ld<io::t, WV>(v + (r0 + t) * sv + colv + WV * c);
+        }
+        #pragma unroll
+        for (int j = 0; j < LK; ++j) {
+            const int e = tid + (i0 * LK + j) * NT, t = e / PR, c = e % PR;
+            if (i0 * LK + j < EP && e < NP) {
                 const bool m = t < n;
+                gda_pack<float, W> fq, fk, fa;
                 #pragma unroll
                 for (int i = 0; i < W; ++i) {
-                    if (Q) b_q[t * QS + W * c + i] = m ? io::load(rq[j].e[i]) : 0.f;
-                    b_k[t * KS + W * c + i] = m ? io::load(rk[j].e[i]) : 0.f;
-                    b_a[t * QS + W * c + i] = m ? gda_gate(rg[j].e[i]) : 1.f;
+                    fq.e[i] = m ? io::load(rq[j].e[i]) : 0.f;
+                    fk.e[i] = m ? io::load(rk[j].e[i]) : 0.f;
+                    fa.e[i] = m ? gda_gate(rg[j].e[i]) : 1.f;
                 }
+                if (Q) gda_st(b_q + t * QS + W * c, fq);
+                gda_st(b_k + t * KS + W * c, fk);
+                gda_st(b_a + t * QS + W * c, fa);
             }
         }
-    }
-}
-
-// Stage 1 for v: rows t < n, tile columns c < nc (the rest 0), in packs of W; PR packs a row.
-template <int PR, int W>
-__device__ __forceinline__ void gda_stage_v(const io::t* __restrict__ v, float* b_v, long long r0,
-                                            long long n, long long sv, long long col0, int nc, int tid) {
-    constexpr int NP = BT * PR, EP = (NP + NT - 1) / NT, LB = EP < GDA_LB ? EP : GDA_LB;
-    #pragma unroll 1
-    for (int j0 = 0; j0 < EP; j0 += LB) {
-        gda_pack<io::t, W> rv[LB];
         #pragma unroll
-        for (int j = 0; j < LB; ++j) {
-            const int e = tid + (j0 + j) * NT, t = e / PR, c = e % PR;
-            if (j0 + j < EP && e < NP && t < n && W * c < nc)
-                rv[j] = gda_ld<io::t, W>(v + (r0 + t) * sv + col0 + W * c);
-        }
-        #pragma unroll
-        for (int j = 0; j < LB; ++j) {
-            const int e = tid + (j0 + j) * NT, t = e / PR, c = e % PR;
-            if (j0 + j < EP && e < NP) {
-                const bool m = t < n && W * c < nc;
+        for (int j = 0; j < LV; ++j) {
+            const int e = tid + (i0 * LV + j) * NT, t = e / PRV, c = e % PRV;
+            if (i0 * LV + j < EPV && e < NPV) {
+                const bool m = t < n && WV * c < nc;
+                gda_pack<float, WV> fv;
                 #pragma unroll
-                for (int i = 0; i < W; ++i) b_v[t * VS + W * c + i] = m ? io::load(rv[j].e[i]) : 0.f;
+                for (int i = 0; i < WV; ++i) fv.e[i] = m ? io::load(rv[j].e[i]) : 0.f;
+                gda_st(b_v + t * VS + WV * c, fv);
             }
         }
     }
@@ -515,18 +526,19 @@ gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t*
         } else
 #endif
         {
-#if K_DIM % 4 == 0
-        if (vec_qkg)
-            gda_stage<K_DIM / 4, 4, !STATE>(q, k, g, b_q, b_k, b_a, bos + t0, s1 - t0, sk, (long long)i_h * K_DIM, tid);
-        else
-#endif
-            gda_stage<K_DIM, 1, !STATE>(q, k, g, b_q, b_k, b_a, bos + t0, s1 - t0, sk, (long long)i_h * K_DIM, tid);
-#if V_DIM % 4 == 0
-        if (vec_v)
-            gda_stage_v<BV / 4, 4>(v, b_v, bos + t0, s1 - t0, sv, (long long)i_h * V_DIM + v0, V_DIM - v0, tid);
-        else
-#endif
-            gda_stage_v<BV, 1>(v, b_v, bos + t0, s1 - t0, sv, (long long)i_h * V_DIM + v0, V_DIM - v0, tid);
+            // packs of 4 where K (V) and the pointers allow, else single elements
+#define GDA_STAGE(W, WV) gda_stage<K_DIM / (W), W, BV / (WV), WV, !STATE>(                        \
+                q, k, g, v, b_q, b_k, b_a, b_v, bos + t0, s1 - t0, sk, sv, (long long)i_h * K_DIM,  \
+                (long long)i_h * V_DIM + v0, V_DIM - v0, tid)
+            constexpr int PK4 = K_DIM % 4 == 0 ? 4 : 1, PV4 = V_DIM % 4 == 0 ? 4 : 1;
+            if (vec_qkg) {
+                if (vec_v) GDA_STAGE(PK4, PV4);
+                else GDA_STAGE(PK4, 1);
+            } else {
+                if (vec_v) GDA_STAGE(1, PV4);
+                else GDA_STAGE(1, 1);
+            }
+#undef GDA_STAGE
         }
         __syncthreads();
         GDA_PROF(1);

@@ -16,7 +16,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 CUPY_GDA_COMMIT="$commit"
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARNING | tail -3
 if [ "$phase" = "suite" ]; then
-    timeout 420 python3 -m pytest -q tests > "$out/pytest.txt" 2>&1; tail -3 "$out/pytest.txt"
+    timeout 500 python3 -m pytest -q tests > "$out/pytest.txt" 2>&1; tail -3 "$out/pytest.txt"
     timeout 90 cupy-gda verify > "$out/verify.txt" 2>&1; tail -1 "$out/verify.txt"
     exit 0
 fi
