@@ -6,7 +6,8 @@ and common.cuh).
 
     ncu -k gda_chunk_fwd --section SourceCounters --import-source yes -o rep \\
         python3 scripts/ncu_chunk.py 8,4096,16,128,128 [bfloat16]
-    ncu -i rep.ncu-rep --page source --print-source cuda --csv > lines.csv
+    ncu -i rep.ncu-rep --page source --print-source cuda,sass --csv > both.csv
+    python3 scripts/ncu_stages.py both.csv bfloat16       # instructions by stage (the same dtype)
 """
 import hashlib
 import shutil

@@ -13,9 +13,9 @@ import sys
 import cupy
 
 import cupy_gda
-from cupy_gda import _checks, _compile, _gpu
+from cupy_gda import _compile, _gpu
 from crossover import device_ms
-from probe import inputs
+from probe import inputs, sweep_shapes
 
 SHAPES = {"seed": (2, 128, 4, 24, 24), "few24": (1, 2048, 8, 24, 24), "gla64": (4, 2048, 8, 64, 64),
           "long24": (8, 4096, 16, 24, 24), "tsweep-4k": (1, 4096, 16, 128, 128),
@@ -84,11 +84,8 @@ def main():
     if args[:1] == ["--top"]:
         top, args = int(args[1]), args[2:]
     default = RULE[0]
-    for name in args or list(SHAPES):
-        B, T, H, K, V = SHAPES[name]
-        q, k, v, g = inputs(B, T, H, K, V)
+    for name, (B, T, H, K, V), (q, k, v, g), p, want in sweep_shapes(SHAPES, args):
         o = cupy.empty_like(v)
-        want = cupy_gda.gated_attention(q, k, v, g, method="recurrent")
         best = default(K, V, B * H, T, staged=True)
         rows = []
         for R, threads, TC, A in itertools.product((1, 2, 4), (64, 128, 256), (16, 32, 64), (1, 0)):
@@ -97,8 +94,6 @@ def main():
                 continue
             if TC * BV * (KT + 1) * 4 > 48 * 1024:
                 continue
-            p = _checks.Problem(B=B, T=T, H=H, K=K, V=V, N=B, dtype="float32", g_dtype="float32",
-                                log_gate=False)
             if A and not RULE[1](p, (R, KT, BV, TC)):
                 continue                        # the register path, timed with A = 0
             _use((R, KT, BV, TC), A)
