@@ -1,9 +1,11 @@
 """The public functions: argument checks, then the one dispatch point, then a kernel."""
 import numpy as np
 
-from cupy_gda import _checks, _dispatch, reference
+from cupy_gda import _checks, _dispatch, chunk, recurrent, reference, step
 from cupy_gda._interop import Bridge
 
+
+_FAMILIES = {"recurrent": recurrent, "chunk": chunk}    # the GPU launchers of _dispatch's names
 
 try:
     from cupy import ndarray as _cupy_ndarray
@@ -74,7 +76,7 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
         output_final_state: also return the final state [N, H, K, V] float32.
         cu_seqlens: [N + 1] int32/int64 offsets of packed sequences (B must be 1).
         method: "auto" (by the measured table in _dispatch), or a kernel family: "recurrent"
-            (GPU and CPU) or "chunk" (GPU for K <= 128, and CPU).
+            (GPU and CPU) or "chunk" (GPU for K <= chunk.MAX_K = 128, and CPU).
         out: optional [B, T, H, V] array of v's dtype that receives o.
         check_indices: check cu_seqlens' values (one device sync on the GPU); pass False when
             capturing the call in a CUDA graph.
@@ -106,14 +108,11 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
         if cu is not None and (check_indices or not br.gpu):
             _checks.check_cu_seqlens_values(fn, _host(cu), p.T)
         if br.gpu:
-            from cupy_gda import _gpu
             g = gate if gate is not None else log_gate
             cached = (key is not None and key[-1] == q.data.device_id
                       and _all_contiguous((q, k, v, g, h0)))
             q, k, v, g, h0, cu = _contiguous((q, k, v, g, h0, cu))
-            if m == "chunk" and method == "auto" and not _gpu.chunk_fits(p):
-                m = "recurrent"                  # a GPU with less shared memory than an H100
-            plan = _gpu.plan(m, p, cu is not None and cu.dtype == np.int64)
+            plan = _FAMILIES[m].plan(p, cu is not None and cu.dtype == np.int64)
             o, ht = plan(q, k, v, g, scale, h0, cu, output_final_state, out)
             if cached:
                 _FAST[key] = plan
@@ -177,13 +176,12 @@ def gated_attention_step(q, k, v, gate=None, *, log_gate=None, state, scale=1.0,
         if idx is not None and (check_indices or not br.gpu):
             _checks.check_state_indices_values(fn, _host(idx).astype(np.int64), p.N)
         if br.gpu:
-            from cupy_gda import _gpu
             g = gate if gate is not None else log_gate
             cached = (key is not None and key[-1] == q.data.device_id
                       and _all_contiguous((q, k, v, g, idx)))
             q, k, v, g, idx = _contiguous((q, k, v, g, idx))
-            plan = _gpu.plan("step", p, idx is not None and idx.dtype == np.int64,
-                             _gpu.alignment(state.data.ptr))
+            plan = step.plan(p, idx is not None and idx.dtype == np.int64,
+                             step.alignment(state.data.ptr))
             o = plan(q, k, v, g, state, scale, idx, out)
             if cached:
                 _FAST[key] = plan

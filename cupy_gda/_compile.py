@@ -1,8 +1,11 @@
-"""The one compile path: kernel file + sorted defines -> source text -> module.
+"""The one compile path: headers + kernel file + sorted defines -> source text -> module.
 
 At run time the module comes from ``cupy.RawModule`` (NVRTC, for the current device, memoised per
 device; CuPy also caches the binary on disk, keyed by the text). Without a GPU, :func:`compile_cubin`
 runs the same text through NVRTC for an explicit architecture (used by the compile tests and CI).
+A kernel's headers (``kernels/*.cuh``, prepended as text in order: CuPy's disk cache does not see
+``#include``d files) and its extra NVRTC options (an ``sm_90a`` target, say) come from its
+launcher (``_launch.Family``).
 """
 import functools
 import re
@@ -12,7 +15,8 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 # installed: cupy_gda/kernels (setup.cfg maps the top-level kernels/ there); source tree: ../kernels
 KERNEL_DIR = next(p for p in (_HERE / "kernels", _HERE.parent / "kernels") if (p / "common.cuh").is_file())
-OPTIONS = ("-std=c++17",)       # no fast math: expf and division stay IEEE
+OPTIONS = ("-std=c++17",)       # every kernel's; no fast math: expf and division stay IEEE
+HEADERS = ("common.cuh",)
 
 
 class KernelCompileError(RuntimeError):
@@ -24,10 +28,10 @@ def _read(name):
     return (KERNEL_DIR / name).read_text()
 
 
-def source(kernel, defines):
-    """Source text of kernels/<kernel>.cu with a #define preamble and common.cuh prepended."""
+def source(kernel, defines, headers=HEADERS):
+    """Source text of kernels/<kernel>.cu with a #define preamble and ``headers`` prepended."""
     pre = "".join(f"#define {k} {v}\n" for k, v in sorted(defines.items()))
-    return f"// {kernel}.cu\n{pre}{_read('common.cuh')}\n{_read(kernel + '.cu')}"
+    return f"// {kernel}.cu\n{pre}" + "".join(_read(h) + "\n" for h in headers) + _read(kernel + ".cu")
 
 
 def _describe(kernel, defines):
@@ -37,22 +41,22 @@ def _describe(kernel, defines):
 _memo = None
 
 
-def get_function(kernel, defines, smem=0, entry=None):
-    """The compiled entry point ``entry`` (default: ``kernel``) of kernels/<kernel>.cu for the
-    current device (memoised per device and defines), allowed ``smem`` bytes of dynamic shared
-    memory."""
+def get_function(kernel, defines, *, entry=None, headers=HEADERS, options=(), smem=0):
+    """The compiled entry point ``entry`` (default: ``kernel``) of kernels/<kernel>.cu, with
+    ``headers`` prepended and ``options`` added to OPTIONS, for the current device (memoised per
+    device), allowed ``smem`` bytes of dynamic shared memory."""
     global _memo
     if _memo is None:
         import cupy
         _memo = cupy.memoize(for_each_device=True)(_load)
-    fn = _memo(kernel, tuple(sorted(defines.items())), entry or kernel)
+    fn = _memo(kernel, tuple(sorted(defines.items())), entry or kernel, tuple(headers), tuple(options))
     if smem and fn.max_dynamic_shared_size_bytes < smem:   # the default leaves 48 KB - static
         fn.max_dynamic_shared_size_bytes = smem
     return fn
 
 
-def _load(kernel, items, entry):
-    return _module(kernel, items).get_function(entry)
+def _load(kernel, items, entry, headers, options):
+    return _module(kernel, items, headers, options).get_function(entry)
 
 
 @functools.lru_cache(maxsize=None)
@@ -61,15 +65,15 @@ def _module_memo():
     return cupy.memoize(for_each_device=True)(_compile_module)
 
 
-def _module(kernel, items):
-    return _module_memo()(kernel, items)
+def _module(kernel, items, headers, options):
+    return _module_memo()(kernel, items, headers, options)
 
 
-def _compile_module(kernel, items):
+def _compile_module(kernel, items, headers, options):
     import cupy
     defines = dict(items)
     try:
-        mod = cupy.RawModule(code=source(kernel, defines), options=OPTIONS)
+        mod = cupy.RawModule(code=source(kernel, defines, headers), options=OPTIONS + options)
         mod.compile()
         return mod
     except cupy.cuda.compiler.CompileException as e:
@@ -81,16 +85,17 @@ _REGS = re.compile(r"Used (\d+) registers")
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 
 
-def compile_cubin(kernel, defines, arch="sm_90"):
+def compile_cubin(kernel, defines, arch="sm_90", headers=HEADERS, options=()):
     """Compile through NVRTC for ``arch`` without a GPU. Returns (cubin bytes, resource dict)
     with keys registers, stack, spill_stores, spill_loads (from ptxas -v; the largest over the
-    file's entry points), functions (entry name -> its own such dict) and the log."""
+    file's entry points), functions (entry name -> its own such dict), params (entry name -> the
+    PTX types of its parameters, in order) and the log."""
     from cupy_backends.cuda.libs import nvrtc
-    opts = list(OPTIONS) + [f"--gpu-architecture={arch}", "--ptxas-options=-v"]
+    opts = list(OPTIONS + tuple(options)) + [f"--gpu-architecture={arch}", "--ptxas-options=-v"]
     # a unique device variable, so that the PTX differs too: a cache of ptxas results keyed by
     # the PTX hands back a binary without the ptxas report (seen on the H200 machine: empty logs
     # when the same kernels were compiled a second time, even with a unique comment line)
-    text = source(kernel, defines) + f"\n__device__ int gda_offline_compile_{time.time_ns()} = 1;\n"
+    text = source(kernel, defines, headers) + f"\n__device__ int gda_offline_compile_{time.time_ns()} = 1;\n"
     prog = nvrtc.createProgram(text, f"{kernel}.cu", [], [])
     try:
         try:
@@ -100,13 +105,24 @@ def compile_cubin(kernel, defines, arch="sm_90"):
                                      f"{e}\n{nvrtc.getProgramLog(prog)}") from None
         log = nvrtc.getProgramLog(prog)
         cubin = nvrtc.getCUBIN(prog)
+        ptx = nvrtc.getPTX(prog)
     finally:
         nvrtc.destroyProgram(prog)
     functions = {m.group(1): _usage(part) for m, part in _entries(log)}
     res = {key: _worst(u[key] for u in functions.values())
            for key in ("registers", "stack", "spill_stores", "spill_loads")}
-    res.update(functions=functions, log=log)
+    res.update(functions=functions, params=ptx_params(ptx), log=log)
     return cubin, res
+
+
+_PTX_ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)")
+_PTX_PARAM = re.compile(r"\.param\s+\.(\w+)")
+
+
+def ptx_params(ptx):
+    """{entry: (PTX type of each parameter, in order)} of a PTX text (e.g. ('u64', 'u32', 'f32'))."""
+    text = ptx.decode() if isinstance(ptx, bytes) else ptx
+    return {m.group(1): tuple(_PTX_PARAM.findall(m.group(2))) for m in _PTX_ENTRY.finditer(text)}
 
 
 def _entries(log):

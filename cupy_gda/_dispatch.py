@@ -1,21 +1,22 @@
 """The one dispatch point: which kernel family runs a gated_attention call.
 
-``method="auto"`` picks by the table below; a named family runs as asked. Plain Python, so the
-table is unit-tested without a GPU.
+``method="auto"`` picks by the table below; a named family runs as asked, or the call ends in
+a ValueError that names the limit. Plain Python, so the table is unit-tested without a GPU.
 """
+from cupy_gda import chunk
+from cupy_gda._launch import device_limits, mean_len
+
 # family -> where it exists
 METHODS = {
-    "recurrent": ("cpu", "gpu"),   # GPU: kernels/gda_recurrent_fwd.cu; CPU: the loop reference
-    "chunk": ("cpu", "gpu"),       # GPU: kernels/gda_chunk_fwd.cu (K <= 128);
-}                                  # CPU: reference.gated_attention_chunked (numbered einsum steps)
+    "recurrent": ("cpu", "gpu"),   # GPU: cupy_gda/recurrent.py; CPU: the loop reference
+    "chunk": ("cpu", "gpu"),       # GPU: cupy_gda/chunk.py (K <= chunk.MAX_K);
+}                                  # CPU: reference.gated_attention_chunked (numbered steps)
 
-CHUNK_MAX_K = 128       # gda_chunk_fwd: one scan thread per key column and direction (256 threads)
-
-# GPU crossovers of method="auto" (H200, scripts/crossover.py --quick with the kernels of v11:
-# both families in sequence segments, the recurrent one staged by cp.async with tiles by the
-# grid; the numbers are in docs/perf-notes.md, "Dispatch table"): rows (K_min, NH_min, L_min)
-# tried in order; the chunked kernel where K >= K_min, N*H >= NH_min and the mean sequence
-# length is >= L_min; the recurrent kernel elsewhere, so always at K <= 32.
+# GPU crossovers of method="auto" (H200, scripts/sweep.py with the kernels of v11: both
+# families in sequence segments, the recurrent one staged by cp.async with tiles by the grid;
+# the numbers are in docs/perf-notes.md, "Dispatch table"): rows (K_min, NH_min, L_min) tried in
+# order; the chunked kernel where K >= K_min, N*H >= NH_min and the mean sequence length is
+# >= L_min; the recurrent kernel elsewhere, so always at K <= 32.
 CHUNK_FROM = (
     (65, 32, 128),      # K 65..128, N*H >= 32: 1.5-2.6x faster at every T measured
     (33, 64, 128),      # K 33..128, N*H >= 64: 1.0-2.0x
@@ -25,30 +26,31 @@ CHUNK_FROM = (
 )
 
 
-def mean_len(p):
-    """Mean sequence length: T, or the packed tokens over the sequences for varlen."""
-    return p.B * p.T / max(p.N, 1)
+def _chunk_wins(p):
+    nh, L = p.N * p.H, mean_len(p)
+    return any(p.K >= k0 and nh >= nh0 and L >= l0 for k0, nh0, l0 in CHUNK_FROM)
 
 
-def pick(fn, method, p, gpu):
-    """The family for Problem ``p`` on the GPU (``gpu``) or the CPU; errors for unknown names
-    and for shapes the named family cannot take."""
+def pick(fn, method, p, gpu, limits=None):
+    """The family for Problem ``p`` on the GPU (``gpu``; ``limits``: its (SM count, opt-in shared
+    memory bytes a block), the current device's if None) or the CPU; errors for unknown names
+    and for shapes the named family cannot take there."""
     where = "gpu" if gpu else "cpu"
-    if method == "auto":
-        if not gpu:
-            return "chunk"
-        nh, L = p.N * p.H, mean_len(p)
-        wins = p.K <= CHUNK_MAX_K and any(p.K >= k0 and nh >= nh0 and L >= l0
-                                          for k0, nh0, l0 in CHUNK_FROM)
-        return "chunk" if wins else "recurrent"
-    if not isinstance(method, str) or method not in METHODS:
+    if method != "auto" and (not isinstance(method, str) or method not in METHODS):
         names = ", ".join(repr(m) for m in ("auto", *METHODS))
         raise ValueError(f"{fn}: method must be one of {names}, got {method!r}")
-    if where not in METHODS[method]:
+    if method != "auto" and where not in METHODS[method]:
         here = ", ".join(repr(m) for m in ("auto", *METHODS) if m == "auto" or where in METHODS[m])
         raise ValueError(f"{fn}: method {method!r} has no {where.upper()} implementation; "
                          f"{where.upper()} methods are {here}")
-    if gpu and method == "chunk" and p.K > CHUNK_MAX_K:
-        raise ValueError(f"{fn}: method 'chunk' on the GPU takes a head dimension K of at most "
-                         f"{CHUNK_MAX_K}, got K={p.K}; use method='recurrent' or 'auto'")
-    return method
+    if not gpu:
+        return "chunk" if method == "auto" else method
+    if method == "recurrent":
+        return method
+    limits = limits or device_limits()
+    if method == "auto":
+        return "chunk" if _chunk_wins(p) and chunk.refusal(p, *limits) is None else "recurrent"
+    why = chunk.refusal(p, *limits)
+    if why is None:
+        return "chunk"
+    raise ValueError(f"{fn}: method 'chunk' on the GPU {why}; use method='recurrent' or 'auto'")

@@ -20,37 +20,37 @@ def _dtype(name):
     return np.dtype(name)
 
 
-def _gate_unif(rng, shape):
-    return rng.uniform(0, 1, shape)
+# The gate regimes: each draws float32 gates of ``shape`` from ``rng`` (a NumPy or CuPy
+# Generator; ``xp`` its array module)
+def _gate_unif(rng, shape, xp=np):
+    return rng.random(shape, dtype=np.float32)
 
 
-def _gate_logsig(rng, shape):
-    x = rng.standard_normal(shape)
-    return np.exp(-np.logaddexp(0, -x) / 16)          # exp(logsigmoid(x) / 16)
+def _gate_logsig(rng, shape, xp=np):
+    x = rng.standard_normal(shape, dtype=np.float32)
+    return xp.exp(-xp.logaddexp(np.float32(0), -x) / np.float32(16))      # exp(logsigmoid(x) / 16)
 
 
-def _gate_zeros(rng, shape):
-    g = rng.uniform(0, 1, shape)
-    g[rng.uniform(size=shape) < 0.1] = 0.0
-    return g
+def _gate_zeros(rng, shape, xp=np):
+    g = rng.random(shape, dtype=np.float32)
+    return xp.where(rng.random(shape, dtype=np.float32) < 0.1, np.float32(0), g)
 
 
-def _gate_ones(rng, shape):
-    return np.ones(shape)
+def _gate_ones(rng, shape, xp=np):
+    return xp.ones(shape, np.float32)
 
 
-def _gate_tiny(rng, shape):
-    g = rng.uniform(0, 1, shape)
-    g[rng.uniform(size=shape) < 0.5] = 1e-30
-    return g
+def _gate_tiny(rng, shape, xp=np):
+    g = rng.random(shape, dtype=np.float32)
+    return xp.where(rng.random(shape, dtype=np.float32) < 0.5, np.float32(1e-30), g)
 
 
-def _gate_neg(rng, shape):
-    return rng.uniform(-1, 1, shape)
+def _gate_neg(rng, shape, xp=np):
+    return np.float32(2) * rng.random(shape, dtype=np.float32) - np.float32(1)
 
 
-def _gate_grow(rng, shape):
-    return rng.uniform(0.9, 1.1, shape)                # above 1 half the time
+def _gate_grow(rng, shape, xp=np):
+    return np.float32(0.9) + np.float32(0.2) * rng.random(shape, dtype=np.float32)   # above 1 half the time
 
 
 GATES = {"unif": _gate_unif, "logsig": _gate_logsig, "zeros": _gate_zeros, "ones": _gate_ones,
@@ -68,7 +68,11 @@ class Case(NamedTuple):
     log: bool = False                       # pass log(gate) as log_gate
     lengths: Optional[Tuple[int, ...]] = None   # varlen: packed segment lengths (B = 1)
     init: bool = True                       # random initial state
-    step: bool = False                      # gated_attention_step (T = 1 tokens, N = B + 3 rows)
+    step: bool = False                      # gated_attention_step (T = 1 tokens)
+    indices: bool = True                    # step: N = B + 3 state rows, state_indices a random
+                                            #   choice of B of them; else N = B, no indices
+    g_dtype: Optional[str] = None           # the gate's dtype: q's for half dtypes (float32 for
+                                            #   tiny gates: 1e-30 is 0 in float16), else float32
 
     @property
     def id(self):
@@ -76,7 +80,9 @@ class Case(NamedTuple):
         dims = f"B{self.B}-T{self.T}-H{self.H}-K{self.K}-V{self.V}"
         lens = "-L" + "_".join(map(str, self.lengths)) if self.lengths else ""
         gate = ("log_" if self.log else "gate_") + self.gate
-        return f"{api}-{dims}{lens}-{self.dtype}-{gate}{'' if self.init else '-noinit'}"
+        gdt = f"-g_{self.g_dtype}" if self.g_dtype else ""
+        idx = "" if self.indices or not self.step else "-noidx"
+        return f"{api}-{dims}{lens}-{self.dtype}-{gate}{gdt}{'' if self.init else '-noinit'}{idx}"
 
 
 def varlen_case(lengths, H=4, K=24, V=24, **kw):
@@ -107,32 +113,44 @@ def standard_cases():
     return cs
 
 
-def make_inputs(case, seed=0):
-    """NumPy arrays of the case, q/k/v/gate already rounded to case.dtype."""
-    rng = np.random.default_rng(seed)
+def make_inputs(case, seed=0, xp=np):
+    """The case's arguments as arrays of ``xp`` (NumPy, or CuPy: drawn on the device), from
+    ``seed`` (an int, or a Generator of ``xp`` to draw on from): q, k ~ N(0, 1/K), v ~ N(0, 1)
+    and the gate regime, drawn in float32 and rounded to case.dtype; the initial state (the
+    state and state_indices for step cases) and cu_seqlens as the case says."""
+    rng = seed if hasattr(seed, "standard_normal") else xp.random.default_rng(seed)
     c = case
     lead = (c.B, c.H) if c.step else (c.B, c.T, c.H)
     dt = _dtype(c.dtype)
-    q = (rng.standard_normal(lead + (c.K,)) / np.sqrt(c.K)).astype(dt)
-    k = (rng.standard_normal(lead + (c.K,)) / np.sqrt(c.K)).astype(dt)
-    v = rng.standard_normal(lead + (c.V,)).astype(dt)
-    g = GATES[c.gate](rng, lead + (c.K,))
+    scale = np.float32(c.K ** -0.5)
+    q = rng.standard_normal(lead + (c.K,), dtype=np.float32) * scale
+    k = rng.standard_normal(lead + (c.K,), dtype=np.float32) * scale
+    v = rng.standard_normal(lead + (c.V,), dtype=np.float32)
+    g = GATES[c.gate](rng, lead + (c.K,), xp)
     if c.log:
         with np.errstate(divide="ignore"):
-            g = np.log(g)
-    args = dict(q=q, k=k, v=v)
-    # half cases pass the gate in q's dtype, except tiny gates (1e-30 is 0 in float16)
-    g_dt = dt if c.dtype != "float32" and c.gate != "tiny" else np.float32
-    args["log_gate" if c.log else "gate"] = g.astype(g_dt)
-    N = c.B + 3 if c.step else (len(c.lengths) if c.lengths else c.B)
+            g = xp.log(g)
+    g_dt = c.g_dtype or (c.dtype if c.dtype != "float32" and c.gate != "tiny" else "float32")
+    args = dict(q=_cast(q, dt, xp), k=_cast(k, dt, xp), v=_cast(v, dt, xp))
+    args["log_gate" if c.log else "gate"] = _cast(g, _dtype(g_dt), xp)
+    N = c.B + 3 if c.step and c.indices else len(c.lengths) if c.lengths else c.B
     if c.step or c.init:
         key = "state" if c.step else "initial_state"
-        args[key] = rng.standard_normal((N, c.H, c.K, c.V)).astype(np.float32)
+        args[key] = rng.standard_normal((N, c.H, c.K, c.V), dtype=np.float32)
     if c.lengths:
-        args["cu_seqlens"] = np.concatenate([[0], np.cumsum(c.lengths)]).astype(np.int32)
-    if c.step:
-        args["state_indices"] = rng.permutation(N)[:c.B].astype(np.int64)
+        args["cu_seqlens"] = xp.asarray(np.concatenate([[0], np.cumsum(c.lengths)]).astype(np.int32))
+    if c.step and c.indices:
+        args["state_indices"] = xp.argsort(rng.random(N))[:c.B].astype(np.int64)
     return args
+
+
+def _cast(x, dtype, xp):
+    """x (float32) in ``dtype``; half dtypes through the host, as NumPy rounds them."""
+    if x.dtype == dtype:
+        return x
+    if xp is np:
+        return x.astype(dtype)
+    return xp.asarray(xp.asnumpy(x).astype(dtype))
 
 
 def _f64(x):
@@ -202,7 +220,7 @@ def run_case(case, backend="numpy", seed=0, method="auto"):
     if case.step:
         o = cupy_gda.gated_attention_step(**dev)
         s = dev["state"]
-        rows = args["state_indices"]
+        rows = args.get("state_indices", np.arange(case.B))
         s_host = to_host(s)
         untouched = np.setdiff1d(np.arange(s_host.shape[0]), rows)
         if not np.array_equal(s_host[untouched], args["state"][untouched]):

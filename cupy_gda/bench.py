@@ -1,47 +1,41 @@
-"""``cupy-gda bench``: every implementation present, at named shapes, against the copy floor.
+"""``cupy-gda bench``: our kernels at named shapes, against the copy floor.
 
 Rows per shape (``--impl`` selects by family or by name):
 
 - ``ours-auto`` and ``ours-<m>`` for each family of ``_dispatch.METHODS`` with a GPU kernel
   (found at run time); ``ours-step`` (``gated_attention_step``, state updated in place) for
   ``decode``. ``... (host)`` rows (seed, decode): host wall time per call of back-to-back calls.
-- ``textbook``: benchmarks/textbook_gda.cu (one block per (b, h), S in shared memory, three
-  barriers per step), float32 forward shapes only, checked against ours before it is timed.
-- ``fla-chunk_gla`` and ``fla-fused_recurrent_gla`` when ``torch`` and ``fla`` import (never a
-  dependency). They run in a child process, so that a Triton autotune running past
-  ``--fla-timeout`` can be stopped without stopping the benchmark.
 - ``floor``: the bytes that must move (q, k, v, g read once, o written once; decode: + the state
   read and written once) over the device-to-device copy bandwidth measured in the same run.
+- Other implementations feed the same table through BASELINES: ``scripts/baselines.py``
+  registers the textbook kernel and fla's (``python -m scripts.baselines`` takes the same
+  options as ``cupy-gda bench``). The package never imports them.
 
 Timing: CUDA events around each call, each call queued behind a short spin kernel so that the
 host's launch time stays out of the device time; warm-up first (it compiles); the median of many
-calls is reported (min, p10, p90 in the JSON). Inputs as in docs: q, k ~ N(0, 1/K), v ~ N(0, 1),
-gate = exp(logsigmoid(x) / 16), x ~ N(0, 1), made on the device; below ~3x the L2 size an input
-set is repeated and the calls rotate among the copies, so repeated calls do not time the L2.
+calls is reported (min, p10, p90 in the JSON). Inputs: _verify.make_inputs of the shape's case
+(q, k ~ N(0, 1/K), v ~ N(0, 1), gate = exp(logsigmoid(x) / 16), x ~ N(0, 1), float32 gate),
+drawn on the device; below ~3x the L2 size an input set is repeated and the calls rotate among
+the copies, so repeated calls do not time the L2.
 
 Importing this module touches no GPU (CuPy is imported inside the functions that need it).
 """
 import gc
-import importlib.util
 import json
 import math
 import os
 import subprocess
-import sys
-import tempfile
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 import cupy_gda
-from cupy_gda import _dispatch, _verify, reference
+from cupy_gda import _compile, _dispatch, _verify, reference
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-TEXTBOOK_CU = REPO_ROOT / "benchmarks" / "textbook_gda.cu"
+REPO_ROOT = Path(__file__).resolve().parent.parent       # a checkout's root (git_commit)
 
 DEFAULT_REPS = 100
 QUICK_REPS = 20
@@ -54,12 +48,9 @@ ROTATE_L2 = 3                   # rotate input sets until they span this many L2
 MAX_SETS = 4096
 REF_T_MAX = 4096                # the NumPy references run on T <= this ...
 REF_HEADS = 2                   # ... of the first sequence's first heads
-TEXTBOOK_TOL = 1e-4             # max |textbook - ours| / max |ours|
 HOST_CALLS = 200                # calls per batch of a host-time row
 HOST_BATCHES = 20
 SPIN_MIN_NS, SPIN_MAX_NS = 50_000, 10_000_000
-WORKER_PREFIX = "@@cupy_gda.bench "
-WORKER_TIMEOUT_RC = 3
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -80,6 +71,13 @@ class Shape(NamedTuple):
     def legend(self):
         dims = f"B{self.B} H{self.H}" if self.step else f"B{self.B} T{self.T} H{self.H}"
         return f"{dims} K{self.K} V{self.V} {self.dtype}{' step' if self.step else ''}"
+
+    @property
+    def case(self):
+        """The inputs' _verify.Case: float32 logsig gates, no initial state, a decode state of B
+        rows without state_indices."""
+        return _verify.Case(self.B, self.T, self.H, self.K, self.V, dtype=self.dtype, gate="logsig",
+                            init=False, step=self.step, indices=False, g_dtype="float32")
 
 
 def _all_shapes():
@@ -147,8 +145,29 @@ def n_sets(set_bytes, l2_bytes):
 
 # ------------------------------------------------------------------------------ implementations
 
-FLA_IMPLS = ("fla-chunk_gla", "fla-fused_recurrent_gla")
 HOST = " (host)"
+
+
+class Baseline(NamedTuple):
+    """Rows of another implementation in the same table (scripts/baselines.py registers the
+    textbook kernel and fla): ``family`` its name or name prefix, ``names`` the implementations
+    it provides, ``applies(shape, name)`` whether that row exists at a shape, ``rows(units, job)``
+    the rows of its (Shape, name) units after ours (``job``: a dict of reps, budget_s, seed,
+    l2_bytes, clock, floors and refs by shape name, notes, on_step), and ``available()`` (True,
+    '') or (False, why not)."""
+    family: str
+    names: tuple
+    applies: Callable
+    rows: Callable
+    available: Callable = lambda: (True, "")
+
+
+BASELINES = {}
+
+
+def register(baseline):
+    """Add a Baseline's rows to every later run (and its names to --impl)."""
+    BASELINES[baseline.family] = baseline
 
 
 def gpu_methods():
@@ -156,14 +175,17 @@ def gpu_methods():
     return [m for m, where in _dispatch.METHODS.items() if "gpu" in where]
 
 
+def _ours_names():
+    return ["ours-auto", *(f"ours-{m}" for m in gpu_methods()), "ours-step"]
+
+
 def impl_names():
     """Every implementation a row can name (host rows add ' (host)' to an ours name)."""
-    return ["ours-auto", *(f"ours-{m}" for m in gpu_methods()), "ours-step", "textbook",
-            *FLA_IMPLS]
+    return _ours_names() + [n for b in BASELINES.values() for n in b.names]
 
 
 def family(impl):
-    """'ours', 'textbook', 'fla' or 'floor': speedups compare a row with other families."""
+    """'ours', a baseline's family or 'floor': speedups compare a row with other families."""
     return impl.split(" ")[0].split("-")[0]
 
 
@@ -186,40 +208,25 @@ def selected(impl, selectors):
     return any(s == base or s == family(base) for s in selectors)
 
 
-def plan(shapes, selectors, fla=True):
-    """The (shape, impl) units to run, in order; fla units only where fla is importable."""
+def plan(shapes, selectors, baselines=None):
+    """The (shape, impl) units to run, in order: ours, then each of ``baselines`` (the
+    registered ones by default) where it applies."""
+    baselines = BASELINES.values() if baselines is None else baselines
     units = []
     for s in shapes:
         if s.step:
             cands = ["ours-step"] + (["ours-step" + HOST] if s.host else [])
-            cands += ["fla-fused_recurrent_gla"] if fla else []
         else:
             cands = ["ours-auto", *(f"ours-{m}" for m in gpu_methods())]
             cands += ["ours-auto" + HOST] if s.host else []
-            cands += ["textbook"] + (list(FLA_IMPLS) if fla else [])
+        cands += [n for b in baselines for n in b.names if b.applies(s, n)]
         units += [(s, i) for i in cands if selected(i, selectors)]
     return units
 
 
-def fla_available():
-    """(True, '') when torch and fla can be found (not imported here), else (False, why)."""
-    missing = []
-    for mod in ("torch", "fla"):
-        try:
-            found = importlib.util.find_spec(mod) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            missing.append(mod)
-    if missing:
-        return False, (f"{' and '.join(missing)} not importable (put fla's package folder on "
-                       f"PYTHONPATH, e.g. PYTHONPATH=.baselines)")
-    return True, ""
-
-
 def _impl_rank(impl):
-    order = ["ours-auto", *(f"ours-{m}" for m in gpu_methods()), "ours-step",
-             "ours-auto" + HOST, "ours-step" + HOST, "textbook", *FLA_IMPLS, "floor"]
+    order = [*_ours_names(), "ours-auto" + HOST, "ours-step" + HOST,
+             *(n for b in BASELINES.values() for n in b.names), "floor"]
     return order.index(impl) if impl in order else len(order)
 
 
@@ -252,7 +259,7 @@ def _pos(x):
 def finish_rows(rows):
     """Fill GB/s, % of floor and speedup in place; returns rows. GB/s = must-move bytes / ms;
     % of floor = floor_ms / ms; speedup = the fastest device-timed row of *another* family
-    (ours, textbook, fla) at the same shape over this row's ms (host and floor rows: none)."""
+    (ours, or a baseline's) at the same shape over this row's ms (host and floor rows: none)."""
     for r in rows:
         ok = r["status"] == "ok" and _pos(r["ms"])
         r["gbps"] = r["bytes"] / (r["ms"] * 1e-3) / 1e9 if ok and r["bytes"] else None
@@ -371,7 +378,7 @@ def summary_lines(result):
     out.append("# ms: median of per-call CUDA-event times (each call queued behind a spin kernel, "
                "so host launch time is excluded); '(host)' rows: host wall time per call, "
                f"{HOST_CALLS} back-to-back calls and one sync")
-    out.append("# speedup: fastest row of another family (ours / textbook / fla) over this row; "
+    out.append("# speedup: fastest row of another family (ours / a baseline's) over this row; "
                "rel_err: relative RMS error vs the float64 NumPy loop on the first sequence, "
                f"first {REF_HEADS} heads, T <= {REF_T_MAX} (f32_err: the float32 NumPy loop's); "
                "contract: err <= 2 f32 err + 1e-6 max|ref|; vs_ours: relative RMS difference "
@@ -458,22 +465,12 @@ def header_info():
                 sms=int(props.get("multiProcessorCount") or 0))
 
 
-_SPIN_SRC = r"""
-extern "C" __global__ void bench_spin(unsigned long long ns)
-{   // holds the stream for ns nanoseconds, so the host queues the timed call behind it
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
-}
-"""
-
-
-class _CupyClock:
-    """Events, spin and sync on CuPy's current stream."""
+class CupyClock:
+    """Events, spin and sync on CuPy's current stream; the spin kernel is kernels/bench_spin.cu."""
 
     def __init__(self):
         cp = self._cp = _cupy()
-        self._spin = cp.RawModule(code=_SPIN_SRC, options=("-std=c++17",)).get_function("bench_spin")
+        self._spin = _compile.get_function("bench_spin", {}, headers=())
 
     def event(self):
         return self._cp.cuda.Event()
@@ -488,31 +485,7 @@ class _CupyClock:
         self._spin((1,), (1,), (np.uint64(ns),))
 
 
-class _TorchClock:
-    """Events, spin and sync on torch's current stream (fla's kernels run there)."""
-
-    def __init__(self, torch):
-        self._t = torch
-        # torch's default stream is CuPy's (the legacy default stream): CuPy's spin will do
-        self._cupy_spin = None if hasattr(torch.cuda, "_sleep") else _CupyClock()
-
-    def event(self):
-        return self._t.cuda.Event(enable_timing=True)
-
-    def elapsed_ms(self, a, b):
-        return a.elapsed_time(b)
-
-    def sync(self):
-        self._t.cuda.synchronize()
-
-    def spin(self, ns):
-        if self._cupy_spin is not None:
-            self._cupy_spin.spin(ns)
-        else:
-            self._t.cuda._sleep(int(2 * ns))     # cycles; the SM clock is <= 2 GHz, so >= ns
-
-
-class _Rotor:
+class Rotor:
     """Cycles through the input sets, one per call."""
 
     def __init__(self, sets):
@@ -639,34 +612,20 @@ def measure_copy(clock, nbytes=COPY_BYTES, reps=COPY_REPS, seed=0):
     return dict(bytes=int(nbytes), gbps=2 * nbytes / (st["ms"] * 1e-3) / 1e9, **st)
 
 
-def _cast_io(x, dtype):
-    """x (float32, on the device) in dtype; through the host, the path the tests use."""
-    if dtype == "float32":
-        return x
-    cp = _cupy()
-    return cp.asarray(cp.asnumpy(x).astype(_verify._dtype(dtype)))
-
-
-def make_inputs(shape, count, seed=0):
-    """count input sets, dicts of q, k, v, g (and state for decode) on the device."""
+def make_sets(shape, count, seed=0):
+    """count input sets of the shape (_verify.make_inputs of its case, on the device, drawn one
+    after another from one generator)."""
     cp = _cupy()
     rng = cp.random.default_rng(seed)
-    lead = (shape.B, shape.H) if shape.step else (shape.B, shape.T, shape.H)
-    f32 = cp.float32
-    sets = []
-    for _ in range(count):
-        q = (rng.standard_normal(lead + (shape.K,), dtype=f32) * f32(shape.K ** -0.5)).astype(f32)
-        k = (rng.standard_normal(lead + (shape.K,), dtype=f32) * f32(shape.K ** -0.5)).astype(f32)
-        v = rng.standard_normal(lead + (shape.V,), dtype=f32)
-        x = rng.standard_normal(lead + (shape.K,), dtype=f32)
-        g = cp.exp(-cp.logaddexp(f32(0), -x) / f32(16)).astype(f32)     # exp(logsigmoid(x)/16)
-        del x
-        s = dict(q=_cast_io(q, shape.dtype), k=_cast_io(k, shape.dtype),
-                 v=_cast_io(v, shape.dtype), g=g)
-        if shape.step:
-            s["state"] = rng.standard_normal((shape.B, shape.H, shape.K, shape.V), dtype=f32)
-        sets.append(s)
-    return sets
+    return [_verify.make_inputs(shape.case, rng, cp) for _ in range(count)]
+
+
+def call_ours(shape, s, method="auto", state=None):
+    """Our public API on input set ``s`` (decode: on ``state``, else the set's own)."""
+    if shape.step:
+        return cupy_gda.gated_attention_step(s["q"], s["k"], s["v"], s["gate"],
+                                             state=s["state"] if state is None else state)
+    return cupy_gda.gated_attention(s["q"], s["k"], s["v"], s["gate"], method=method)
 
 
 def _slice_dims(shape):
@@ -681,16 +640,16 @@ def reference_slices(shape, s):
     Ts, Hs = _slice_dims(shape)
     out = {}
     if shape.step:
-        h = {n: cp.asnumpy(s[n][0])[None, :Hs] for n in ("q", "k", "v", "g", "state")}
+        h = {n: cp.asnumpy(s[n][0])[None, :Hs] for n in ("q", "k", "v", "gate", "state")}
         for label, dt in (("ref", np.float64), ("emu", np.float32)):
             st = h["state"].astype(dt)
-            o = reference.gated_attention_step_ref(h["q"], h["k"], h["v"], h["g"], state=st,
+            o = reference.gated_attention_step_ref(h["q"], h["k"], h["v"], h["gate"], state=st,
                                                    dtype=dt)
             out[label] = dict(o=o, state=st)
     else:
-        h = {n: cp.asnumpy(s[n][0, :Ts])[None, :, :Hs] for n in ("q", "k", "v", "g")}
+        h = {n: cp.asnumpy(s[n][0, :Ts])[None, :, :Hs] for n in ("q", "k", "v", "gate")}
         for label, dt in (("ref", np.float64), ("emu", np.float32)):
-            out[label] = dict(o=reference.gated_attention_ref(h["q"], h["k"], h["v"], h["g"],
+            out[label] = dict(o=reference.gated_attention_ref(h["q"], h["k"], h["v"], h["gate"],
                                                                dtype=dt))
     if shape.dtype != "float32":
         out["emu"]["o"] = out["emu"]["o"].astype(_verify._dtype(shape.dtype))
@@ -726,120 +685,49 @@ def accuracy(refs, got):
     return dict(rel_err=r.rel_rms, f32_rel_err=f32, err=r.err, bound=r.bound, contract_ok=bool(ok))
 
 
-def _rel_rms_cupy(a, b):
+def rel_rms_device(a, b):
+    """The relative RMS difference of two device arrays, ||a - b|| / ||b||."""
     cp = _cupy()
     a, b = a.astype(cp.float64), b.astype(cp.float64)
     return float(cp.linalg.norm(a - b) / max(float(cp.linalg.norm(b)), 1e-300))
 
-
-_textbooks = {}
-
-
-def _textbook(K, V):
-    """(kernel, threads, dynamic shared bytes) of benchmarks/textbook_gda.cu for K, V."""
-    cp = _cupy()
-    dev = cp.cuda.Device().id
-    key = (id(cp), dev, K, V)          # the tests swap in a stand-in CuPy: never mix the two
-    if key not in _textbooks:
-        if not TEXTBOOK_CU.is_file():
-            raise FileNotFoundError(f"{TEXTBOOK_CU} not found (run from a source checkout)")
-        nt = min(1024, -(-V // 32) * 32)
-        smem = (K * V + 3 * K + V) * 4
-        optin = int(cp.cuda.runtime.getDeviceProperties(dev).get("sharedMemPerBlockOptin", 0))
-        if optin and smem > optin:
-            raise ValueError(f"textbook kernel: a {K}x{V} state needs {smem} B of shared "
-                             f"memory, the device allows at most {optin}")
-        pre = f"#define K_DIM {K}\n#define V_DIM {V}\n#define NT {nt}\n"
-        fn = cp.RawModule(code=pre + TEXTBOOK_CU.read_text(),
-                          options=("-std=c++17",)).get_function("textbook_gda")
-        if smem > 48 * 1024:
-            fn.max_dynamic_shared_size_bytes = smem
-        _textbooks[key] = (fn, nt, smem)
-    return _textbooks[key]
-
-
 def _run_shape(shape, impls, floor_ms, clock, l2, reps, budget_s, seed, on_step):
-    """Rows of one shape (ours, textbook, host rows, and its floor) and its reference slices."""
-    cp = _cupy()
+    """Rows of one shape (ours, host rows, and its floor) and its reference slices."""
     count = n_sets(input_set_bytes(shape), l2)
-    sets = make_inputs(shape, count, seed)
+    sets = make_sets(shape, count, seed)
     s0 = sets[0]
     state0 = s0["state"].copy() if shape.step else None
     refs = reference_slices(shape, s0)
     rows = [new_row(shape, "floor", kind="floor", ms=floor_ms, floor_ms=floor_ms)]
-    base = {}
-
-    def api(s, method="auto", state=None):
-        if shape.step:
-            return cupy_gda.gated_attention_step(s["q"], s["k"], s["v"], s["g"],
-                                                 state=s["state"] if state is None else state)
-        return cupy_gda.gated_attention(s["q"], s["k"], s["v"], s["g"], method=method)
-
-    def ours_base():                      # ours-auto on set 0: textbook's check, vs_ours
-        if "o" not in base:
-            base["o"] = api(s0)
-        return base["o"]
 
     def ours(impl):
         method = impl[len("ours-"):]
         if shape.step:                    # on a copy of set 0's state as it was drawn
             state = state0.copy()
-            o = api(s0, state=state)
+            o = call_ours(shape, s0, state=state)
             acc = accuracy(refs, output_slices(shape, o, state))
-            extra = peak_extra(lambda: api(s0, state=state))
+            extra = peak_extra(lambda: call_ours(shape, s0, state=state))
         else:
-            o = api(s0, method)
+            o = call_ours(shape, s0, method)
             acc = accuracy(refs, output_slices(shape, o))
-            extra = peak_extra(lambda: api(s0, method))
-        rot = _Rotor(sets)
-        tm = measure(clock, lambda: api(rot(), method), reps, budget_s)
+            extra = peak_extra(lambda: call_ours(shape, s0, method))
+        rot = Rotor(sets)
+        tm = measure(clock, lambda: call_ours(shape, rot(), method), reps, budget_s)
         return new_row(shape, impl, floor_ms=floor_ms, extra_bytes=extra, **tm, **acc)
 
     def host(impl):
         method = impl[len("ours-"):-len(HOST)]
-        rot = _Rotor(sets)
-        ms = host_times(lambda: api(rot(), method), clock.sync,
+        rot = Rotor(sets)
+        ms = host_times(lambda: call_ours(shape, rot(), method), clock.sync,
                         max(MIN_REPS, min(reps, HOST_BATCHES)), HOST_CALLS)
         return new_row(shape, impl, kind="host", floor_ms=floor_ms, **stats(ms),
                        note="host wall time per call")
-
-    def textbook(impl):
-        if shape.dtype != "float32":
-            return new_row(shape, impl, status="skipped", floor_ms=floor_ms,
-                           note="the textbook kernel is float32 only")
-        fn, nt, smem = _textbook(shape.K, shape.V)
-
-        def launch(s):
-            o = cp.empty((shape.B, shape.T, shape.H, shape.V), cp.float32)
-            fn((shape.B * shape.H,), (nt,), (s["q"], s["k"], s["v"], s["g"], o,
-                                              np.int64(shape.T), np.int32(shape.H),
-                                              np.float32(1.0)), shared_mem=smem)
-            return o
-
-        o, b = launch(s0), ours_base()
-        worst = float(cp.abs(o - b).max()) / max(float(cp.abs(b).max()), 1e-30)
-        acc = accuracy(refs, output_slices(shape, o))
-        vs = _rel_rms_cupy(o, b)
-        if not worst < TEXTBOOK_TOL:
-            return new_row(shape, impl, status="failed", floor_ms=floor_ms, rel_err_vs_ours=vs,
-                           note=f"differs from ours: max|diff|/max|ours| = {worst:.1e} > "
-                                f"{TEXTBOOK_TOL:.0e}, not timed", **acc)
-        extra = peak_extra(lambda: launch(s0))
-        rot = _Rotor(sets)
-        tm = measure(clock, lambda: launch(rot()), reps, budget_s)
-        return new_row(shape, impl, floor_ms=floor_ms, rel_err_vs_ours=vs, extra_bytes=extra,
-                       **tm, **acc)
 
     for impl in impls:
         on_step(f"{shape.name} {impl}")
         kind = "host" if impl.endswith(HOST) else "device"
         try:
-            if impl == "textbook":
-                r = textbook(impl)
-            elif kind == "host":
-                r = host(impl)
-            else:
-                r = ours(impl)
+            r = host(impl) if kind == "host" else ours(impl)
         except Exception as e:  # noqa: BLE001 - a failing row is reported, the run goes on
             r = new_row(shape, impl, kind=kind, status="failed", floor_ms=floor_ms, note=_err(e))
         rows.append(r)
@@ -850,22 +738,23 @@ def _run_shape(shape, impls, floor_ms, clock, l2, reps, budget_s, seed, on_step)
     return rows, info, refs
 
 
-def run(units, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, fla_timeout=120.0, seed=0,
-        on_step=None):
-    """Time every (shape, impl) unit of plan(). Returns dict(header, copy, shapes, rows, notes)."""
+def run(units, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, seed=0, on_step=None):
+    """Time every (shape, impl) unit of plan(): ours shape by shape, then each registered
+    baseline's units. Returns dict(header, copy, shapes, rows, notes)."""
     cp = _cupy()
     on_step = on_step or (lambda label: None)
     header = header_info()
-    clock = _CupyClock()
+    clock = CupyClock()
     copy = measure_copy(clock, seed=seed)
     # the resolution of the ms column: an empty kernel between two events
     copy["empty_kernel_ms"] = measure(clock, lambda: clock.spin(0), COPY_REPS, 10.0)["ms"]
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
     shapes = list(dict.fromkeys(s for s, _ in units))
+    theirs = {n: b for b in BASELINES.values() for n in b.names}
     rows, infos, refs, notes = [], [], {}, []
     for shape in shapes:
-        impls = [i for s, i in units if s == shape and i not in FLA_IMPLS]
+        impls = [i for s, i in units if s == shape and i not in theirs]
         floor_ms = must_move_bytes(shape) / (copy["gbps"] * 1e9) * 1e3
         r, info, refs[shape.name] = _run_shape(shape, impls, floor_ms, clock,
                                                header["l2_bytes"], reps, budget_s, seed, on_step)
@@ -873,12 +762,15 @@ def run(units, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, fla_timeout=120.0, 
         infos.append(info)
         gc.collect()
         pool.free_all_blocks()          # this shape's input sets went with _run_shape
-    fla_units = [(s, i) for s, i in units if i in FLA_IMPLS]
-    if fla_units:
-        job = dict(reps=reps, budget_s=budget_s, fla_timeout=fla_timeout, seed=seed,
-                   l2_bytes=header["l2_bytes"])
-        floors = {i["shape"]: i["floor_ms"] for i in infos}
-        rows += _fla_rows(fla_units, job, floors, refs, notes, on_step)
+    job = dict(reps=reps, budget_s=budget_s, seed=seed, l2_bytes=header["l2_bytes"], clock=clock,
+               floors={i["shape"]: i["floor_ms"] for i in infos}, refs=refs, notes=notes,
+               on_step=on_step)
+    for b in BASELINES.values():
+        mine = [(s, i) for s, i in units if theirs.get(i) is b]
+        if mine:
+            rows += b.rows(mine, job)
+            gc.collect()
+            pool.free_all_blocks()
     for info in infos:
         info["extra_bytes"] = {r["impl"]: r["extra_bytes"] for r in rows
                                if r["shape"] == info["shape"] and r["extra_bytes"] is not None}
@@ -890,219 +782,3 @@ def failures(rows):
     """Ours rows that failed to run or broke the accuracy contract."""
     return [r for r in rows if r["family"] == "ours"
             and (r["status"] == "failed" or r["contract_ok"] is False)]
-
-
-# ------------------------------------------------------------------ fla, in a child process
-
-def parse_worker_lines(text):
-    """The JSON messages in a worker's stdout (other lines, e.g. library warnings, skipped)."""
-    out = []
-    for line in text.splitlines():
-        if line.startswith(WORKER_PREFIX):
-            try:
-                out.append(json.loads(line[len(WORKER_PREFIX):]))
-            except json.JSONDecodeError:
-                continue
-    return out
-
-
-def _fla_rows(units, job, floors, refs, notes, on_step):
-    """Rows of the fla units, timed by _fla_worker in child processes: one child runs the units
-    in order; when one stops it (a warm-up past --fla-timeout, or a crash), the unit it was on
-    is reported and a new child takes the rest."""
-    pending = [(s.name, impl) for s, impl in units]
-    results = {}
-    unavailable = None
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    with tempfile.TemporaryDirectory(prefix="cupy_gda_bench_") as tmp:
-        while pending and unavailable is None:
-            job_path = Path(tmp) / "job.json"
-            job_path.write_text(json.dumps(dict(job, items=pending, outdir=tmp)))
-            err_path = Path(tmp) / "stderr.txt"
-            backstop = len(pending) * (job["fla_timeout"] + 3 * job["budget_s"] + 120) + 120
-            with open(err_path, "w") as err:
-                proc = subprocess.Popen(
-                    [sys.executable, "-c", "import sys; from cupy_gda.bench import _fla_worker; "
-                     "_fla_worker(sys.argv[1])", str(job_path)],
-                    stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-                killer = threading.Timer(backstop, proc.kill)
-                killer.start()
-                try:
-                    for line in proc.stdout:
-                        for msg in parse_worker_lines(line):
-                            if "unavailable" in msg:
-                                unavailable = msg["unavailable"]
-                                continue
-                            key = (msg.get("shape"), msg.get("impl"))
-                            results[key] = msg
-                            on_step(f"{key[0]} {key[1]}")
-                finally:
-                    rc = proc.wait()
-                    killer.cancel()
-            progressed = any(u in results for u in pending)
-            pending = [u for u in pending if u not in results]
-            if rc == WORKER_TIMEOUT_RC and progressed:
-                continue                    # the watchdog reported its unit; a new child goes on
-            if pending and unavailable is None:
-                tail = [ln for ln in err_path.read_text(errors="replace").splitlines() if ln.strip()]
-                first = pending.pop(0)
-                why = f"fla worker exited with code {rc}" + (f": {tail[-1][:200]}" if tail else "")
-                results[first] = dict(shape=first[0], impl=first[1], status="failed", note=why)
-                on_step(f"{first[0]} {first[1]}")
-        if unavailable is not None:
-            notes.append(f"fla: not importable in the worker ({unavailable}); no fla rows")
-            return []
-        rows = []
-        for name, impl in [(s.name, i) for s, i in units]:
-            msg = results[(name, impl)]
-            shape = SHAPES[name]
-            kw = {k: msg.get(k) for k in ("ms", "min_ms", "p10_ms", "p90_ms", "reps",
-                                          "rel_err_vs_ours", "extra_bytes")}
-            r = new_row(shape, impl, status=msg.get("status", "failed"), note=msg.get("note", ""),
-                        floor_ms=floors.get(name), **kw)
-            path = msg.get("slices")
-            if r["status"] == "ok" and path and Path(path).is_file():
-                with np.load(path) as z:
-                    r.update(accuracy(refs[name], {k: z[k] for k in z.files}))
-            rows.append(r)
-    return rows
-
-
-def _emit(msg):
-    sys.stdout.write(WORKER_PREFIX + json.dumps(_clean(msg)) + "\n")
-    sys.stdout.flush()
-
-
-def _watchdog(seconds, shape, impl):
-    """Ends this process (after reporting the unit as skipped) unless cancelled in time."""
-    def fire():
-        msg = dict(shape=shape, impl=impl, status="skipped",
-                   note=f"warm-up (autotune) took over {seconds:g} s (--fla-timeout)")
-        os.write(1, (WORKER_PREFIX + json.dumps(msg) + "\n").encode())
-        os._exit(WORKER_TIMEOUT_RC)
-    t = threading.Timer(seconds, fire)
-    t.daemon = True
-    t.start()
-    return t
-
-
-def _to_torch(torch, x):
-    """A CuPy array as a torch tensor, zero-copy (bfloat16 through a uint16 view if need be)."""
-    try:
-        return torch.from_dlpack(x)
-    except Exception:  # noqa: BLE001 - only the bfloat16 fallback below is known
-        if x.dtype.name == "bfloat16":
-            return torch.from_dlpack(x.view(np.uint16)).view(torch.bfloat16)
-        raise
-
-
-def _rel_rms_torch(a, b):
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
-
-
-def _fla_worker(job_path):
-    """Child process: time fla's kernels on the units of the job file, one JSON line each."""
-    job = json.loads(Path(job_path).read_text())
-    try:
-        import torch
-        from fla.ops.gla import chunk_gla, fused_recurrent_gla
-    except Exception as e:  # noqa: BLE001 - whatever stops the import, fla is unavailable
-        _emit({"unavailable": _err(e)})
-        return
-    cp = _cupy()
-    fns = {"fla-chunk_gla": chunk_gla, "fla-fused_recurrent_gla": fused_recurrent_gla}
-    clock = _TorchClock(torch)
-    current, inp = None, None
-    with torch.no_grad():
-        for name, impl in job["items"]:
-            shape = SHAPES[name]
-            try:
-                if current != name:
-                    current, inp = None, None
-                    cp.get_default_memory_pool().free_all_blocks()
-                    torch.cuda.empty_cache()
-                    inp = _fla_inputs(shape, job, torch)
-                    current = name
-                res = _fla_unit(shape, impl, fns[impl], inp, job, clock, torch)
-            except Exception as e:  # noqa: BLE001 - a failing unit is reported, the rest run
-                res = dict(status="failed", note=_err(e))
-            _emit(dict(shape=name, impl=impl, **res))
-
-
-def _fla_inputs(shape, job, torch):
-    """The bench's input sets (same seed, same sets), with torch views and fla's log-gates."""
-    sets = make_inputs(shape, n_sets(input_set_bytes(shape), job["l2_bytes"]), job["seed"])
-    tsets = []
-    for s in sets:
-        t = {n: _to_torch(torch, x) for n, x in s.items()}
-        t["lg"] = torch.log(t["g"])                  # fla's gates are log-space
-        if shape.step:
-            for n in ("q", "k", "v", "lg"):
-                t[n + "1"] = t[n].unsqueeze(1)        # [B, 1, H, *]: T = 1
-        tsets.append(t)
-    torch.cuda.synchronize()
-    return dict(sets=sets, tsets=tsets)
-
-
-def _fla_unit(shape, impl, fn, inp, job, clock, torch):
-    cp = _cupy()
-    Ts, Hs = _slice_dims(shape)
-    if shape.step:
-        def one(t):
-            return fn(t["q1"], t["k1"], t["v1"], gk=t["lg1"], scale=1.0, initial_state=t["state"],
-                      output_final_state=True)
-    elif impl == "fla-chunk_gla":
-        def one(t):
-            return fn(t["q"], t["k"], t["v"], g=t["lg"], scale=1.0, initial_state=None,
-                      output_final_state=False)
-    else:
-        def one(t):
-            return fn(t["q"], t["k"], t["v"], gk=t["lg"], scale=1.0, initial_state=None,
-                      output_final_state=False)
-    t0, s0 = inp["tsets"][0], inp["sets"][0]
-
-    # warm-up: the first call at a new shape autotunes; bounded by the watchdog
-    start = time.perf_counter()
-    dog = _watchdog(job["fla_timeout"], shape.name, impl)
-    try:
-        one(t0)
-        torch.cuda.synchronize()
-    finally:
-        dog.cancel()
-    warm_s = time.perf_counter() - start
-
-    # accuracy: vs ours over the whole output, and the reference slice (compared by the parent)
-    o, ht = one(t0)
-    if shape.step:
-        st = s0["state"].copy()
-        ours_o = cupy_gda.gated_attention_step(s0["q"], s0["k"], s0["v"], s0["g"], state=st)
-        cp.cuda.Device().synchronize()
-        fo = o[:, 0]
-        vs = max(_rel_rms_torch(fo, _to_torch(torch, ours_o)),
-                 _rel_rms_torch(ht, _to_torch(torch, st)))
-        slices = dict(o=fo[0:1, :Hs].float().cpu().numpy(),
-                      state=ht[0:1, :Hs].float().cpu().numpy())
-    else:
-        ours_o = cupy_gda.gated_attention(s0["q"], s0["k"], s0["v"], s0["g"])
-        cp.cuda.Device().synchronize()
-        vs = _rel_rms_torch(o, _to_torch(torch, ours_o))
-        slices = dict(o=o[0:1, :Ts, :Hs].float().cpu().numpy())
-    path = Path(job["outdir"]) / f"{shape.name}__{impl}.npz"
-    np.savez(path, **slices)
-
-    # extra device memory: torch's allocator peak during one call, beyond what it returns
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    out = one(t0)
-    torch.cuda.synchronize()
-    returned = sum(x.numel() * x.element_size() for x in out if x is not None)
-    extra = max(0, torch.cuda.max_memory_allocated() - before - returned)
-    del out
-
-    rot = _Rotor(inp["tsets"])
-    tm = measure(clock, lambda: one(rot()), job["reps"], job["budget_s"])
-    return dict(status="ok", note=f"warm-up {warm_s:.1f} s", rel_err_vs_ours=vs,
-                extra_bytes=int(extra), slices=str(path), **tm)

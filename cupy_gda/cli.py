@@ -2,8 +2,7 @@
 
     cupy-gda verify [-B 2 -T 63 -H 4 -K 24 -V 24 --dtype bfloat16 ...]   random cases vs float64
     cupy-gda info                                                          versions, GPU, cache paths
-
-Subcommands are added to the ``main`` group (``bench`` will join them).
+    cupy-gda bench [--shapes all] [--impl ours] [--json F]                 our kernels' timings
 """
 import os
 import platform
@@ -165,9 +164,9 @@ from cupy_gda import bench as _bench  # noqa: E402 - the bench command's library
 @click.option("--shapes", "shapes_text", metavar="NAMES",
               help="Comma-separated shapes, or 'all' (the default; with --quick: "
               f"{','.join(_bench.QUICK_SHAPES)}), 'tsweep'. Shapes: {', '.join(_bench.SHAPES)}.")
-@click.option("--impl", "impl_text", metavar="NAMES", default="ours,textbook,fla",
-              show_default=True, help="Comma-separated families (ours, textbook, fla) or "
-              "implementation names (ours-auto, ours-<method>, ours-step, fla-chunk_gla, ...).")
+@click.option("--impl", "impl_text", metavar="NAMES", help="Comma-separated families (ours, and "
+              "those scripts/baselines.py adds: textbook, fla) or implementation names (ours-auto, "
+              "ours-<method>, ours-step, ...); default: every one present.")
 @click.option("--reps", type=click.IntRange(min=1),
               help=f"Timed calls per row; the median is reported (default {_bench.DEFAULT_REPS}, "
               f"--quick {_bench.QUICK_REPS}).")
@@ -179,26 +178,24 @@ from cupy_gda import bench as _bench  # noqa: E402 - the bench command's library
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="Write a PNG of time vs T (log-log) of the tsweep shapes (needs matplotlib).")
 @click.option("--quick", is_flag=True, help="A few shapes and fewer calls: a smoke run.")
-@click.option("--fla-timeout", type=click.FloatRange(min=0, min_open=True), default=120.0,
-              show_default=True, help="Seconds an fla warm-up (Triton autotune) may take before "
-              "its row is skipped.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
-def bench(shapes_text, impl_text, reps, budget, json_path, plot_path, quick, fla_timeout, seed):
-    """Time every implementation present at named shapes, against the copy bandwidth floor.
+def bench(shapes_text, impl_text, reps, budget, json_path, plot_path, quick, seed):
+    """Time our kernels (and any registered baseline) at named shapes, against the copy floor.
 
     Prints a header line (GPU, CUDA, CuPy, commit), then one row per shape and implementation:
     shape | impl | ms | GB/s | % of floor | speedup | accuracy. ms is the median of CUDA-event
-    times; speedup is the fastest other family's time over this row's. fla rows appear when
-    torch and fla import (e.g. PYTHONPATH=.baselines). Exits 1 if an ours row fails or breaks
-    the accuracy contract.
+    times; speedup is the fastest other family's time over this row's. `python -m
+    scripts.baselines` (from a checkout) adds the textbook kernel's and fla's rows. Exits 1 if
+    an ours row fails or breaks the accuracy contract.
     """
     try:
         shapes = _bench.parse_shapes(shapes_text or (",".join(_bench.QUICK_SHAPES) if quick
                                                      else "all"))
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--shapes") from None
+    families = ["ours", *_bench.BASELINES]
     try:
-        selectors = _bench.parse_impls(impl_text)
+        selectors = _bench.parse_impls(impl_text or ",".join(families))
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--impl") from None
     if reps is None:
@@ -207,23 +204,28 @@ def bench(shapes_text, impl_text, reps, budget, json_path, plot_path, quick, fla
     if not ok:
         raise click.ClickException(f"no usable GPU: {gpu}")
 
-    fla_ok, fla_why = _bench.fla_available()
-    units = _bench.plan(shapes, selectors, fla=fla_ok)
+    notes, present = [], []
+    for name, b in _bench.BASELINES.items():
+        usable, why = b.available()
+        if usable:
+            present.append(b)
+        elif any(_bench.selected(n, selectors) for n in b.names):
+            notes.append(f"{name}: {why}; no {name} rows")
+    units = _bench.plan(shapes, selectors, present)
     if not units:
-        why = f" (fla: {fla_why})" if not fla_ok and any(
-            _bench.family(s) == "fla" for s in selectors) else ""
-        raise click.ClickException(f"nothing to run: no implementation in --impl {impl_text} "
-                                   f"applies to --shapes {shapes_text or 'all'}{why}")
+        why = "".join(f" ({n})" for n in notes)
+        raise click.ClickException(f"nothing to run: no implementation in --impl "
+                                   f"{impl_text or 'all'} applies to --shapes "
+                                   f"{shapes_text or 'all'}{why}")
     if sys.stderr.isatty():
         with click.progressbar(length=len(units), label="bench", file=sys.stderr,
                                item_show_func=lambda s: s) as bar:
-            result = _bench.run(units, reps=reps, budget_s=budget, fla_timeout=fla_timeout,
-                                seed=seed, on_step=lambda label: bar.update(1, label))
+            result = _bench.run(units, reps=reps, budget_s=budget, seed=seed,
+                                on_step=lambda label: bar.update(1, label))
     else:   # a log (e.g. a remote run): one line per unit as it starts, so a cut-off run shows where
-        result = _bench.run(units, reps=reps, budget_s=budget, fla_timeout=fla_timeout, seed=seed,
+        result = _bench.run(units, reps=reps, budget_s=budget, seed=seed,
                             on_step=lambda label: click.echo(f"bench: {label}", err=True))
-    if not fla_ok and "fla" in {_bench.family(s) for s in selectors}:
-        result["notes"].append(f"fla: {fla_why}; no fla rows")
+    result["notes"] += notes
 
     click.echo(_bench.header_line(result["header"]))
     click.echo(_bench.format_table(result["rows"]))

@@ -15,9 +15,10 @@ Shape legend::
 ``log_gate`` is fla's ``g`` (gate = exp(log_gate), -inf means 0).
 
 - :func:`gated_attention_ref` is the contract: a plain loop over t, float64 by default.
-- :func:`gated_attention_chunked` is the CPU fast path: the same function in four numbered
-  einsum steps per chunk of ``BT`` steps; only products of gates are formed (never quotients or
-  logs), so gates of exactly 0, negative or tiny gates stay exact.
+- :func:`gated_attention_chunked` is the CPU fast path: the same function in chunks of ``BT``
+  steps, each in the five numbered stages of the GPU's chunked kernel (kernels/gda_chunk_fwd.cu):
+  1 load, 2 scores, 3 decays, 4 output, 5 state. Only products of gates are formed (never
+  quotients or logs), so gates of exactly 0, negative or tiny gates stay exact.
 - :func:`gated_attention_step_ref` is the one-token decode form (updates ``state`` in place).
 
 NaN and inf in the inputs propagate exactly as the arithmetic above says (a NaN in k_t poisons
@@ -85,7 +86,7 @@ def gated_attention_ref(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial
 def gated_attention_chunked(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_state=None,
                             output_final_state=False, cu_seqlens=None, method="auto",
                             dtype=None, BT=32):
-    """CPU fast path: the recurrence in chunks of ``BT`` steps, four einsum steps per chunk.
+    """CPU fast path: the recurrence in chunks of ``BT`` steps, five numbered stages per chunk.
 
     Math in float64 for float64 inputs, else float32 (``dtype`` overrides). Output in ``dtype``
     too; :func:`cupy_gda.gated_attention` casts it to v's dtype.
@@ -116,24 +117,25 @@ def _chunked_core(q, k, v, g, S, scale, BT):
     later, upper = t_i > s_i, t_i >= s_i                                   # [s, t] masks
     for c0 in range(0, L, BT):
         C = min(BT, L - c0)
+        # 1. load the chunk
         qc, kc, vc, gc = (x[:, c0:c0 + C] for x in (q, k, v, g))
-        # 1. decays: D[s, t] = prod_{s < r <= t} g_r (0 for t < s), A[t] = prod_{r <= t} g_r
+        # 2. scores: W[t, s] = sum_k q_t k_s D[s, t], D[s, t] = prod_{s < r <= t} g_r (0 for t < s)
         steps = np.where(later[:C, :C, None, None], gc[:, None], 1)       # [b, s, t, H, K]
         D = np.where(upper[:C, :C, None, None], np.cumprod(steps, axis=2), 0)
-        A = np.cumprod(gc, axis=1)                                         # [b, t, H, K]
-        # 2. intra-chunk: o_t = sum_{s <= t} (q_t ⊙ D[s, t] · k_s) v_s
         W = np.einsum("bthk,bsthk,bshk->bhts", qc, D, kc)
         W = np.where(upper[:C, :C].T, W, 0)        # s > t: no term at all (0 * NaN is NaN)
+        # 3. decays: A[t] = prod_{r <= t} g_r, and D[s, end] (the product after s to the end)
+        A = np.cumprod(gc, axis=1)                                         # [b, t, H, K]
+        # 4. output: o_t = scale (sum_{s <= t} W[t, s] v_s + (q_t ⊙ A_t)ᵀ S_{chunk start})
         if np.isfinite(vc).all():
             o_c = np.einsum("bhts,bshv->bthv", W, vc)
         else:   # a non-finite v_s must not reach o_t, t < s, through W's zeros (0 * NaN)
             o_c = np.stack([np.einsum("bhs,bshv->bhv", W[:, :, t, :t + 1], vc[:, :t + 1])
                             for t in range(C)], axis=1)
-        # 3. inter-chunk: o_t += (q_t ⊙ A_t)ᵀ S_{chunk start}
         o_c += np.einsum("bthk,bhkv->bthv", qc * A, S)
-        # 4. state: S = diag(A_last) S + sum_s diag(D[s, last]) k_s v_sᵀ
-        S = A[:, -1, :, :, None] * S + np.einsum("bshk,bshv->bhkv", kc * D[:, :, -1], vc)
         o[:, c0:c0 + C] = scale * o_c
+        # 5. state: S = diag(A_end) S + sum_s diag(D[s, end]) k_s v_sᵀ
+        S = A[:, -1, :, :, None] * S + np.einsum("bshk,bshv->bhkv", kc * D[:, :, -1], vc)
     return o, S
 
 

@@ -1,6 +1,6 @@
-// Shared helpers, prepended as text to every kernel (CuPy's disk cache does not see #includes).
-// No CUDA headers are needed: half and bfloat16 travel as 16-bit words, converted with PTX cvt
-// (bf16 rounding needs sm_80+).
+// Shared helpers, prepended as text to every kernel (CuPy's disk cache does not see #includes;
+// cupy_gda/_compile.py puts each family's headers before its .cu). No CUDA headers are needed:
+// half and bfloat16 travel as 16-bit words, converted with PTX cvt (bf16 rounding needs sm_80+).
 //
 // Type codes for the defines IO_DTYPE (q, k, v, o) and G_DTYPE (gate / log_gate):
 //   0 = float32, 1 = float16, 2 = bfloat16
@@ -48,6 +48,34 @@ __device__ __forceinline__ float gda_gate(gt::t x) {
 }
 
 #define GDA_FULL_MASK 0xffffffffu
+
+// N floats as one aligned vector (16-byte accesses for N = 4), and as an array
+template <int N> struct gda_floats;
+template <> struct gda_floats<1> { typedef float t; };
+template <> struct gda_floats<2> { typedef float2 t; };
+template <> struct gda_floats<4> { typedef float4 t; };
+template <int N> union gda_float_pack { typename gda_floats<N>::t v; float f[N]; };
+
+// ---- The forward families (gda_recurrent_fwd, gda_chunk_fwd): one parameter list, declared
+// in Python as cupy_gda/_launch.py FORWARD (a CPU test holds the two against the PTX).
+#ifdef SEQ_INT64
+#if SEQ_INT64
+typedef long long seq_t;
+#else
+typedef int seq_t;
+#endif
+#define GDA_FORWARD_PARAMS                                                                         \
+    const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t* __restrict__ v,       \
+    const gt::t* __restrict__ g, io::t* __restrict__ o, const float* __restrict__ h0,            \
+    float* __restrict__ ht, const seq_t* __restrict__ cu_seqlens, float* __restrict__ ws_s,      \
+    float* __restrict__ ws_d, long long T, int H, int NV, int P, float scale
+#define GDA_FORWARD_ARGS q, k, v, g, o, h0, ht, cu_seqlens, ws_s, ws_d, T, H, NV, P, scale
+#endif
+
+// Which inputs the forward kernels may stage by cp.async (ASYNC_COPY, chosen by the launchers'
+// _launch.cp_async_inputs by the same rule): float32 as they are in memory, the multiplicative
+// gate (no exp on the way), and rows of whole 16-byte packs
+#define GDA_ASYNC_INPUTS (IO_DTYPE == 0 && G_DTYPE == 0 && !LOG_GATE && K_DIM % 4 == 0 && V_DIM % 4 == 0)
 
 // Rows [bos, eos) of sequence n in the [B*T, ...] tensors: cu_seqlens clamped to [0, T] (unchecked
 // offsets must not reach outside the tensors), or n*T .. n*T + T without it.

@@ -2,57 +2,63 @@
 //
 //   S_t = diag(g_t) S_{t-1} + k_t v_t^T,   o_t = scale * S_t^T q_t        (S: [K, V], fp32)
 //
-// Grid (1-D): one block per (sequence n, head h, segment p of the sequence, tile of BV value
-//   columns), block id (((n * H) + h) * P + p) * NV + iv. Block: 8 warps; sequential over the
-//   chunks of its segment, the state S [KP, BV] in shared memory (fp32). With P > 1 segments,
-//   gda_chunk_state first runs segments 0..P-2 from S = 0 (stages 1, 3 and 5 only) and leaves
-//   each one's S and gate product in a workspace; then gda_chunk_fwd's block for segment p starts
-//   from h0 carried through those of segments 0..p-1, so the sequence's chunks run P at a time.
-//   Every decay factor is a product of gates, never a quotient or a difference of logs, so gates
-//   of 0, tiny, negative or above 1 stay exact (fla's chunk mode divides). Sub-blocks of BS = 16 steps; the pair of warps i and 7 - i owns the output rows of
-//   sub-block i, each warp half of the value columns (warp w runs on scheduler w % 4, which so
-//   holds sub-blocks i and 3 - i: later sub-blocks have more stage-4 work). Numbered stages, as in
-//   benchmarks/chunk_exact.py:
-//   1. stage q, k, g, v of the chunk in shared memory as fp32 (rows past the sequence: gate 1,
-//      q = k = v = 0, which leaves S exactly unchanged).
-//   2. diagonal sub-blocks on the CUDA cores: W[t][s] = sum_k q_t k_s prod_{s<r<=t} g_r, s <= t,
-//      one lane per column carrying the running products, the K-sum by a transposed shuffle
-//      reduction; the warps of a pair take the even and the odd rows t, each advancing its
-//      products by g_{t-1} g_t.
-//   3. gate scans, one thread per column; warps 0-3 from the chunk end: k*D (D: product after s
-//      to the chunk end), and for each anchor a = 16, 32, 48 the anchored keys
-//      kA_a[s] = k_s prod_{s<r<a} g_r; warps 4-7 from the start: q*P (P: prefix product inside
-//      the sub-block) and B_i, the product of the sub-blocks before i, so that q*A = q*P*B_i
-//      (A: prefix product over the chunk) is formed at fragment load.
-//   4. output rows of sub-block i: (q*P*B_i) S + ((q*P)_i kA_{16i}^T) v_{<16i} + W_i v_i on the
-//      tensor cores (W_i v_i in fp32 on the CUDA cores, s <= t only, when the warp's v_i holds
-//      a NaN or inf: 0 * NaN above the diagonal must not leak into o_t); staged through shared
-//      memory for coalesced 16-byte stores.
-//   5. state: S = diag(A_end) S + (k*D)^T v (tensor cores), in place in shared memory; each
-//      warp one value half of MR row tiles of 16.
-// float32 inputs with a multiplicative gate go straight to shared memory by cp.async (with
-//   DBUF, into the other of two sets while this chunk is computed); others through registers
-//   (converted, exp of log gates). -DGDA_PROFILE prints block 0's cycles per stage
-//   (scripts/profile_chunk.py).
-// Precision: every matmul is 3xTF32 (a = hi + lo, a*b ~ hi*hi + hi*lo + lo*hi, fp32
-//   accumulation), which keeps float32 accuracy; no plain TF32 anywhere. bfloat16 inputs: bf16
-//   mma with the same split in bf16 terms (v exact in one), at the bf16 contract (see KSTEP).
-// Sequences: rows [bos, eos) of the [B*T, H, *] tensors; cu_seqlens (varlen, B = 1, offsets
-//   clamped to [0, T]) or bos = n*T. No host syncs, no atomics; the workspace (P > 1 only) is
-//   (P - 1) * (K * V + K) floats per sequence-head, every element written by gda_chunk_state
-//   before gda_chunk_fwd reads it.
+// Per chunk, the numbered stages of the chunked form (cupy_gda.reference.gated_attention_chunked
+// and docs/perf-notes.md number them the same way), each a __device__ function below:
+//   1. load:    q, k, g, v of the chunk into shared memory as fp32 (rows past the sequence:
+//               gate 1, q = k = v = 0, which leaves S exactly unchanged).
+//   2. scores:  W[t][s] = sum_k q_t k_s prod_{s<r<=t} g_r, s <= t, of the diagonal sub-blocks
+//               (BS = 16 steps), on the CUDA cores: one lane per column carrying the running
+//               products, the K-sum by a transposed shuffle reduction; the warps of a pair take
+//               the even and the odd rows t. (The other scores come in 4 from 3's products.)
+//   3. decays:  gate products, one thread per column. Warps 0-3 from the chunk end: k*D (D:
+//               product after s to the chunk end), A_end, and for each anchor a = 16, 32, 48
+//               the anchored keys kA_a[s] = k_s prod_{s<r<a} g_r; warps 4-7 from the start: q*P
+//               (P: prefix product inside the sub-block) and B_i, the product of the sub-blocks
+//               before i, so that q*A = q*P*B_i (A: prefix product over the chunk).
+//   4. output:  rows of sub-block i: o = scale ((q*P*B_i) S + ((q*P)_i kA_{16i}^T) v_{<16i}
+//               + W_i v_i), on the tensor cores (W_i v_i in fp32 on the CUDA cores, s <= t only,
+//               when the warp's v_i holds a NaN or inf: 0 * NaN above the diagonal must not leak
+//               into o_t); staged through shared memory for coalesced 16-byte stores.
+//   5. state:   S = diag(A_end) S + (k*D)^T v (tensor cores), in place in shared memory.
+// Every decay factor is a product of gates, never a quotient or a difference of logs, so gates
+// of 0, tiny, negative or above 1 stay exact (fla's chunk mode divides).
 //
-// Required defines: K_DIM (1..128), V_DIM (1..256), IO_DTYPE, G_DTYPE, LOG_GATE, SEQ_INT64.
-//   Tunable: BV (a multiple of 8, at most 64), NG, LB, ASYNC_COPY, DBUF (cp.async path only),
-//   BF16_MMA (bfloat16 inputs: 1 bf16 mma, 0 the 3xTF32 path).
-// Reference: cupy_gda.reference.gated_attention_ref (and gated_attention_chunked, the same
-//   stages in NumPy).
-#if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64)
-#error "K_DIM, V_DIM, LOG_GATE and SEQ_INT64 are required"
+// Grid (1-D): one block per (sequence n, head h, segment p of the sequence, tile of BV value
+//   columns), block id (((n * H) + h) * P + p) * NV + iv. Block: 8 warps, sequential over the
+//   chunks of its segment, the state S [KP, BV] in shared memory (fp32). The pair of warps i and
+//   7 - i owns the output rows of sub-block i, each warp half of the value columns (warp w runs
+//   on scheduler w % 4, which so holds sub-blocks i and 3 - i: later sub-blocks have more stage-4
+//   work); in stage 5 each warp owns one value half of MR row tiles of 16.
+// Segments: with P > 1, gda_chunk_state first runs segments 0..P-2 from S = 0 (stages 1, 3 and
+//   5 only) and leaves each one's S and gate product in a workspace; then gda_chunk_fwd's block
+//   for segment p starts from h0 carried through those of segments 0..p-1, so the sequence's
+//   chunks run P at a time. The workspace is (P - 1) * (K * V + K) floats per sequence-head,
+//   every element written by gda_chunk_state before gda_chunk_fwd reads it.
+// Loads: with ASYNC_COPY (float32 inputs, multiplicative gate, K and V multiples of 4) and
+//   16-byte aligned pointers, stage 1 copies by cp.async (with DBUF, into the other of two sets
+//   while this chunk is computed); otherwise through registers (converted, exp of log gates).
+//   -DGDA_PROFILE prints block 0's cycles per stage (scripts/profile_chunk.py).
+// Precision: every matmul splits its operands (kernels/mma.cuh): 3xTF32 for float32 and float16
+//   inputs, bf16 mma with bf16 terms for bfloat16 inputs; no plain TF32 anywhere.
+// Sequences: rows [bos, eos) of the [B*T, H, *] tensors; cu_seqlens (varlen, B = 1, offsets
+//   clamped to [0, T]) or bos = n*T. No host syncs, no atomics.
+//
+// Required defines: K_DIM (1..128), V_DIM (1..256), IO_DTYPE, G_DTYPE, LOG_GATE, SEQ_INT64,
+//   ASYNC_COPY (1 exactly where GDA_ASYNC_INPUTS), SMEM_BYTES (the launcher's dynamic shared
+//   memory, checked against the layout below). Tunable: BV (a multiple of 8, at most 64), DBUF
+//   (ASYNC_COPY only).
+// Launcher: cupy_gda/chunk.py. Reference: cupy_gda.reference.gated_attention_ref (and
+//   gated_attention_chunked, the same stages in NumPy).
+#if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
+    || !defined(ASYNC_COPY) || !defined(SMEM_BYTES)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, ASYNC_COPY and SMEM_BYTES are required"
 #endif
 #ifndef BV
 #define BV 64
 #endif
+#ifndef DBUF
+#define DBUF 0                                 // two sets of staged inputs: the next chunk's
+#endif                                         //   copies in flight during this one (cp.async)
 #define BT 64                                  // steps per chunk
 #define BS 16                                  // steps per sub-block (one warp pair's output rows)
 #define NW 8                                   // warps: a pair per sub-block
@@ -68,32 +74,19 @@
 #define EVEN (NTV % 2 == 0)                    // both halves NTH tiles wide (else the second is short)
 #define MR ((MT + NW / 2 - 1) / (NW / 2))      // stage 5 row tiles per warp
 #define KJ ((KP + 31) / 32)                    // columns per lane in stage 2
-#ifndef NG
-#define NG 4                                   // value tiles per group of independent mma
-#endif
-#ifndef ASYNC_COPY
-#define ASYNC_COPY 1                           // float32 inputs staged by cp.async
-#endif
-#define GDA_ASYNC (ASYNC_COPY && IO_DTYPE == 0 && G_DTYPE == 0 && !LOG_GATE && K_DIM % 4 == 0 && V_DIM % 4 == 0)
-#ifndef DBUF
-#define DBUF 0                                 // two sets of staged inputs: the next chunk's
-#endif                                         //   copies in flight during this one (cp.async)
+#define LB 4                                   // stage 1: loads of each tensor in flight a thread
 static_assert(K_DIM >= 1 && KP <= NT / 2, "K_DIM must be 1..128 (one scan thread per column and direction)");
 static_assert(BS == 16 && BT == 4 * BS, "stage 2's reduction and the anchors assume BS = 16, BT = 64");
 static_assert(BV <= BT, "o is staged in the rows of the scores tile");
 static_assert(NW == 2 * (BT / BS), "a pair of warps per sub-block ((w & 3) ^ 3 (w >> 2), w >> 2)");
 static_assert(BV % 8 == 0 && BV >= 8 && BV <= 64, "BV must be a multiple of 8, at most 64");
-static_assert(!DBUF || GDA_ASYNC, "DBUF needs the cp.async path (float32, multiplicative gate, K and V multiples of 4)");
-
-#if SEQ_INT64
-typedef long long seq_t;
-#else
-typedef int seq_t;
-#endif
+static_assert(ASYNC_COPY == GDA_ASYNC_INPUTS, "ASYNC_COPY must be 1 exactly for float32 inputs, a "
+              "multiplicative float32 gate and K, V multiples of 4 (cupy_gda/_launch.py cp_async_inputs)");
+static_assert(!DBUF || ASYNC_COPY, "DBUF needs the cp.async path (float32, multiplicative gate, K and V multiples of 4)");
 
 // Shared memory layout (floats), in this order; with DBUF the set q, g, k, v twice.
 #define SM_Q 0                                 // [BT][QS]  q, then q*P
-#define SM_A (SM_Q + BT * QS)                  // [BT][QS]  g, then q*A
+#define SM_A (SM_Q + BT * QS)                  // [BT][QS]  gates
 #define SM_K (SM_A + BT * QS)                  // [BT][KS]  k, then k*D
 #define SM_V (SM_K + BT * KS)                  // [BT][VS]
 #define SM_SET (SM_V + BT * VS)                // one set of staged inputs
@@ -104,135 +97,34 @@ typedef int seq_t;
 #define SM_E (SM_W + BT * WS)                  // [KP]      A_end: the chunk's gate product
 #define SM_B (SM_E + KP)                       // [4][KP]   B_i: product of sub-blocks 0..i-1
 #define SM_FLOATS (SM_B + 4 * KP)
-
-// Tensor-core operands. TF32 (float32 and float16 inputs): k-steps of 8, each operand element
-// split a = hi + lo in TF32, products lo*hi, hi*lo, hi*hi (mma.m16n8k8, fp32 accumulation).
-// BF16 (bfloat16 inputs, -DBF16_MMA=1, the default there): k-steps of 16, two elements a register,
-// each operand that is not exact in bf16 split in two bf16 terms, the same three products
-// (mma.m16n8k16); v is a bfloat16 input, exact in one term, so its products are lo*v + hi*v.
-// benchmarks/chunk_operand_rounding.py shows both within the accuracy contract (bf16: o at 0.50
-// of the bound, the final state at up to 0.48). Within a k-step the columns are permuted the
-// same way in A and B (a sum over k does not care): the BF16 register j of a thread holds the
-// columns t + 8j' and t + 8j' + 4, those of two TF32 k-steps, so both read the same addresses
-// (free of bank conflicts with the strides above).
-#ifndef BF16_MMA
-#define BF16_MMA 1
-#endif
-#define GDA_BF16 (BF16_MMA && IO_DTYPE == 2)
-#if GDA_BF16
-#define KSTEP 16
-#else
-#define KSTEP 8
-#endif
-
-// a = hi + lo, both TF32 (hi: round to nearest; lo: the rounded remainder). sm_90 converts with
-// one instruction in round-to-nearest-even (F2FP); sm_80 has only ties-away, which ptxas expands
-// to four (a finite test, add, select, mask)
-#if __CUDA_ARCH__ >= 900
-#define GDA_TF32 "cvt.rn.tf32.f32"
-#else
-#define GDA_TF32 "cvt.rna.tf32.f32"
-#endif
-__device__ __forceinline__ void gda_split(float x, unsigned& hi, unsigned& lo) {
-    asm(GDA_TF32 " %0, %1;" : "=r"(hi) : "f"(x));
-    asm(GDA_TF32 " %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
-}
-
-// (x0, x1) as bf16 pairs (x0 in the low half): hi rounded to nearest even, lo the rounded
-// remainders (not formed when EXACT: the operand is a bf16 input)
-template <bool EXACT>
-__device__ __forceinline__ void gda_split2(float x0, float x1, unsigned& hi, unsigned& lo) {
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(x1), "f"(x0));
-    if constexpr (!EXACT) {
-        const float r0 = x0 - __uint_as_float(hi << 16), r1 = x1 - __uint_as_float(hi & 0xffff0000u);
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(r1), "f"(r0));
-    }
-}
-
-// d += a b over one k-step
-__device__ __forceinline__ void gda_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-#if GDA_BF16
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-#else
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-#endif
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// d[j] += a * b[j], j < J (those with j < jn), over one k-step: the small terms first, each pass
-// over all J tiles, so that consecutive mma are independent (an mma waits for its accumulator's
-// last). BX: b is exact (a bf16 input, BF16 only): no hi*lo term, bl unused.
-template <int J, bool BX = false>
-__device__ __forceinline__ void gda_mma3(float (*d)[4], const unsigned (&ah)[4], const unsigned (&al)[4],
-                                         const unsigned (&bh)[J][2], const unsigned (&bl)[J][2], int jn = J) {
-    #pragma unroll
-    for (int j = 0; j < J; ++j) if (j < jn) gda_mma(d[j], al, bh[j]);
-    if constexpr (!(GDA_BF16 && BX)) {
-        #pragma unroll
-        for (int j = 0; j < J; ++j) if (j < jn) gda_mma(d[j], ah, bl[j]);
-    }
-    #pragma unroll
-    for (int j = 0; j < J; ++j) if (j < jn) gda_mma(d[j], ah, bh[j]);
-}
-
-// A fragment of one k-step (16 rows): element (r, c) is f(r, c), r < 16, c < KSTEP.
-// TF32: register j holds (g + 8 (j & 1), t + 4 (j >> 1)); BF16: (g + 8 (j & 1), t + 8 (j >> 1))
-// and the same row 4 columns on (g = lane / 4, t = lane % 4).
-template <bool EXACT = false, typename F>
-__device__ __forceinline__ void gda_frag_a(F f, int lane, unsigned (&hi)[4], unsigned (&lo)[4]) {
-    const int g = lane >> 2, t = lane & 3;
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int r = g + 8 * (j & 1), c = t + KSTEP / 2 * (j >> 1);
-#if GDA_BF16
-        gda_split2<EXACT>(f(r, c), f(r, c + 4), hi[j], lo[j]);
-#else
-        gda_split(f(r, c), hi[j], lo[j]);
-#endif
-    }
-}
-
-// B fragment of one k-step (8 columns): element (kk, n) is f(kk, n). TF32: register j holds
-// (t + 4 j, g); BF16: (t + 8 j, g) and 4 rows on.
-template <bool EXACT = false, typename F>
-__device__ __forceinline__ void gda_frag_b(F f, int lane, unsigned (&hi)[2], unsigned (&lo)[2]) {
-    const int g = lane >> 2, t = lane & 3;
-    #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-        const int kk = t + KSTEP / 2 * j;
-#if GDA_BF16
-        gda_split2<EXACT>(f(kk, g), f(kk + 4, g), hi[j], lo[j]);
-#else
-        gda_split(f(kk, g), hi[j], lo[j]);
-#endif
-    }
-}
-
-// d[n] += a * B_n for the value tiles n < nn (at most NN) of one 16-row band over one k-step: B_n
-// is the fragment at b + 8 * n (row-major, stride ld; BX: exact, a bf16 input), loaded in groups
-// of NG so that the mma of a group are independent
-template <int NN, bool BX = false>
-__device__ __forceinline__ void gda_mma_tiles(float (*d)[4], const unsigned (&ah)[4], const unsigned (&al)[4],
-                                              const float* b, int ld, int nn, int lane) {
-    constexpr int G = NG < NN ? NG : NN;
-    #pragma unroll
-    for (int n0 = 0; n0 < NN; n0 += G) {
-        unsigned bh[G][2], bl[G][2];
-        #pragma unroll
-        for (int j = 0; j < G; ++j)
-            if (n0 + j < nn) {
-                const float* p = b + 8 * (n0 + j);
-                gda_frag_b<BX>([&](int kk, int n) { return p[kk * ld + n]; }, lane, bh[j], bl[j]);
-            }
-        gda_mma3<G, BX>(d + n0, ah, al, bh, bl, nn - n0);
-    }
-}
+static_assert(SMEM_BYTES == SM_FLOATS * 4,
+              "SMEM_BYTES (cupy_gda/chunk.py smem) differs from this kernel's layout");
 
 // Named barrier of the two warps (64 threads) of one sub-block; id 0 is __syncthreads
 __device__ __forceinline__ void gda_pair_sync(int id) {
     asm volatile("bar.sync %0, 64;" :: "r"(id) : "memory");
+}
+
+// A warp's roles: the pair of warps w and 7 - w owns the output rows of sub-block i_s (stage 2:
+// the even and the odd rows; stage 4: a value half each)
+struct gda_chunk_warp {
+    int w, lane, lg, lt;                       // warp, lane; fragment row group, thread in group
+    int half, i_s, r0;                         // value half (stage 2: row parity), sub-block, its first row
+    int nb, nn;                                // this warp's first value tile, and how many
+};
+
+__device__ __forceinline__ gda_chunk_warp gda_chunk_roles(int tid) {
+    gda_chunk_warp r;
+    r.w = tid >> 5;
+    r.lane = tid & 31;
+    r.lg = r.lane >> 2;
+    r.lt = r.lane & 3;
+    r.half = r.w >> 2;
+    r.i_s = (r.w & 3) ^ (3 * r.half);          // 0 1 2 3 3 2 1 0
+    r.r0 = BS * r.i_s;
+    r.nb = NTH * r.half;
+    r.nn = EVEN ? NTH : NTV - r.nb < NTH ? NTV - r.nb : NTH;   // 0 only when NTV = 1
+    return r;
 }
 
 // Packs of 4 elements for 16-byte (float) or 8-byte (16-bit) loads.
@@ -256,14 +148,11 @@ template <int W> __device__ __forceinline__ void gda_st(float* p, const gda_pack
     else p[0] = x.e[0];
 }
 
-#ifndef LB
-#define LB 4                                   // loads of each tensor in flight per thread
-#endif
-
-// Stage 1 through registers (half inputs, log gates, unaligned pointers): q (when Q), k, g in
-// packs of W (PR packs a row), v in packs of WV (PRV a row, tile columns c < nc), rows t < n of
-// the chunk starting at row r0 (the rest: q = k = v = 0, gate 1), converted to fp32. Up to LB
-// loads of each tensor in flight per thread, every tensor's issued before the first store.
+// Stage 1 through registers (half inputs, log gates, unaligned pointers) into the set at b_set:
+// q (when Q), k, g in packs of W (PR packs a row), v in packs of WV (PRV a row, tile columns
+// c < nc), rows t < n of the chunk starting at row r0 (the rest: q = k = v = 0, gate 1),
+// converted to fp32. Up to LB loads of each tensor in flight per thread, every tensor's issued
+// before the first store.
 template <int PR, int W, int PRV, int WV, bool Q>
 __device__ __forceinline__ void gda_stage(const io::t* __restrict__ q, const io::t* __restrict__ k,
                                           const gt::t* __restrict__ g, const io::t* __restrict__ v,
@@ -325,10 +214,10 @@ __device__ __forceinline__ void gda_stage(const io::t* __restrict__ q, const io:
     }
 }
 
-#if GDA_ASYNC
-// Stage 1 for float32 q (when Q), k, g (multiplicative) and v, 16-byte aligned: asynchronous
-// 16-byte copies, all in flight at once, committed as one group (the caller waits); rows t >= n
-// and columns past V written directly (0, gate 1).
+#if ASYNC_COPY
+// Stage 1 for float32 q (when Q), k, g (multiplicative) and v, 16-byte aligned, into the set at
+// b_set: asynchronous 16-byte copies, all in flight at once, committed as one group (the caller
+// waits); rows t >= n and columns past V written directly (0, gate 1).
 template <bool Q>
 __device__ __forceinline__ void gda_stage_async(const float* __restrict__ q, const float* __restrict__ k,
                                                 const float* __restrict__ g, const float* __restrict__ v,
@@ -358,7 +247,60 @@ __device__ __forceinline__ void gda_stage_async(const float* __restrict__ q, con
     }
     gda_cp_commit();
 }
+
+// The same into the set at b_sm + at, for the chunk at row t1 of the segment (rows up to s1)
+template <bool Q>
+__device__ __forceinline__ void gda_copy_chunk(const float* __restrict__ q, const float* __restrict__ k,
+                                               const float* __restrict__ g, const float* __restrict__ v,
+                                               float* b_sm, int at, long long t1, long long s1,
+                                               long long bos, long long sk, long long sv, long long colk,
+                                               long long colv, int nc, int tid) {
+    gda_stage_async<Q>(q, k, g, v, b_sm + at + SM_Q, b_sm + at + SM_K, b_sm + at + SM_A, b_sm + at + SM_V,
+                       bos + t1, s1 - t1, sk, sv, colk, colv, nc, tid);
+}
 #endif
+
+// 1. load the chunk at row t0 of the segment (rows up to s1) into the set at b_sm + set: by
+//    cp.async where ASYNC_COPY and the pointers allow (with DBUF the copies were issued a chunk
+//    ago; the next chunk's are issued into the other set now), else through registers in 16- or
+//    8-byte packs where K (V) and the pointers allow, else single elements. Rows from bos, head
+//    i_h, value columns from v0. The state pass (STATE) loads no q.
+template <bool STATE>
+__device__ __forceinline__ void gda_chunk_load(const io::t* __restrict__ q, const io::t* __restrict__ k,
+                                               const gt::t* __restrict__ g, const io::t* __restrict__ v,
+                                               float* b_sm, int set, float* b_q, float* b_k, float* b_a,
+                                               float* b_v, long long t0, long long s1,
+                                               long long bos, long long sk, long long sv, int i_h,
+                                               int v0, bool vec_qkg, bool vec_v, int tid) {
+    const long long colk = (long long)i_h * K_DIM, colv = (long long)i_h * V_DIM + v0;
+#if ASYNC_COPY
+    if (vec_qkg && vec_v) {                     // float32 as is: copies that bypass registers
+        if (!DBUF) {
+            gda_copy_chunk<!STATE>(q, k, g, v, b_sm, 0, t0, s1, bos, sk, sv, colk, colv, V_DIM - v0, tid);
+            gda_cp_wait<0>();
+        } else if (t0 + BT < s1) {              // this chunk's copies were issued a chunk ago
+            gda_copy_chunk<!STATE>(q, k, g, v, b_sm, SM_SET - set, t0 + BT, s1, bos, sk, sv, colk, colv,
+                                   V_DIM - v0, tid);
+            gda_cp_wait<1>();
+        } else {
+            gda_cp_wait<0>();
+        }
+    } else
+#endif
+    {
+#define GDA_STAGE(W, WV) gda_stage<K_DIM / (W), W, BV / (WV), WV, !STATE>(                         \
+            q, k, g, v, b_q, b_k, b_a, b_v, bos + t0, s1 - t0, sk, sv, colk, colv, V_DIM - v0, tid)
+        constexpr int PK4 = K_DIM % 4 == 0 ? 4 : 1, PV4 = V_DIM % 4 == 0 ? 4 : 1;
+        if (vec_qkg) {
+            if (vec_v) GDA_STAGE(PK4, PV4);
+            else GDA_STAGE(PK4, 1);
+        } else {
+            if (vec_v) GDA_STAGE(1, PV4);
+            else GDA_STAGE(1, 1);
+        }
+#undef GDA_STAGE
+    }
+}
 
 // One exchange of the transposed warp sum: lanes with bit O keep the upper N of their 2N
 // partials, the others the lower N, each adding its partner's copy of the kept ones.
@@ -420,17 +362,266 @@ __device__ __forceinline__ void gda_diag(const float* b_q, const float* b_k, con
         for (int t = PAR; t < BS; t += 2) b_w[(r0 + t) * WS + r0 + (lane >> 1)] = b_res[t / 2];
 }
 
+// 2. scores of the warp's diagonal sub-block, the rows t of its parity (raw q, k and gates)
+__device__ __forceinline__ void gda_chunk_scores(const float* b_q, const float* b_k, const float* b_a,
+                                                 float* b_w, const gda_chunk_warp& wp) {
+    if (wp.half) gda_diag<1>(b_q, b_k, b_a, b_w, wp.r0, wp.lane);
+    else gda_diag<0>(b_q, b_k, b_a, b_w, wp.r0, wp.lane);
+}
+
+// 3. decays, one thread per column: from the end (threads 0..KP-1: k*D in place, the anchored
+//    keys kA (not in the state pass), A_end into b_e, and the segment's product dseg), from the
+//    start (threads NT/2 ..: q*P in place, B_i into b_b); both read the gates, they write
+//    disjoint tiles. A sub-block's 16 rows are loaded into registers before its first store:
+//    the stores may alias the next loads for the compiler, which would otherwise wait on each
+template <bool STATE>
+__device__ __forceinline__ void gda_chunk_decays(float* b_q, float* b_k, const float* b_a, float* b_ka,
+                                                 float* b_e, float* b_b, int tid, float& dseg) {
+    if (tid < KP) {
+        const int kk = tid;
+        float d = 1.f, e1 = 1.f, e2 = 1.f, e3 = 1.f;     // suffix products (to end, to anchors)
+        #pragma unroll
+        for (int sb = BT - BS; sb >= 0; sb -= BS) {
+            float fk[BS], fg[BS];
+            #pragma unroll
+            for (int i = 0; i < BS; ++i) { fk[i] = b_k[(sb + i) * KS + kk]; fg[i] = b_a[(sb + i) * QS + kk]; }
+            #pragma unroll
+            for (int i = BS - 1; i >= 0; --i) {
+                const int s = sb + i;
+                b_k[s * KS + kk] = fk[i] * d;
+                if constexpr (!STATE) {
+                    if (s < 16) b_ka[s * QS + kk] = fk[i] * e1;
+                    if (s < 32) b_ka[(16 + s) * QS + kk] = fk[i] * e2;
+                    if (s < 48) b_ka[(48 + s) * QS + kk] = fk[i] * e3;
+                }
+                d *= fg[i];
+                if (s < 16) e1 *= fg[i];
+                if (s < 32) e2 *= fg[i];
+                if (s < 48) e3 *= fg[i];
+            }
+        }
+        b_e[kk] = d;
+        dseg *= d;
+    } else if (!STATE && tid >= NT / 2 && tid < NT / 2 + KP) {
+        const int kk = tid - NT / 2;
+        float a = 1.f;                                    // prefix over the chunk
+        #pragma unroll
+        for (int tb = 0; tb < BT; tb += BS) {
+            float fq[BS], fg[BS];
+            #pragma unroll
+            for (int i = 0; i < BS; ++i) { fq[i] = b_q[(tb + i) * QS + kk]; fg[i] = b_a[(tb + i) * QS + kk]; }
+            b_b[(tb / BS) * KP + kk] = a;
+            float p = 1.f;                                // prefix inside the sub-block
+            #pragma unroll
+            for (int i = 0; i < BS; ++i) {
+                p *= fg[i];
+                b_q[(tb + i) * QS + kk] = fq[i] * p;
+            }
+            a *= p;
+        }
+    }
+}
+
+// 4. output rows r0..r0+15 of the chunk at row t0 (rows up to s1 are written), value tiles
+//    nb..nb+nn-1 of this warp, into o (rows from bos, head i_h, columns from v0)
+__device__ __forceinline__ void gda_chunk_output(const float* b_q, const float* b_v, const float* b_ka,
+                                                 const float* b_s, float* b_w, const float* b_b,
+                                                 const gda_chunk_warp& wp, io::t* __restrict__ o,
+                                                 bool vec_o, long long t0, long long s1, long long bos,
+                                                 long long sv, int i_h, int v0, float scale) {
+    const int lane = wp.lane, lg = wp.lg, lt = wp.lt, i_s = wp.i_s, r0 = wp.r0, nb = wp.nb, nn = wp.nn;
+    float b_o[NTH][4];
+    #pragma unroll
+    for (int n = 0; n < NTH; ++n)
+        #pragma unroll
+        for (int r = 0; r < 4; ++r) b_o[n][r] = 0.f;
+    // 4a. (q*A) S, q*A = (q*P) B_i formed at the fragment load
+    #pragma unroll 2
+    for (int kb = 0; kb < KP; kb += KSTEP) {
+        unsigned ah[4], al[4];
+        const float* pq = b_q + r0 * QS + kb;
+        const float* pb = b_b + i_s * KP + kb;
+        gda_frag_a([&](int r, int c) { return pq[r * QS + c] * pb[c]; }, lane, ah, al);
+        gda_mma_tiles<NTH>(b_o, ah, al, b_s + kb * VS + 8 * nb, VS, nn, lane);
+    }
+    // 4b. scores against the earlier sub-blocks: (q*P) kA_{r0}^T, columns 0..r0-1, in
+    //     2 i_s tiles of 8, i_s of them by each warp of the pair
+    if (i_s > 0) {
+        const float* ka = b_ka + (i_s == 1 ? 0 : i_s == 2 ? 16 : 48) * QS;
+        const int c0 = i_s * wp.half;           // this warp's first score tile
+        float b_c[3][4];
+        #pragma unroll
+        for (int n = 0; n < 3; ++n)
+            #pragma unroll
+            for (int r = 0; r < 4; ++r) b_c[n][r] = 0.f;
+        #pragma unroll 2
+        for (int kb = 0; kb < KP; kb += KSTEP) {
+            unsigned ah[4], al[4], bh[3][2], bl[3][2];
+            const float* pq = b_q + r0 * QS + kb;
+            gda_frag_a([&](int r, int c) { return pq[r * QS + c]; }, lane, ah, al);
+            #pragma unroll
+            for (int n = 0; n < 3; ++n)
+                if (n < i_s) {
+                    const float* pk = ka + 8 * (c0 + n) * QS + kb;    // kA^T
+                    gda_frag_b([&](int kk, int m) { return pk[m * QS + kk]; }, lane, bh[n], bl[n]);
+                }
+            gda_mma3<3>(b_c, ah, al, bh, bl, i_s);
+        }
+        #pragma unroll
+        for (int n = 0; n < 3; ++n)
+            if (n < i_s)
+                #pragma unroll
+                for (int r = 0; r < 4; ++r)
+                    b_w[(r0 + lg + 8 * (r >> 1)) * WS + 8 * (c0 + n) + 2 * lt + (r & 1)] = b_c[n][r];
+    }
+    // whether this warp's v rows of the sub-block are all finite: then the diagonal
+    // block's zeros above the diagonal times v are exact zeros, and W v can go to the
+    // tensor cores; otherwise 0 * NaN (or inf) would leak a later step into o_t
+    bool fin = true;
+    #pragma unroll
+    for (int e = lane; e < BS * 8 * NTH; e += 32) {
+        const int t = e / (8 * NTH), c = e % (8 * NTH);
+        if (c < 8 * nn) fin = fin && isfinite(b_v[(r0 + t) * VS + 8 * nb + c]);
+    }
+    fin = __all_sync(GDA_FULL_MASK, fin);
+    gda_pair_sync(1 + i_s);             // the pair's scores are in b_w
+    // 4c. + scores v over the earlier sub-blocks' steps 0..r0-1, and the sub-block's own
+    //     when finite (tensor cores)
+    #pragma unroll
+    for (int kb = 0; kb < BT; kb += KSTEP)
+        if (kb < r0 + (fin ? BS : 0)) {
+            unsigned ah[4], al[4];
+            const float* pw = b_w + r0 * WS + kb;
+            gda_frag_a([&](int r, int c) { return pw[r * WS + c]; }, lane, ah, al);
+            gda_mma_tiles<NTH, true>(b_o, ah, al, b_v + kb * VS + 8 * nb, VS, nn, lane);
+        }
+    // 4c'. otherwise + W v over the sub-block's own steps s <= t only, in fp32 on the
+    //      CUDA cores
+    if (!fin) {
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {               // rows lg, then lg + 8
+            const int t = lg + 8 * h;
+            const float* wt = b_w + (r0 + t) * WS + r0;
+            const float* vt = b_v + r0 * VS + 8 * nb + 2 * lt;
+            float acc[NTH][2];
+            #pragma unroll
+            for (int n = 0; n < NTH; ++n) acc[n][0] = acc[n][1] = 0.f;
+            #pragma unroll 1
+            for (int s = 0; s <= t; ++s) {
+                const float ws = wt[s];
+                #pragma unroll
+                for (int n = 0; n < NTH; ++n)
+                    if (n < nn) {
+                        const float2 vv = *reinterpret_cast<const float2*>(vt + s * VS + 8 * n);
+                        acc[n][0] = fmaf(ws, vv.x, acc[n][0]);
+                        acc[n][1] = fmaf(ws, vv.y, acc[n][1]);
+                    }
+            }
+            #pragma unroll
+            for (int n = 0; n < NTH; ++n) {
+                b_o[n][2 * h] += acc[n][0];
+                b_o[n][2 * h + 1] += acc[n][1];
+            }
+        }
+    }
+    // 4d. o through this warp's columns of the sub-block's rows of b_w (free once both
+    //     warps are past 4c'), then coalesced stores
+    gda_pair_sync(1 + i_s);
+    #pragma unroll
+    for (int n = 0; n < NTH; ++n)
+        if (n < nn)
+            #pragma unroll
+            for (int r = 0; r < 4; ++r)
+                b_w[(r0 + lg + 8 * (r >> 1)) * WS + 8 * (nb + n) + 2 * lt + (r & 1)] = b_o[n][r] * scale;
+    __syncwarp();
+    const int cn = 8 * nn;                      // this warp's columns: 8nb .. 8nb+cn-1
+#if V_DIM % 4 == 0
+    if (vec_o) {
+        #pragma unroll 2
+        for (int e = lane; e < BS * (2 * NTH); e += 32) {
+            const int t = e / (2 * NTH), c = 4 * (e % (2 * NTH));
+            if (c < cn && t0 + r0 + t < s1 && v0 + 8 * nb + c < V_DIM) {
+                gda_pack<io::t, 4> pk;
+                #pragma unroll
+                for (int i = 0; i < 4; ++i) pk.e[i] = io::store(b_w[(r0 + t) * WS + 8 * nb + c + i]);
+                *reinterpret_cast<typename gda_vec4<sizeof(io::t)>::t*>(
+                    o + (bos + t0 + r0 + t) * sv + (long long)i_h * V_DIM + v0 + 8 * nb + c) = pk.v;
+            }
+        }
+    } else
+#endif
+    {
+        for (int e = lane; e < BS * 8 * NTH; e += 32) {
+            const int t = e / (8 * NTH), c = e % (8 * NTH);
+            if (c < cn && t0 + r0 + t < s1 && v0 + 8 * nb + c < V_DIM)
+                o[(bos + t0 + r0 + t) * sv + (long long)i_h * V_DIM + v0 + 8 * nb + c]
+                    = io::store(b_w[(r0 + t) * WS + 8 * nb + c]);
+        }
+    }
+}
+
+// 5. state: S = diag(A_end) S + (k*D)^T v; warp w owns value half w & 1 of the row tiles
+//    m = w / 2 + (NW / 2) i (tile element r at row 16m + lg + 8*(r>>1), column
+//    8n + 2*lt + (r&1)), each warp reading and writing only its own tiles of S
+__device__ __forceinline__ void gda_chunk_update(float* b_s, const float* b_k, const float* b_v,
+                                                 const float* b_e, const gda_chunk_warp& wp) {
+    const int w = wp.w, lane = wp.lane, lg = wp.lg, lt = wp.lt;
+    const int n5 = NTH * (w & 1), nn5 = EVEN ? NTH : NTV - n5 < NTH ? NTV - n5 : NTH;
+    float b_sr[MR][NTH][4];
+    #pragma unroll
+    for (int i = 0; i < MR; ++i) {
+        const int m0 = 16 * ((w >> 1) + (NW / 2) * i);
+        if (MT % (NW / 2) == 0 || m0 < KP) {
+            const float e0 = b_e[m0 + lg], e8 = b_e[m0 + lg + 8];
+            #pragma unroll
+            for (int n = 0; n < NTH; ++n)
+                if (n < nn5)
+                    #pragma unroll
+                    for (int r = 0; r < 4; ++r)
+                        b_sr[i][n][r] = (r < 2 ? e0 : e8)
+                            * b_s[(m0 + lg + 8 * (r >> 1)) * VS + 8 * (n5 + n) + 2 * lt + (r & 1)];
+        }
+    }
+    #pragma unroll 2
+    for (int kb = 0; kb < BT; kb += KSTEP) {
+        unsigned bh[NTH][2], bl[NTH][2];
+        #pragma unroll
+        for (int n = 0; n < NTH; ++n)
+            if (n < nn5) {
+                const float* pv = b_v + kb * VS + 8 * (n5 + n);
+                gda_frag_b<true>([&](int kk, int c) { return pv[kk * VS + c]; }, lane, bh[n], bl[n]);
+            }
+        #pragma unroll
+        for (int i = 0; i < MR; ++i) {
+            const int m0 = 16 * ((w >> 1) + (NW / 2) * i);
+            if (MT % (NW / 2) == 0 || m0 < KP) {
+                unsigned ah[4], al[4];
+                const float* pk = b_k + kb * KS + m0;            // (k*D)^T
+                gda_frag_a([&](int r, int c) { return pk[c * KS + r]; }, lane, ah, al);
+                gda_mma3<NTH, true>(b_sr[i], ah, al, bh, bl, nn5);
+            }
+        }
+    }
+    #pragma unroll
+    for (int i = 0; i < MR; ++i) {
+        const int m0 = 16 * ((w >> 1) + (NW / 2) * i);
+        if (MT % (NW / 2) == 0 || m0 < KP)
+            #pragma unroll
+            for (int n = 0; n < NTH; ++n)
+                if (n < nn5)
+                    #pragma unroll
+                    for (int r = 0; r < 4; ++r)
+                        b_s[(m0 + lg + 8 * (r >> 1)) * VS + 8 * (n5 + n) + 2 * lt + (r & 1)] = b_sr[i][n][r];
+    }
+}
+
 // The chunk loop of one block over segment i_p of its sequence (rows [s0, s1): P segments of
 // whole chunks, the last one short or empty). STATE (gda_chunk_state, segments 0..P-2): stages
 // 1 (k, g, v), 3 (k*D, A_end) and 5 only, from S = 0; it writes the segment's S and its gate
 // product to ws_s, ws_d. Otherwise (gda_chunk_fwd): every stage, from S = h0 carried through the
 // earlier segments' entries (S = diag(ws_d[j]) S + ws_s[j], j < i_p).
 template <bool STATE>
-__device__ __forceinline__ void
-gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t* __restrict__ v,
-          const gt::t* __restrict__ g, io::t* __restrict__ o, const float* __restrict__ h0,
-          float* __restrict__ ht, const seq_t* __restrict__ cu_seqlens, float* __restrict__ ws_s,
-          float* __restrict__ ws_d, long long T, int H, int NV, int P, float scale)
+__device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
 {
     extern __shared__ float4 gda_smem[];
     float* const b_sm = reinterpret_cast<float*>(gda_smem);
@@ -444,13 +635,8 @@ gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t*
     const int NP = STATE ? P - 1 : P;          // segments in this grid
     const int i_v = (int)(i_b % NV), i_p = (int)((i_b / NV) % NP), i_h = (int)((i_b / NV / NP) % H);
     const long long i_n = i_b / NV / NP / H;
-    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
-    const int lg = lane >> 2, lt = lane & 3;   // fragment row group, thread in group
-    const int half = w >> 2;                   // this warp's value half (stage 2: row parity)
-    const int i_s = (w & 3) ^ (3 * half);      // and sub-block: 0 1 2 3 3 2 1 0
-    const int r0 = BS * i_s;                   // the sub-block's first row
-    const int nb = NTH * half;                 // this warp's first value tile
-    const int nn = EVEN ? NTH : NTV - nb < NTH ? NTV - nb : NTH;   // and how many (0 only when NTV = 1)
+    const int tid = threadIdx.x;
+    const gda_chunk_warp wp = gda_chunk_roles(tid);
     const int v0 = i_v * BV;
     long long bos, eos;
     gda_seq_rows(cu_seqlens, i_n, T, bos, eos);
@@ -496,13 +682,10 @@ gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t*
     // this chunk's set of staged inputs: DBUF alternates between two, the next chunk's copies
     // going to the other one while this one is computed
     int set = 0;
-#if GDA_ASYNC
-    const long long colk = (long long)i_h * K_DIM, colv = (long long)i_h * V_DIM + v0;
-    auto copy_chunk = [&](long long t1, int at) {
-        gda_stage_async<!STATE>(q, k, g, v, b_sm + at + SM_Q, b_sm + at + SM_K, b_sm + at + SM_A,
-                                b_sm + at + SM_V, bos + t1, s1 - t1, sk, sv, colk, colv, V_DIM - v0, tid);
-    };
-    if (DBUF && vec_qkg && vec_v && s0 < s1) copy_chunk(s0, 0);
+#if ASYNC_COPY
+    if (DBUF && vec_qkg && vec_v && s0 < s1)
+        gda_copy_chunk<!STATE>(q, k, g, v, b_sm, 0, s0, s1, bos, sk, sv, (long long)i_h * K_DIM,
+                               (long long)i_h * V_DIM + v0, V_DIM - v0, tid);
 #endif
     for (long long t0 = s0; t0 < s1; t0 += BT) {
         float* const b_q = b_sm + set + SM_Q;
@@ -510,289 +693,31 @@ gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t*
         float* const b_k = b_sm + set + SM_K;
         float* const b_v = b_sm + set + SM_V;
         GDA_PROF(0);
-        // 1. stage the chunk (16- or 8-byte loads where K, V and the pointers allow; up to LB
-        //    loads of each tensor in flight per thread)
-#if GDA_ASYNC
-        if (vec_qkg && vec_v) {                 // float32 as is: copies that bypass registers
-            if (!DBUF) {
-                copy_chunk(t0, 0);
-                gda_cp_wait<0>();
-            } else if (t0 + BT < s1) {          // this chunk's copies were issued a chunk ago
-                copy_chunk(t0 + BT, SM_SET - set);
-                gda_cp_wait<1>();
-            } else {
-                gda_cp_wait<0>();
-            }
-        } else
-#endif
-        {
-            // packs of 4 where K (V) and the pointers allow, else single elements
-#define GDA_STAGE(W, WV) gda_stage<K_DIM / (W), W, BV / (WV), WV, !STATE>(                        \
-                q, k, g, v, b_q, b_k, b_a, b_v, bos + t0, s1 - t0, sk, sv, (long long)i_h * K_DIM,  \
-                (long long)i_h * V_DIM + v0, V_DIM - v0, tid)
-            constexpr int PK4 = K_DIM % 4 == 0 ? 4 : 1, PV4 = V_DIM % 4 == 0 ? 4 : 1;
-            if (vec_qkg) {
-                if (vec_v) GDA_STAGE(PK4, PV4);
-                else GDA_STAGE(PK4, 1);
-            } else {
-                if (vec_v) GDA_STAGE(1, PV4);
-                else GDA_STAGE(1, 1);
-            }
-#undef GDA_STAGE
-        }
+        gda_chunk_load<STATE>(q, k, g, v, b_sm, set, b_q, b_k, b_a, b_v, t0, s1, bos, sk, sv, i_h, v0,
+                              vec_qkg, vec_v, tid);
         __syncthreads();
         GDA_PROF(1);
-
-        // 2. diagonal sub-block i_s, the rows t of parity `half`
         if constexpr (!STATE) {
-            if (half) gda_diag<1>(b_q, b_k, b_a, b_w, r0, lane);
-            else gda_diag<0>(b_q, b_k, b_a, b_w, r0, lane);
+            gda_chunk_scores(b_q, b_k, b_a, b_w, wp);
             __syncthreads();
         }
         GDA_PROF(2);
-
-        // 3. gate scans, one thread per column: from the end (threads 0..KP-1), from the start
-        //    (threads NT/2 ..); both read the gates, they write disjoint tiles
-        //    A sub-block's 16 rows are loaded into registers before its first store: the stores
-        //    may alias the next loads for the compiler, which would otherwise wait on each load
-        if (tid < KP) {
-            const int kk = tid;
-            float d = 1.f, e1 = 1.f, e2 = 1.f, e3 = 1.f;     // suffix products (to end, to anchors)
-            #pragma unroll
-            for (int sb = BT - BS; sb >= 0; sb -= BS) {
-                float fk[BS], fg[BS];
-                #pragma unroll
-                for (int i = 0; i < BS; ++i) { fk[i] = b_k[(sb + i) * KS + kk]; fg[i] = b_a[(sb + i) * QS + kk]; }
-                #pragma unroll
-                for (int i = BS - 1; i >= 0; --i) {
-                    const int s = sb + i;
-                    b_k[s * KS + kk] = fk[i] * d;
-                    if constexpr (!STATE) {
-                        if (s < 16) b_ka[s * QS + kk] = fk[i] * e1;
-                        if (s < 32) b_ka[(16 + s) * QS + kk] = fk[i] * e2;
-                        if (s < 48) b_ka[(48 + s) * QS + kk] = fk[i] * e3;
-                    }
-                    d *= fg[i];
-                    if (s < 16) e1 *= fg[i];
-                    if (s < 32) e2 *= fg[i];
-                    if (s < 48) e3 *= fg[i];
-                }
-            }
-            b_e[kk] = d;
-            dseg *= d;
-        } else if (!STATE && tid >= NT / 2 && tid < NT / 2 + KP) {
-            const int kk = tid - NT / 2;
-            float a = 1.f;                                    // prefix over the chunk
-            #pragma unroll
-            for (int tb = 0; tb < BT; tb += BS) {
-                float fq[BS], fg[BS];
-                #pragma unroll
-                for (int i = 0; i < BS; ++i) { fq[i] = b_q[(tb + i) * QS + kk]; fg[i] = b_a[(tb + i) * QS + kk]; }
-                b_b[(tb / BS) * KP + kk] = a;
-                float p = 1.f;                                // prefix inside the sub-block
-                #pragma unroll
-                for (int i = 0; i < BS; ++i) {
-                    p *= fg[i];
-                    b_q[(tb + i) * QS + kk] = fq[i] * p;
-                }
-                a *= p;
-            }
-        }
+        gda_chunk_decays<STATE>(b_q, b_k, b_a, b_ka, b_e, b_b, tid, dseg);
         __syncthreads();
         GDA_PROF(3);
-
-        // 4. output rows r0..r0+15, value tiles nb..nb+nn-1 of this warp
         if constexpr (!STATE) {
-            float b_o[NTH][4];
-            #pragma unroll
-            for (int n = 0; n < NTH; ++n)
-                #pragma unroll
-                for (int r = 0; r < 4; ++r) b_o[n][r] = 0.f;
-            // 4a. (q*A) S, q*A = (q*P) B_i formed at the fragment load
-            #pragma unroll 2
-            for (int kb = 0; kb < KP; kb += KSTEP) {
-                unsigned ah[4], al[4];
-                const float* pq = b_q + r0 * QS + kb;
-                const float* pb = b_b + i_s * KP + kb;
-                gda_frag_a([&](int r, int c) { return pq[r * QS + c] * pb[c]; }, lane, ah, al);
-                gda_mma_tiles<NTH>(b_o, ah, al, b_s + kb * VS + 8 * nb, VS, nn, lane);
-            }
-            // 4b. scores against the earlier sub-blocks: (q*P) kA_{r0}^T, columns 0..r0-1, in
-            //     2 i_s tiles of 8, i_s of them by each warp of the pair
-            if (i_s > 0) {
-                const float* ka = b_ka + (i_s == 1 ? 0 : i_s == 2 ? 16 : 48) * QS;
-                const int c0 = i_s * half;      // this warp's first score tile
-                float b_c[3][4];
-                #pragma unroll
-                for (int n = 0; n < 3; ++n)
-                    #pragma unroll
-                    for (int r = 0; r < 4; ++r) b_c[n][r] = 0.f;
-                #pragma unroll 2
-                for (int kb = 0; kb < KP; kb += KSTEP) {
-                    unsigned ah[4], al[4], bh[3][2], bl[3][2];
-                    const float* pq = b_q + r0 * QS + kb;
-                    gda_frag_a([&](int r, int c) { return pq[r * QS + c]; }, lane, ah, al);
-                    #pragma unroll
-                    for (int n = 0; n < 3; ++n)
-                        if (n < i_s) {
-                            const float* pk = ka + 8 * (c0 + n) * QS + kb;    // kA^T
-                            gda_frag_b([&](int kk, int m) { return pk[m * QS + kk]; }, lane, bh[n], bl[n]);
-                        }
-                    gda_mma3<3>(b_c, ah, al, bh, bl, i_s);
-                }
-                #pragma unroll
-                for (int n = 0; n < 3; ++n)
-                    if (n < i_s)
-                        #pragma unroll
-                        for (int r = 0; r < 4; ++r)
-                            b_w[(r0 + lg + 8 * (r >> 1)) * WS + 8 * (c0 + n) + 2 * lt + (r & 1)] = b_c[n][r];
-            }
-            // whether this warp's v rows of the sub-block are all finite: then the diagonal
-            // block's zeros above the diagonal times v are exact zeros, and W v can go to the
-            // tensor cores; otherwise 0 * NaN (or inf) would leak a later step into o_t
-            bool fin = true;
-            #pragma unroll
-            for (int e = lane; e < BS * 8 * NTH; e += 32) {
-                const int t = e / (8 * NTH), c = e % (8 * NTH);
-                if (c < 8 * nn) fin = fin && isfinite(b_v[(r0 + t) * VS + 8 * nb + c]);
-            }
-            fin = __all_sync(GDA_FULL_MASK, fin);
-            gda_pair_sync(1 + i_s);             // the pair's scores are in b_w
-            // 4c. + scores v over the earlier sub-blocks' steps 0..r0-1, and the sub-block's own
-            //     when finite (tensor cores)
-            #pragma unroll
-            for (int kb = 0; kb < BT; kb += KSTEP)
-                if (kb < r0 + (fin ? BS : 0)) {
-                    unsigned ah[4], al[4];
-                    const float* pw = b_w + r0 * WS + kb;
-                    gda_frag_a([&](int r, int c) { return pw[r * WS + c]; }, lane, ah, al);
-                    gda_mma_tiles<NTH, true>(b_o, ah, al, b_v + kb * VS + 8 * nb, VS, nn, lane);
-                }
-            // 4c'. otherwise + W v over the sub-block's own steps s <= t only, in fp32 on the
-            //      CUDA cores
-            if (!fin) {
-                #pragma unroll
-                for (int h = 0; h < 2; ++h) {               // rows lg, then lg + 8
-                    const int t = lg + 8 * h;
-                    const float* wt = b_w + (r0 + t) * WS + r0;
-                    const float* vt = b_v + r0 * VS + 8 * nb + 2 * lt;
-                    float acc[NTH][2];
-                    #pragma unroll
-                    for (int n = 0; n < NTH; ++n) acc[n][0] = acc[n][1] = 0.f;
-                    #pragma unroll 1
-                    for (int s = 0; s <= t; ++s) {
-                        const float ws = wt[s];
-                        #pragma unroll
-                        for (int n = 0; n < NTH; ++n)
-                            if (n < nn) {
-                                const float2 vv = *reinterpret_cast<const float2*>(vt + s * VS + 8 * n);
-                                acc[n][0] = fmaf(ws, vv.x, acc[n][0]);
-                                acc[n][1] = fmaf(ws, vv.y, acc[n][1]);
-                            }
-                    }
-                    #pragma unroll
-                    for (int n = 0; n < NTH; ++n) {
-                        b_o[n][2 * h] += acc[n][0];
-                        b_o[n][2 * h + 1] += acc[n][1];
-                    }
-                }
-            }
-            // 4d. o through this warp's columns of the sub-block's rows of b_w (free once both
-            //     warps are past 4c'), then coalesced stores
-            gda_pair_sync(1 + i_s);
-            #pragma unroll
-            for (int n = 0; n < NTH; ++n)
-                if (n < nn)
-                    #pragma unroll
-                    for (int r = 0; r < 4; ++r)
-                        b_w[(r0 + lg + 8 * (r >> 1)) * WS + 8 * (nb + n) + 2 * lt + (r & 1)] = b_o[n][r] * scale;
-            __syncwarp();
-            const int cn = 8 * nn;                      // this warp's columns: 8nb .. 8nb+cn-1
-#if V_DIM % 4 == 0
-            if (vec_o) {
-                #pragma unroll 2
-                for (int e = lane; e < BS * (2 * NTH); e += 32) {
-                    const int t = e / (2 * NTH), c = 4 * (e % (2 * NTH));
-                    if (c < cn && t0 + r0 + t < s1 && v0 + 8 * nb + c < V_DIM) {
-                        gda_pack<io::t, 4> pk;
-                        #pragma unroll
-                        for (int i = 0; i < 4; ++i) pk.e[i] = io::store(b_w[(r0 + t) * WS + 8 * nb + c + i]);
-                        *reinterpret_cast<typename gda_vec4<sizeof(io::t)>::t*>(
-                            o + (bos + t0 + r0 + t) * sv + (long long)i_h * V_DIM + v0 + 8 * nb + c) = pk.v;
-                    }
-                }
-            } else
-#endif
-            {
-                for (int e = lane; e < BS * 8 * NTH; e += 32) {
-                    const int t = e / (8 * NTH), c = e % (8 * NTH);
-                    if (c < cn && t0 + r0 + t < s1 && v0 + 8 * nb + c < V_DIM)
-                        o[(bos + t0 + r0 + t) * sv + (long long)i_h * V_DIM + v0 + 8 * nb + c]
-                            = io::store(b_w[(r0 + t) * WS + 8 * nb + c]);
-                }
-            }
+            gda_chunk_output(b_q, b_v, b_ka, b_s, b_w, b_b, wp, o, vec_o, t0, s1, bos, sv, i_h, v0, scale);
             __syncthreads();                    // stage 4's reads of S are done
         }
         GDA_PROF(4);
-        // 5. state: S = diag(A_end) S + (k*D)^T v; warp w owns value half w & 1 of the row tiles
-        //    m = w / 2 + (NW / 2) i (tile element r at row 16m + lg + 8*(r>>1), column
-        //    8n + 2*lt + (r&1)), each warp reading and writing only its own tiles of S
-        {
-            const int n5 = NTH * (w & 1), nn5 = EVEN ? NTH : NTV - n5 < NTH ? NTV - n5 : NTH;
-            float b_sr[MR][NTH][4];
-            #pragma unroll
-            for (int i = 0; i < MR; ++i) {
-                const int m0 = 16 * ((w >> 1) + (NW / 2) * i);
-                if (MT % (NW / 2) == 0 || m0 < KP) {
-                    const float e0 = b_e[m0 + lg], e8 = b_e[m0 + lg + 8];
-                    #pragma unroll
-                    for (int n = 0; n < NTH; ++n)
-                        if (n < nn5)
-                            #pragma unroll
-                            for (int r = 0; r < 4; ++r)
-                                b_sr[i][n][r] = (r < 2 ? e0 : e8)
-                                    * b_s[(m0 + lg + 8 * (r >> 1)) * VS + 8 * (n5 + n) + 2 * lt + (r & 1)];
-                }
-            }
-            #pragma unroll 2
-            for (int kb = 0; kb < BT; kb += KSTEP) {
-                unsigned bh[NTH][2], bl[NTH][2];
-                #pragma unroll
-                for (int n = 0; n < NTH; ++n)
-                    if (n < nn5) {
-                        const float* pv = b_v + kb * VS + 8 * (n5 + n);
-                        gda_frag_b<true>([&](int kk, int c) { return pv[kk * VS + c]; }, lane, bh[n], bl[n]);
-                    }
-                #pragma unroll
-                for (int i = 0; i < MR; ++i) {
-                    const int m0 = 16 * ((w >> 1) + (NW / 2) * i);
-                    if (MT % (NW / 2) == 0 || m0 < KP) {
-                        unsigned ah[4], al[4];
-                        const float* pk = b_k + kb * KS + m0;            // (k*D)^T
-                        gda_frag_a([&](int r, int c) { return pk[c * KS + r]; }, lane, ah, al);
-                        gda_mma3<NTH, true>(b_sr[i], ah, al, bh, bl, nn5);
-                    }
-                }
-            }
-            #pragma unroll
-            for (int i = 0; i < MR; ++i) {
-                const int m0 = 16 * ((w >> 1) + (NW / 2) * i);
-                if (MT % (NW / 2) == 0 || m0 < KP)
-                    #pragma unroll
-                    for (int n = 0; n < NTH; ++n)
-                        if (n < nn5)
-                            #pragma unroll
-                            for (int r = 0; r < 4; ++r)
-                                b_s[(m0 + lg + 8 * (r >> 1)) * VS + 8 * (n5 + n) + 2 * lt + (r & 1)] = b_sr[i][n][r];
-            }
-        }
+        gda_chunk_update(b_s, b_k, b_v, b_e, wp);
         __syncthreads();                        // this chunk's shared reads are done
         GDA_PROF(5);
         if (DBUF) set = SM_SET - set;
     }
 #ifdef GDA_PROFILE
     if (blockIdx.x == 0 && tid == 0)
-        printf("%s block 0 cycles: load %lld diag %lld scan %lld output %lld state %lld  (clock64, %lld chunks)\n",
+        printf("%s block 0 cycles: load %lld scores %lld decays %lld output %lld state %lld  (clock64, %lld chunks)\n",
                STATE ? "gda_chunk_state" : "gda_chunk_fwd", prof[0] + prof[1], prof[2], prof[3], prof[4],
                prof[5], (s1 - s0 + BT - 1) / BT);
 #endif
@@ -809,20 +734,14 @@ gda_chunk(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t*
     }
 }
 
-#define GDA_CHUNK_PARAMS                                                                           \
-    const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t* __restrict__ v,       \
-    const gt::t* __restrict__ g, io::t* __restrict__ o, const float* __restrict__ h0,            \
-    float* __restrict__ ht, const seq_t* __restrict__ cu_seqlens, float* __restrict__ ws_s,      \
-    float* __restrict__ ws_d, long long T, int H, int NV, int P, float scale
-
 // Grid: one block per (sequence n, head h, segment p < P, value tile iv), block id
 // (((n * H) + h) * P + p) * NV + iv. With P = 1: the whole sequence, no workspace.
-extern "C" __global__ void __launch_bounds__(NT, 1) gda_chunk_fwd(GDA_CHUNK_PARAMS) {
-    gda_chunk<false>(q, k, v, g, o, h0, ht, cu_seqlens, ws_s, ws_d, T, H, NV, P, scale);
+extern "C" __global__ void __launch_bounds__(NT, 1) gda_chunk_fwd(GDA_FORWARD_PARAMS) {
+    gda_chunk<false>(GDA_FORWARD_ARGS);
 }
 
 // Grid: the same for the segments p < P - 1 (P >= 2), launched before gda_chunk_fwd on the
 // same stream; q, o, h0 and ht are not read.
-extern "C" __global__ void __launch_bounds__(NT, 1) gda_chunk_state(GDA_CHUNK_PARAMS) {
-    gda_chunk<true>(q, k, v, g, o, h0, ht, cu_seqlens, ws_s, ws_d, T, H, NV, P, scale);
+extern "C" __global__ void __launch_bounds__(NT, 1) gda_chunk_state(GDA_FORWARD_PARAMS) {
+    gda_chunk<true>(GDA_FORWARD_ARGS);
 }

@@ -26,15 +26,16 @@
 // Sequences: rows [bos, eos) of the [B*T, H, *] tensors; cu_seqlens (varlen, B = 1, offsets
 //   clamped to [0, T]) or bos = n*T. Segment p: rows [p*L, (p+1)*L) of its sequence, clamped,
 //   L = ceil(len / P) (the last ones may be short or empty).
-// Shared memory: (3*TC*KP + TC*BV) floats dynamic (twice that with ASYNC_COPY), TC*BV*(KT+1)
-//   floats static.
+// Shared memory: (3*TC*KP + TC*BV) floats dynamic (twice that with ASYNC_COPY; the launcher
+//   passes the bytes as SMEM_BYTES, checked here), TC*BV*(KT+1) floats static.
 //
 // Required defines: K_DIM, V_DIM (1..256), IO_DTYPE, G_DTYPE, LOG_GATE, SEQ_INT64 (cu_seqlens
-//   int64 vs int32). Tunable: R (1, 2 or 4), KT (power of 2 <= 32), BV (KT*BV a multiple of
-//   32), TC, ASYNC_COPY (where allowed).
-// Reference: cupy_gda.reference.gated_attention_ref.
-#if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64)
-#error "K_DIM, V_DIM, LOG_GATE and SEQ_INT64 are required"
+//   int64 vs int32), ASYNC_COPY (0, or 1 where GDA_ASYNC_INPUTS and BV % 4 == 0), SMEM_BYTES.
+//   Tunable: R (1, 2 or 4), KT (power of 2 <= 32), BV (KT*BV a multiple of 32), TC, UNROLL.
+// Launcher: cupy_gda/recurrent.py. Reference: cupy_gda.reference.gated_attention_ref.
+#if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
+    || !defined(ASYNC_COPY) || !defined(SMEM_BYTES)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, ASYNC_COPY and SMEM_BYTES are required"
 #endif
 #ifndef KT
 #define KT 8
@@ -62,40 +63,19 @@
 static_assert((KT & (KT - 1)) == 0 && KT <= 32, "KT must be a power of 2, at most 32");
 static_assert(R == 1 || R == 2 || R == 4, "R must be 1, 2 or 4");
 
-template <int N> struct gda_rows;
-template <> struct gda_rows<1> { typedef float t; };
-template <> struct gda_rows<2> { typedef float2 t; };
-template <> struct gda_rows<4> { typedef float4 t; };
-union gda_lane_rows { gda_rows<R>::t v; float f[R]; };
 static_assert(NT % 32 == 0 && NT <= 1024, "KT * BV must be a multiple of 32, at most 1024");
 static_assert(TC * BV * KT1 * 4 <= 48 * 1024, "partial sums exceed 48 KB of static shared memory");
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 1
-#endif
-#ifndef ASYNC_COPY
-#define ASYNC_COPY 0
-#endif
-static_assert(!ASYNC_COPY || (IO_DTYPE == 0 && G_DTYPE == 0 && !LOG_GATE && K_DIM % 4 == 0
-                              && V_DIM % 4 == 0 && BV % 4 == 0),
+static_assert(!ASYNC_COPY || (GDA_ASYNC_INPUTS && BV % 4 == 0),
               "ASYNC_COPY needs float32 inputs, a multiplicative gate and K, V, BV multiples of 4");
 #define SET (3 * TC * KP + TC * BV)            // floats of one set of staged inputs
-
-#if SEQ_INT64
-typedef long long seq_t;
-#else
-typedef int seq_t;
-#endif
+static_assert(SMEM_BYTES == (1 + ASYNC_COPY) * SET * 4,
+              "SMEM_BYTES (cupy_gda/recurrent.py smem) differs from this kernel's layout");
 
 // The time loop of one block over segment i_p of its sequence. STATE (gda_recurrent_state,
 // segments 0..P-2): S from 0 and the gate product only, written to ws_s, ws_d. Otherwise
 // (gda_recurrent_fwd): o, from S = h0 carried through the earlier segments' entries.
 template <bool STATE>
-__device__ __forceinline__ void
-gda_recurrent(const io::t* __restrict__ q, const io::t* __restrict__ k,
-              const io::t* __restrict__ v, const gt::t* __restrict__ g,
-              io::t* __restrict__ o, const float* __restrict__ h0, float* __restrict__ ht,
-              const seq_t* __restrict__ cu_seqlens, float* __restrict__ ws_s,
-              float* __restrict__ ws_d, long long T, int H, int NV, int P, float scale)
+__device__ __forceinline__ void gda_recurrent(GDA_FORWARD_PARAMS)
 {
     // The partial sums live in their own (static) array, so the compiler knows the stores to
     // them never alias the staged inputs and can hoist the next steps' loads above them.
@@ -263,10 +243,10 @@ gda_recurrent(const io::t* __restrict__ q, const io::t* __restrict__ k,
             #pragma unroll
             for (int i_g = 0; i_g < KG; ++i_g) {
                 const int kk = i_g * R * KT + R * kt;
-                gda_lane_rows b_qt, b_kt, b_gt;
-                if (!STATE) b_qt.v = *reinterpret_cast<const gda_rows<R>::t*>(b_q + t * KP + kk);
-                b_kt.v = *reinterpret_cast<const gda_rows<R>::t*>(b_k + t * KP + kk);
-                b_gt.v = *reinterpret_cast<const gda_rows<R>::t*>(b_g + t * KP + kk);
+                gda_float_pack<R> b_qt, b_kt, b_gt;
+                if (!STATE) b_qt.v = *reinterpret_cast<const gda_floats<R>::t*>(b_q + t * KP + kk);
+                b_kt.v = *reinterpret_cast<const gda_floats<R>::t*>(b_k + t * KP + kk);
+                b_gt.v = *reinterpret_cast<const gda_floats<R>::t*>(b_g + t * KP + kk);
                 #pragma unroll
                 for (int j = 0; j < R; ++j) {
                     float& s = b_s[R * i_g + j];
@@ -304,23 +284,17 @@ gda_recurrent(const io::t* __restrict__ q, const io::t* __restrict__ k,
     }
 }
 
-#define GDA_RECURRENT_PARAMS                                                                       \
-    const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t* __restrict__ v,       \
-    const gt::t* __restrict__ g, io::t* __restrict__ o, const float* __restrict__ h0,            \
-    float* __restrict__ ht, const seq_t* __restrict__ cu_seqlens, float* __restrict__ ws_s,      \
-    float* __restrict__ ws_d, long long T, int H, int NV, int P, float scale
-
 // Grid: one block per (sequence n, head h, segment p < P, value tile iv), block id
 // (((n * H) + h) * P + p) * NV + iv. With P = 1: the whole sequence, no workspace.
-extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) gda_recurrent_fwd(GDA_RECURRENT_PARAMS) {
-    gda_recurrent<false>(q, k, v, g, o, h0, ht, cu_seqlens, ws_s, ws_d, T, H, NV, P, scale);
+extern "C" __global__ void __launch_bounds__(NT, 1) gda_recurrent_fwd(GDA_FORWARD_PARAMS) {
+    gda_recurrent<false>(GDA_FORWARD_ARGS);
 }
 
 // Grid: the same for the segments p < P - 1 (P >= 2), launched before gda_recurrent_fwd on the
 // same stream; q, o, h0 and ht are not read. At most 128 registers where a lane holds at most 4
 // rows, as the full pass takes there: its gate products would otherwise cost it half its blocks
 // a SM (with 8 rows, K > 128, the cap spills).
-#define STATE_BLOCKS (R * KG <= 4 && 512 / NT > MIN_BLOCKS ? 512 / NT : MIN_BLOCKS)
-extern "C" __global__ void __launch_bounds__(NT, STATE_BLOCKS) gda_recurrent_state(GDA_RECURRENT_PARAMS) {
-    gda_recurrent<true>(q, k, v, g, o, h0, ht, cu_seqlens, ws_s, ws_d, T, H, NV, P, scale);
+#define STATE_BLOCKS (R * KG <= 4 && 512 / NT > 1 ? 512 / NT : 1)
+extern "C" __global__ void __launch_bounds__(NT, STATE_BLOCKS) gda_recurrent_state(GDA_FORWARD_PARAMS) {
+    gda_recurrent<true>(GDA_FORWARD_ARGS);
 }

@@ -12,7 +12,7 @@
 //
 // Required defines: K_DIM, V_DIM (1..256), IO_DTYPE, G_DTYPE, LOG_GATE, IDX_INT64.
 //   Tunable: KW (warps), VEC (1, 2 or 4; V_DIM % VEC == 0 and a VEC*4-byte aligned state).
-// Reference: cupy_gda.reference.gated_attention_step_ref.
+// Launcher: cupy_gda/step.py. Reference: cupy_gda.reference.gated_attention_step_ref.
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(IDX_INT64)
 #error "K_DIM, V_DIM, LOG_GATE and IDX_INT64 are required"
 #endif
@@ -34,13 +34,7 @@ typedef long long idx_t;
 typedef int idx_t;
 #endif
 
-template <int N> struct gda_vec;
-template <> struct gda_vec<1> { typedef float t; };
-template <> struct gda_vec<2> { typedef float2 t; };
-template <> struct gda_vec<4> { typedef float4 t; };
-typedef gda_vec<VEC>::t vec_t;
-
-union gda_row { vec_t v; float f[VEC]; };
+typedef gda_floats<VEC>::t vec_t;
 
 extern "C" __global__ void __launch_bounds__(NT)
 gda_step(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t* __restrict__ v,
@@ -70,7 +64,7 @@ gda_step(const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t* 
     float b_ot[VEC] = {};
     if (live && valid) {
         vec_t* p_s = reinterpret_cast<vec_t*>(state + ((i_n * H + i_h) * K_DIM) * V_DIM + col);
-        gda_row b_s[KPW];
+        gda_float_pack<VEC> b_s[KPW];
         #pragma unroll
         for (int j = 0; j < KPW; ++j) {
             const int kk = w + j * KW;

@@ -1,49 +1,83 @@
-"""Device probe: per-stage clock64 cycles of gda_chunk_fwd's block 0 (compiled with -DGDA_PROFILE,
-which adds a barrier per stage), and the device time of each method, at the named shapes.
+"""gda_chunk_fwd by stage, on the device.
 
-    python3 scripts/profile_chunk.py [--no-profile]
+    python -m scripts.profile_chunk [--no-profile]
+        per-stage clock64 cycles of block 0 (compiled with -DGDA_PROFILE, which adds a barrier
+        per stage) and the device ms of each method, at the shapes below
+    ncu -k gda_chunk_fwd --section SourceCounters --import-source yes -o rep \\
+        python -m scripts.profile_chunk --ncu 8,4096,16,128,128 [bfloat16]
+        one call, compiled by nvcc with -lineinfo from a source kept in .ncu/ (CuPy compiles
+        from a temporary file that is gone before ncu imports it), so that ncu maps its
+        counters to the lines of that file; then
+    ncu -i rep.ncu-rep --page source --print-source cuda,sass --csv > both.csv
+    python -m scripts.ncu_stages both.csv 8,4096,16,128,128 [bfloat16]
 """
+import hashlib
+import shutil
+import subprocess
 import sys
+from pathlib import Path
 
-import cupy
+from cupy_gda import _checks, _compile, _verify, bench, chunk
+from cupy_gda._launch import Family
 
-import cupy_gda
-from cupy_gda import _checks, _compile, _gpu
-from crossover import device_ms
-from probe import inputs
-
+KEPT = Path(__file__).resolve().parent.parent / ".ncu"     # sources and cubins for ncu (ignored)
 SHAPES = [((8, 4096, 16, 128, 128), "float32"), ((8, 4096, 16, 128, 128), "bfloat16"),
           ((4, 2048, 8, 64, 64), "float32"), ((8, 4096, 16, 24, 24), "float32"),
           ((2, 128, 4, 24, 24), "float32")]
 
 
-def launch_variant(shp, dt, arrays, build, split=None):
-    """One call of the ChunkPlan for shape ``shp`` (B, T, H, K, V) on this device (or with
-    ``split`` (BV, P)), its entry points swapped for the RawKernels that ``build(defines, smem,
-    entry)`` returns from the plan's defines; ``arrays``: q, k, v, g, o."""
-    B, T, H, K, V = shp
-    p = _checks.Problem(B=B, T=T, H=H, K=K, V=V, N=B, dtype=dt, g_dtype="float32", log_gate=False)
-    pl = _gpu.ChunkPlan(p, False, split)
-    for launch, entry in ((pl.launch, "gda_chunk_fwd"), (pl.state_launch, "gda_chunk_state")):
-        if launch is not None:
-            launch.fn = build(pl.defines, pl.smem, entry)
-            launch.ptr = launch.fn.kernel.ptr
-    q, k, v, g, o = arrays
-    pl(q, k, v, g, 1.0, None, None, False, o)
+def problem(shape, dtype):
+    """The bench inputs (CuPy) of (B, T, H, K, V) in dtype, their Problem, and an output array."""
+    import cupy
+    x = _verify.make_inputs(_verify.Case(*shape, dtype=dtype, init=False, g_dtype="float32"), 0, cupy)
+    p = _checks.check_forward("profile", x["q"], x["k"], x["v"], x["gate"], None, None, None, cpu=False)
+    return x, p, cupy.empty_like(x["v"])
+
+
+class KeptFamily(Family):
+    """gda_chunk_fwd built by nvcc -lineinfo from a source kept in .ncu/ (for ncu's source view)."""
+
+    def function(self, entry, defines, smem=0):
+        import cupy
+        text = _compile.source(self.kernel, defines, self.headers)
+        stem = KEPT / f"{self.kernel}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+        if not stem.with_suffix(".cubin").is_file():
+            KEPT.mkdir(exist_ok=True)
+            stem.with_suffix(".cu").write_text(text)
+            major, minor = cupy.cuda.Device().compute_capability
+            subprocess.run([shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc", "-cubin", "-lineinfo",
+                            f"-arch=sm_{major}{minor}", *_compile.OPTIONS, *self.options, "-o",
+                            str(stem.with_suffix(".cubin")), str(stem.with_suffix(".cu"))], check=True)
+        fn = cupy.RawModule(path=str(stem.with_suffix(".cubin"))).get_function(entry)
+        fn.max_dynamic_shared_size_bytes = smem
+        return fn
+
+
+class KeptPlan(chunk.ChunkPlan):
+    family = KeptFamily(*chunk.FAMILY)
+
+
+def one_call(plan, x, o):
+    import cupy
+    plan(x["q"], x["k"], x["v"], x["gate"], 1.0, None, None, False, o)
     cupy.cuda.Device().synchronize()
 
 
-def main():
-    for shp, dt in SHAPES:
-        q, k, v, g = inputs(*shp, dtype=cupy.dtype(dt))
-        o = cupy.empty_like(v)
-        t = {m: device_ms(lambda m=m: cupy_gda.gated_attention(q, k, v, g, method=m, out=o), reps=10)
+def main(argv=None):
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--ncu"]:
+        x, p, o = problem(tuple(int(v) for v in args[1].split(",")), args[2] if len(args) > 2 else "float32")
+        one_call(KeptPlan(p, False), x, o)
+        return
+    clock = bench.CupyClock()
+    for shape, dtype in SHAPES:
+        x, p, o = problem(shape, dtype)
+        t = {m: bench.measure(clock, lambda m=m: bench.call_ours(
+                 bench.Shape("", *shape, dtype=dtype), x, m), 10, 5.0)["ms"]
              for m in ("chunk", "recurrent")}
-        print(shp, dt, " ".join(f"{m} {x:.4f} ms" for m, x in t.items()), flush=True)
-        if "--no-profile" in sys.argv:
-            continue
-        launch_variant(shp, dt, (q, k, v, g, o), lambda d, smem, entry: _compile.get_function(
-            "gda_chunk_fwd", dict(d, GDA_PROFILE=1), smem, entry))
+        print(shape, dtype, " ".join(f"{m} {ms:.4f} ms" for m, ms in t.items()), flush=True)
+        if "--no-profile" not in args:
+            one_call(chunk.ChunkPlan(p, False, extra={"GDA_PROFILE": 1}), x, o)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _poison_outputs(monkeypatch):
-    from cupy_gda import _gpu
-    monkeypatch.setattr(_gpu, "POISON", True)
+    from cupy_gda import _launch
+    monkeypatch.setattr(_launch, "POISON", True)
 
 
 # the array library a test runs on: NumPy always, CuPy where a GPU is

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 import cupy_gda
-from cupy_gda import _dispatch, _verify
+from cupy_gda import _verify, chunk
 from cupy_gda._verify import Case, varlen_case
 
 pytestmark = pytest.mark.gpu
 
 
 def _forward(cases):
-    return [c for c in cases if not c.step and c.K <= _dispatch.CHUNK_MAX_K]
+    return [c for c in cases if not c.step and c.K <= chunk.MAX_K]
 
 
 CASES = _forward(_verify.standard_cases())

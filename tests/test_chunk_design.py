@@ -1,16 +1,11 @@
-"""The product-only chunked design (benchmarks/chunk_exact.py) that the tensor-core kernel is to
-follow, checked against the float64 loop reference on every gate regime, gates above 1 too."""
-import sys
-from pathlib import Path
-
+"""The product-only chunked design (scripts/chunk_exact.py) that the tensor-core kernel
+follows, checked against the float64 loop reference on every gate regime, gates above 1 too."""
 import numpy as np
 import pytest
 
 from cupy_gda._verify import GATES
 from cupy_gda.reference import gated_attention_ref
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from chunk_exact import chunk_forward  # noqa: E402
+from scripts.chunk_exact import chunk_forward
 
 REGIMES = dict(GATES, above1=lambda rng, shape: rng.uniform(0.6, 1.4, shape))
 
@@ -26,7 +21,7 @@ def test_chunk_design_equals_loop(T, BT, BS, gate):
     B, H, K, V = 2, 2, 6, 5
     q, k = rng.standard_normal((B, T, H, K)), rng.standard_normal((B, T, H, K))
     v = rng.standard_normal((B, T, H, V))
-    g = REGIMES[gate](rng, q.shape)
+    g = REGIMES[gate](rng, q.shape).astype(np.float64)          # float64 math throughout
     h0 = rng.standard_normal((B, H, K, V)).astype(np.float32)   # states are float32
     o, S = chunk_forward(q, k, v, g, h0.astype(np.float64), BT=BT, BS=BS)
     o_ref, S_ref = gated_attention_ref(q, k, v, g, initial_state=h0, output_final_state=True)
@@ -49,11 +44,11 @@ def test_exact_zero_gate_resets_inside_a_chunk():
 
 @pytest.mark.parametrize("gate", ["logsig", "zeros", "grow"])
 def test_half_input_operand_design_meets_contract(gate):
-    """The design for bfloat16 inputs in docs/perf-notes.md (benchmarks/chunk_operand_rounding.py):
+    """The design for bfloat16 inputs in docs/perf-notes.md (scripts/chunk_operand_rounding.py):
     bf16 tensor-core products with the operands that are not inputs split into two bf16 terms
     (v exact) meet the accuracy contract for o and for the final state, as 3xTF32 does; one bf16
     rounding of the state's operands does not."""
-    from chunk_operand_rounding import run
+    from scripts.chunk_operand_rounding import run
     from cupy_gda._verify import Case
     case = Case(1, 512, 1, 128, 128, dtype="bfloat16", gate=gate)
     got = {name: (o, s) for name, o, s in run(case, seed=3, schemes=(

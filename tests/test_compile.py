@@ -1,9 +1,11 @@
 """Every shipped kernel compiles through NVRTC, without a GPU, with the defines its launcher uses.
 
-For sm_80 and sm_90: a cubin, no compiler warning, and no local memory (stack frame, spills) in
-these hot loops. A bad define fails with KernelCompileError naming the file and the defines.
-Needs only NVRTC (the `nvidia-cuda-nvrtc-cu12` wheel of the `test` extra); where it cannot be
-loaded the module skips, except under CI=true, where that is an error.
+For sm_80 and sm_90: a cubin, no compiler warning, no local memory (stack frame, spills) in
+these hot loops, every entry point's PTX parameters as its launcher declares them (_launch.FORWARD,
+_launch.STEP), and the launcher's shared-memory bytes as the kernel's layout has them (the
+kernels' SMEM_BYTES static_asserts). A bad define fails with KernelCompileError naming the file
+and the defines. Needs only NVRTC (the `nvidia-cuda-nvrtc-cu12` wheel of the `test` extra); where
+it cannot be loaded the module skips, except under CI=true, where that is an error.
 """
 import functools
 import os
@@ -11,7 +13,7 @@ import re
 
 import pytest
 
-from cupy_gda import _compile, _gpu
+from cupy_gda import _compile, _launch, chunk, recurrent, step
 from cupy_gda._checks import Problem
 
 
@@ -59,6 +61,7 @@ _SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 # (B, H): gda_recurrent_fwd's tiles depend on the N*H sequence-heads (narrower blocks when few)
 FEW, MANY = (2, 4), (32, 16)
+FAMILIES = {"gda_recurrent_fwd": recurrent.FAMILY, "gda_chunk_fwd": chunk.FAMILY, "gda_step": step.FAMILY}
 
 
 def _case(kernel, arch, K, V, variant, BH=FEW, align=16):
@@ -66,18 +69,16 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16):
     B, H = BH
     p = Problem(B=B, T=64, H=H, K=K, V=V, N=B, dtype=dt, g_dtype=gdt, log_gate=log_gate)
     if kernel == "gda_recurrent_fwd":
-        defines = _gpu.recurrent_defines(p, int64, *ARCH_LIMITS[arch])
+        defines = recurrent.defines(p, recurrent.config(p, *ARCH_LIMITS[arch]), int64)
         where = f"-NH{B * H}"
     elif kernel == "gda_chunk_fwd":
-        split = _gpu.chunk_split(K, V, B * H, p.T, 4, *ARCH_LIMITS[arch])
-        if split is None:               # the launcher never runs it there (too little smem)
+        cfg = chunk.config(p, *ARCH_LIMITS[arch])
+        if cfg is None:                 # the launcher never runs it there (too little smem)
             return None
-        BV = split[0]
-        dbuf = _gpu.chunk_dbuf(p, BV, ARCH_LIMITS[arch][1])
-        defines = _gpu.chunk_defines(p, int64, BV, dbuf)
-        where = f"-BV{BV}" + ("-dbuf" if dbuf else "")
+        defines = chunk.defines(p, cfg, int64)
+        where = f"-BV{cfg.BV}" + ("-dbuf" if cfg.DBUF else "")
     else:
-        defines = _gpu.step_defines(p, idx_int64=int64, align=align)
+        defines = step.defines(p, idx_int64=int64, align=align)
         where = "" if align == 16 else f"-align{align}"
     cid = (f"{kernel}-{arch}-K{K}-V{V}-{_SHORT[dt]}-g_{_SHORT[gdt]}"
            f"{'-log' if log_gate else ''}{'-i64' if int64 else ''}{where}")
@@ -117,7 +118,7 @@ def compiled():
     """compile_cubin memoised over the module: each (kernel, defines, arch) compiles once."""
     @functools.lru_cache(maxsize=None)
     def build(kernel, items, arch):
-        return _compile.compile_cubin(kernel, dict(items), arch)
+        return FAMILIES[kernel].cubin(dict(items), arch)
     return build
 
 
@@ -127,10 +128,12 @@ def test_kernel_compiles_without_local_memory(compiled, kernel, arch, items):
     log = res["log"].rstrip("\x00")
     what = f"{_compile._describe(kernel, dict(items))} for {arch}"
     assert cubin[:4] == b"\x7fELF", f"{what}: no cubin (got {len(cubin)} bytes)\n{log}"
-    assert f"Compiling entry function '{kernel}' for '{arch}'" in log, f"{what}: {log}"
-    if kernel.endswith("_fwd"):         # and its state pass, checked with it (usage: the worse)
-        state = kernel.replace("_fwd", "_state")
-        assert f"Compiling entry function '{state}' for '{arch}'" in log, f"{what}: {log}"
+    for entry, params in FAMILIES[kernel].entries.items():     # the state passes too
+        assert f"Compiling entry function '{entry}' for '{arch}'" in log, f"{what}: {log}"
+        declared = tuple(_launch.PTX_TYPES[kind] for _, kind in params)
+        assert res["params"].get(entry) == declared, (
+            f"{what}: {entry}'s PTX parameters {res['params'].get(entry)} differ from the "
+            f"launcher's declaration {[n for n, _ in params]} = {declared}")
     assert "warning" not in log.lower(), f"{what}: compiler warnings\n{log}"
     usage = {k: res[k] for k in ("registers", "stack", "spill_stores", "spill_loads")}
     assert None not in usage.values(), f"{what}: no ptxas resource line in the log\n{log}"
@@ -141,7 +144,7 @@ def test_kernel_compiles_without_local_memory(compiled, kernel, arch, items):
         d = dict(items)
         m = _SMEM.search(log)
         static = int(m.group(1)) if m else 0
-        dynamic = _gpu.recurrent_smem(d["K_DIM"], d["R"], d["KT"], d["BV"], d["TC"], d["ASYNC_COPY"])
+        dynamic = d["SMEM_BYTES"]
         limit = ARCH_LIMITS[arch][1]
         assert static + dynamic <= limit, (
             f"{what}: shared memory {static} static + {dynamic} dynamic > {limit} bytes")
@@ -149,10 +152,10 @@ def test_kernel_compiles_without_local_memory(compiled, kernel, arch, items):
 
 def _defines(kernel, p):
     if kernel == "gda_recurrent_fwd":
-        return _gpu.recurrent_defines(p, False)
+        return recurrent.defines(p, recurrent.config(p), False)
     if kernel == "gda_chunk_fwd":
-        return _gpu.chunk_defines(p, False, 24)
-    return _gpu.step_defines(p, False, 16)
+        return chunk.defines(p, chunk.config(p, BV=24, P=1), False)
+    return step.defines(p, False, 16)
 
 
 @pytest.mark.parametrize("kernel, drop", [
@@ -166,7 +169,7 @@ def test_missing_define_names_file_and_defines(kernel, drop):
     defines = _defines(kernel, p)
     del defines[drop]
     with pytest.raises(_compile.KernelCompileError) as e:
-        _compile.compile_cubin(kernel, defines, "sm_90")
+        FAMILIES[kernel].cubin(defines, "sm_90")
     msg = str(e.value)
     assert f"kernels/{kernel}.cu" in msg and "sm_90" in msg, msg
     assert "-DV_DIM=24" in msg and f"-D{drop}=" not in msg, msg
@@ -177,7 +180,15 @@ def test_missing_define_names_file_and_defines(kernel, drop):
     pytest.param("gda_recurrent_fwd", {"KT": 3}, "KT must be a power of 2", id="recurrent-KT3"),
     pytest.param("gda_recurrent_fwd", {"KT": 8, "BV": 3}, "multiple of 32", id="recurrent-KT8-BV3"),
     pytest.param("gda_chunk_fwd", {"BV": 12}, "BV must be a multiple of 8", id="chunk-BV12"),
-    pytest.param("gda_chunk_fwd", {"K_DIM": 129}, "K_DIM must be 1..128", id="chunk-K129"),
+    pytest.param("gda_chunk_fwd", {"K_DIM": chunk.MAX_K + 1}, f"K_DIM must be 1..{chunk.MAX_K}",
+                 id="chunk-over-MAX_K"),
+    pytest.param("gda_chunk_fwd", {"SMEM_BYTES": 1024}, "SMEM_BYTES .* differs from this kernel's layout",
+                 id="chunk-smem"),
+    pytest.param("gda_recurrent_fwd", {"SMEM_BYTES": 1024}, "SMEM_BYTES .* differs from this kernel's layout",
+                 id="recurrent-smem"),
+    pytest.param("gda_chunk_fwd", {"ASYNC_COPY": 1}, "ASYNC_COPY must be 1 exactly", id="chunk-async-log-gate"),
+    pytest.param("gda_recurrent_fwd", {"ASYNC_COPY": 1}, "ASYNC_COPY needs float32 inputs",
+                 id="recurrent-async-log-gate"),
     pytest.param("gda_step", {"V_DIM": 6, "VEC": 4}, "V_DIM must be a multiple of VEC",
                  id="step-V6-VEC4"),
 ])
@@ -186,5 +197,28 @@ def test_bad_tunable_fails_its_static_assert(kernel, change, expect):
     defines = _defines(kernel, p)
     defines.update(change)
     with pytest.raises(_compile.KernelCompileError, match=expect) as e:
-        _compile.compile_cubin(kernel, defines, "sm_80")
+        FAMILIES[kernel].cubin(defines, "sm_80")
     assert f"kernels/{kernel}.cu" in str(e.value) and "sm_80" in str(e.value)
+
+
+def test_chunk_compiles_at_MAX_K():
+    """chunk.MAX_K is the kernel's own limit: it compiles there (and not one above)."""
+    p = Problem(B=1, T=64, H=1, K=chunk.MAX_K, V=64, N=1, dtype="float32", g_dtype="float32",
+                log_gate=False)
+    cubin, _ = chunk.FAMILY.cubin(chunk.defines(p, chunk.config(p), False), "sm_90")
+    assert cubin[:4] == b"\x7fELF"
+
+
+def test_profiling_build_compiles():
+    """scripts/profile_chunk.py's build: gda_chunk_fwd with -DGDA_PROFILE (a clock per stage)."""
+    p = Problem(B=1, T=64, H=1, K=64, V=64, N=1, dtype="float32", g_dtype="float32", log_gate=False)
+    defines = dict(chunk.defines(p, chunk.config(p), False), GDA_PROFILE=1)
+    cubin, res = chunk.FAMILY.cubin(defines, "sm_90")
+    assert cubin[:4] == b"\x7fELF" and "warning" not in res["log"].lower(), res["log"]
+
+
+def test_ptx_params_reads_entries():
+    ptx = (".visible .entry f(\n\t.param .u64 f_param_0,\n\t.param .u64 .ptr .global .align 4 "
+           "f_param_1,\n\t.param .u32 f_param_2,\n\t.param .f32 f_param_3\n)\n{\n}\n"
+           ".visible .entry g(\n)\n{\n}\n")
+    assert _compile.ptx_params(ptx) == {"f": ("u64", "u64", "u32", "f32"), "g": ()}

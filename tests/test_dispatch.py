@@ -1,14 +1,16 @@
-"""CPU unit tests of the dispatch table (_dispatch.pick) and of the GPU tile choice (_gpu.*_tiles).
+"""CPU unit tests of the dispatch table (_dispatch.pick) and of each launcher's tile rule
+(recurrent.py, chunk.py, step.py).
 
 The tile invariants mirror the static_asserts of kernels/*.cu, checked here for every K, V in
 1..256 so a bad choice shows without a GPU or a compiler.
 """
 import pytest
 
-from cupy_gda import _dispatch, _gpu
+from cupy_gda import _dispatch, _launch, chunk, recurrent, step
 from cupy_gda._checks import MAX_DIM, Problem
 
 FN = "gated_attention"
+H200 = (132, 227 * 1024)        # (SM count, opt-in shared memory bytes a block)
 P = Problem(B=2, T=63, H=4, K=24, V=24, N=2, dtype="float32", g_dtype="float32", log_gate=False)
 
 
@@ -48,12 +50,27 @@ def _p(T=63, K=24, B=2, N=None, H=4):
     pytest.param(_p(T=4096, K=256), False, "chunk", id="cpu-long-K256"),
 ])
 def test_auto_picks(p, gpu, want):
-    assert _dispatch.pick(FN, "auto", p, gpu) == want
+    assert _dispatch.pick(FN, "auto", p, gpu, H200) == want
+
+
+@pytest.mark.parametrize("p", [
+    pytest.param(_p(T=4096, K=128, B=8, H=16), id="big128"),
+    pytest.param(_p(T=2048, K=64, B=4, H=8), id="gla64"),
+])
+def test_auto_falls_back_where_chunk_does_not_fit(p):
+    """A GPU with too little shared memory for gda_chunk_fwd (K = 128 needs more than 99 KB):
+    auto runs the recurrent kernel, and a named 'chunk' says what it needs."""
+    small = (84, 60 * 1024)
+    assert _dispatch.pick(FN, "auto", p, True, small) == "recurrent"
+    with pytest.raises(ValueError, match=rf"^{FN}: method 'chunk' on the GPU needs \d+ bytes of "
+                                         rf"shared memory per block at K={p.K}; this GPU has 61440; "
+                                         rf"use method='recurrent' or 'auto'$"):
+        _dispatch.pick(FN, "chunk", p, True, small)
 
 
 @pytest.mark.parametrize("gpu", [pytest.param(True, id="on_gpu"), pytest.param(False, id="on_cpu")])
 def test_auto_picks_a_method_of_that_side(gpu):
-    m = _dispatch.pick(FN, "auto", P, gpu)
+    m = _dispatch.pick(FN, "auto", P, gpu, H200)
     assert ("gpu" if gpu else "cpu") in _dispatch.METHODS[m]
 
 
@@ -64,7 +81,7 @@ def _named(where):
 
 @pytest.mark.parametrize("method", _named("gpu"))
 def test_named_gpu_method_runs_as_asked(method):
-    assert _dispatch.pick(FN, method, P, True) == method
+    assert _dispatch.pick(FN, method, P, True, H200) == method
 
 
 @pytest.mark.parametrize("method", _named("cpu"))
@@ -81,7 +98,7 @@ def test_named_cpu_method_runs_as_asked(method):
 @pytest.mark.parametrize("gpu", [pytest.param(True, id="on_gpu"), pytest.param(False, id="on_cpu")])
 def test_unknown_method_lists_the_names(method, gpu):
     with pytest.raises(ValueError) as e:
-        _dispatch.pick(FN, method, P, gpu)
+        _dispatch.pick(FN, method, P, gpu, H200)
     msg = str(e.value)
     assert msg.startswith(f"{FN}: method must be one of"), msg
     for name in ("auto", *_dispatch.METHODS):
@@ -92,7 +109,7 @@ def test_unknown_method_lists_the_names(method, gpu):
 @pytest.mark.parametrize("K", [pytest.param(129, id="K129"), pytest.param(256, id="K256")])
 def test_chunk_on_the_gpu_over_128_raises(K):
     with pytest.raises(ValueError) as e:
-        _dispatch.pick(FN, "chunk", _p(K=K), True)
+        _dispatch.pick(FN, "chunk", _p(K=K), True, H200)
     assert str(e.value) == (f"{FN}: method 'chunk' on the GPU takes a head dimension K of at most "
                             f"128, got K={K}; use method='recurrent' or 'auto'")
     assert _dispatch.pick(FN, "chunk", _p(K=K), False) == "chunk"      # the CPU has no limit
@@ -117,7 +134,7 @@ DEVICES = ((132, 227 * 1024), (108, 163 * 1024), (84, 99 * 1024))
 
 
 def _recurrent_violations(K, V, NH=None, L=None, sms=132, smem_max=SMEM_MAX, staged=False):
-    R, KT, BV, TC = tiles = _gpu.recurrent_tiles(K, V, NH, L, 4, sms, smem_max, staged)
+    R, KT, BV, TC, _ = recurrent.tiles(K, V, NH, L, 4, sms, smem_max, staged)
     bad = []
     if R not in (1, 2, 4) or -(-K // (R * KT)) * R > 8:
         bad.append(f"R={R}: not 1, 2 or 4, or more than 8 state rows a lane")
@@ -130,8 +147,8 @@ def _recurrent_violations(K, V, NH=None, L=None, sms=132, smem_max=SMEM_MAX, sta
     if TC * BV * (KT + 1) * 4 > 48 * 1024:
         bad.append("partial sums over 48 KB of static shared memory")
     p = Problem(B=1, T=1, H=1, K=K, V=V, N=1, dtype="float32", g_dtype="float32", log_gate=False)
-    dbuf = _gpu.recurrent_async(p, tiles) if staged else 0
-    smem = _gpu.recurrent_smem(K, R, KT, BV, TC, dbuf)     # the launch's dynamic shared memory
+    dbuf = recurrent.async_copy(p, R, KT, BV, TC) if staged else 0
+    smem = recurrent.smem(K, R, KT, BV, TC, dbuf)     # the launch's dynamic shared memory
     if smem + TC * BV * (KT + 1) * 4 > smem_max:
         bad.append(f"shared memory {smem} dynamic + static > {smem_max}")
     if not dbuf and (TC * K > 8 * KT * BV or TC > 8 * KT):     # EK, EV <= 8
@@ -168,7 +185,7 @@ def test_recurrent_tiles_staged_all_dims(sms, smem_max):
     pytest.param(128, 128, 1, 256, 16, True, (4, 32, 8, 16), id="K128-two-blocks-a-SM"),
 ])
 def test_recurrent_tiles_h200(K, V, B, T, H, staged, want):
-    assert _gpu.recurrent_tiles(K, V, B * H, T, staged=staged) == want
+    assert recurrent.tiles(K, V, B * H, T, staged=staged)[:4] == want
 
 
 def test_recurrent_async_only_where_the_kernel_allows():
@@ -180,12 +197,12 @@ def test_recurrent_async_only_where_the_kernel_allows():
             for dt, gdt, log_gate in (("float32", "float32", False), ("float32", "float32", True),
                                       ("bfloat16", "float32", False), ("float32", "float16", False)):
                 p = Problem(B=1, T=1, H=1, K=K, V=V, N=1, dtype=dt, g_dtype=gdt, log_gate=log_gate)
-                staged = _gpu.recurrent_staged(p)
-                tiles = _gpu.recurrent_tiles(K, V, 8, 4096, staged=staged)
-                got = _gpu.recurrent_async(p, tiles)
+                staged = _launch.cp_async_inputs(p)
+                tiles = recurrent.tiles(K, V, 8, 4096, staged=staged)[:4]
+                got = recurrent.async_copy(p, *tiles)
                 want = int(K % 4 == 0 and V % 4 == 0 and tiles[2] % 4 == 0
                            and dt == gdt == "float32" and not log_gate)
-                smem = _gpu.recurrent_smem(K, *tiles, got)
+                smem = recurrent.smem(K, *tiles, got)
                 if got != want or smem > 100 * 1024:
                     bad.append(f"K={K} V={V} {dt}/{gdt} log={log_gate}: {got} (want {want}), {smem} B")
     assert not bad, f"{len(bad)} violations, first: " + "; ".join(bad[:10])
@@ -194,10 +211,10 @@ def test_recurrent_async_only_where_the_kernel_allows():
 
 
 def _chunk_violations(K, V, NH, L, itemsize, sms, smem_max):
-    split = _gpu.chunk_split(K, V, NH, L, itemsize, sms, smem_max)
+    split = chunk.split(K, V, NH, L, itemsize, sms, smem_max)
     where = f"K={K} V={V} NH={NH} L={L} itemsize={itemsize} smem_max={smem_max} split={split}"
     if split is None:
-        return [] if K > _dispatch.CHUNK_MAX_K or _gpu.chunk_smem(K, 8) > smem_max else [
+        return [] if K > chunk.MAX_K or chunk.smem(K, 8) > smem_max else [
             f"{where}: refused although BV=8 fits"]
     BV, P = split
     NV = -(-V // BV)
@@ -207,9 +224,9 @@ def _chunk_violations(K, V, NH, L, itemsize, sms, smem_max):
         bad.append("BV is not a multiple of 8 in 8..64")
     if BV > -(-V // 8) * 8:
         bad.append("BV is wider than V rounded up to 8")
-    if _gpu.chunk_smem(K, BV) > smem_max:
-        bad.append(f"shared memory {_gpu.chunk_smem(K, BV)} bytes > {smem_max}")
-    if P < 1 or (P > 1 and -(-L // 64) < P * _gpu.SEGMENT_CHUNKS):
+    if chunk.smem(K, BV) > smem_max:
+        bad.append(f"shared memory {chunk.smem(K, BV)} bytes > {smem_max}")
+    if P < 1 or (P > 1 and -(-L // 64) < P * chunk.SEGMENT_CHUNKS):
         bad.append(f"P={P} segments of {-(-L // 64)} chunks")
     if (P - 1) * (K * V + K) * 4 > L * K * itemsize:
         bad.append("the workspace is larger than q")
@@ -238,17 +255,7 @@ def test_chunk_split_all_dims(NH, sms, smem_max):
     pytest.param(128, 256, 8, 1024, (64, 4), id="K128-V256-NH8-T1024"),
 ])
 def test_chunk_split_h200(K, V, NH, L, want):
-    assert _gpu.chunk_split(K, V, NH, L) == want
-
-
-def test_chunk_smem_mirrors_the_kernel_layout():
-    # K = 128, BV = 64: q, g [64][132], k [64][136], kA [96][132], v [64][72], S [128][72],
-    # scores [64][68], A_end [128], B_i [4][128] floats
-    assert _gpu.chunk_smem(128, 64) == 4 * (2 * 64 * 132 + 64 * 136 + 96 * 132 + 64 * 72
-                                            + 128 * 72 + 64 * 68 + 5 * 128)
-    # K = 64, BV = 64, two sets of q, g [64][68], k [64][72], v [64][72]
-    assert _gpu.chunk_smem(64, 64, 1) == 4 * (2 * (2 * 64 * 68 + 64 * 72 + 64 * 72) + 96 * 68
-                                              + 64 * 72 + 64 * 68 + 5 * 64)
+    assert chunk.split(K, V, NH, L) == want
 
 
 @pytest.mark.parametrize("K, V, dtype, log_gate, smem_max, want", [
@@ -262,12 +269,13 @@ def test_chunk_smem_mirrors_the_kernel_layout():
 def test_chunk_double_buffer(K, V, dtype, log_gate, smem_max, want):
     p = Problem(B=1, T=64, H=1, K=K, V=V, N=1, dtype=dtype, g_dtype="float32" if dtype == "float32"
                 else dtype, log_gate=log_gate)
-    assert _gpu.chunk_dbuf(p, 64, smem_max) == want
-    assert _gpu.chunk_smem(K, 64, want) <= smem_max
+    cfg = chunk.config(p, 132, smem_max, BV=64, P=1)
+    assert cfg.DBUF == want and cfg.ASYNC_COPY == (dtype == "float32" and not log_gate and V % 4 == 0)
+    assert chunk.smem(K, 64, want) <= smem_max
 
 
 def _step_violations(K, V, align):
-    KW, VEC = _gpu.step_tiles(K, V, align)
+    KW, VEC = step.tiles(K, V, align)
     bad = []
     if VEC not in (1, 2, 4) or V % VEC:
         bad.append(f"VEC={VEC} is not 1, 2 or 4 dividing V")
@@ -294,21 +302,20 @@ def test_step_tiles_all_dims(align):
     pytest.param(5, 1, id="V5"),
 ])
 def test_step_uses_16_byte_accesses_where_allowed(V, want):
-    assert _gpu.step_tiles(128, V, 16)[1] == want
+    assert step.tiles(128, V, 16)[1] == want
 
 
 def _recurrent_split_violations(K, V, NH, L, itemsize, sms, staged):
-    P = _gpu.recurrent_split(K, V, NH, L, itemsize, sms, staged=staged)
+    R, KT, BV, TC, P = recurrent.tiles(K, V, NH, L, itemsize, sms, staged=staged)
     where = f"K={K} V={V} NH={NH} L={L} itemsize={itemsize} sms={sms} staged={staged} P={P}"
-    R, KT, BV, TC = _gpu.recurrent_tiles(K, V, NH, L, itemsize, sms, staged=staged)
     warps = NH * -(-V // BV) * KT * BV // 32
     bad = [] if type(P) is int and P >= 1 else ["P is not an int >= 1"]
-    if P > 1 and int(L) < P * _gpu.SEGMENT_STEPS:
-        bad.append(f"segments shorter than {_gpu.SEGMENT_STEPS} steps")
+    if P > 1 and int(L) < P * recurrent.SEGMENT_STEPS:
+        bad.append(f"segments shorter than {recurrent.SEGMENT_STEPS} steps")
     if (P - 1) * (K * V + K) * 4 > int(L) * K * itemsize:
         bad.append("the workspace is larger than q")
-    if P > 1 and warps * P > max(_gpu.RECURRENT_WARPS, KT * BV // 32) * sms:
-        bad.append(f"more than {_gpu.RECURRENT_WARPS} warps (or one block) a SM")
+    if P > 1 and warps * P > max(recurrent.SEGMENT_WARPS, KT * BV // 32) * sms:
+        bad.append(f"more than {recurrent.SEGMENT_WARPS} warps (or one block) a SM")
     if P == 2:
         bad.append("two segments")
     return [f"{where}: {b}" for b in bad]
@@ -335,7 +342,7 @@ def test_recurrent_split_all_dims(NH, sms):
     pytest.param(24, 24, 1, 64, 1, id="one-segment-of-steps"),
 ])
 def test_recurrent_split_h200(K, V, NH, L, want):
-    assert _gpu.recurrent_split(K, V, NH, L) == want
+    assert recurrent.tiles(K, V, NH, L)[4] == want
 
 
 @pytest.mark.parametrize("K, V", [
@@ -346,12 +353,14 @@ def test_recurrent_split_h200(K, V, NH, L, want):
 ])
 def test_defines_carry_the_tiles_and_problem(K, V):
     p = Problem(B=1, T=1, H=1, K=K, V=V, N=1, dtype="bfloat16", g_dtype="float32", log_gate=True)
-    d = _gpu.recurrent_defines(p, seq_int64=True)
-    assert (d["R"], d["KT"], d["BV"], d["TC"]) == _gpu.recurrent_tiles(K, V, 1, 1)
+    cfg = recurrent.config(p)
+    d = recurrent.defines(p, cfg, seq_int64=True)
+    assert (d["R"], d["KT"], d["BV"], d["TC"]) == recurrent.tiles(K, V, 1, 1)[:4]
     assert (d["K_DIM"], d["V_DIM"], d["IO_DTYPE"], d["G_DTYPE"], d["LOG_GATE"], d["SEQ_INT64"]) == (
         K, V, 2, 0, 1, 1)
-    d = _gpu.step_defines(p, idx_int64=False, align=16)
-    assert (d["KW"], d["VEC"]) == _gpu.step_tiles(K, V, 16)
+    assert d["ASYNC_COPY"] == 0 and d["SMEM_BYTES"] == recurrent.smem(K, *cfg[:4])
+    d = step.defines(p, idx_int64=False, align=16)
+    assert (d["KW"], d["VEC"]) == step.tiles(K, V, 16)
     assert (d["K_DIM"], d["V_DIM"], d["IO_DTYPE"], d["G_DTYPE"], d["LOG_GATE"], d["IDX_INT64"]) == (
         K, V, 2, 0, 1, 0)
 
@@ -361,7 +370,7 @@ def test_defines_carry_the_tiles_and_problem(K, V):
     pytest.param(0x7f0000000004, 4, id="4"), pytest.param(0x7f0000000002, 2, id="2"),
 ])
 def test_alignment(ptr, want):
-    assert _gpu.alignment(ptr) == want
+    assert step.alignment(ptr) == want
 
 
 def test_launch_parameter_buffer():
@@ -370,13 +379,27 @@ def test_launch_parameter_buffer():
     import ctypes
     import types
     fn = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=1234))
-    la = _gpu.Launch(fn, 7, 256, 1024, 10, _gpu.FWD_SCALARS, (4096, 16, 2, 3))
+    fwd = (ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_float)
+    la = _launch.Launch(fn, _launch.FORWARD, 7, 256, 1024, P=3, NV=2, H=16, T=4096)
+    assert la.names == ("q", "k", "v", "g", "o", "h0", "ht", "cu_seqlens", "ws_s", "ws_d")
     la.ptrs[:] = tuple(range(1000, 1010))
     la.scalars[-1].value = 0.5
     got = [ctypes.c_uint64.from_address(la.params[i]).value for i in range(10)]
-    got += [t.from_address(la.params[10 + i]).value for i, t in enumerate(_gpu.FWD_SCALARS)]
+    got += [t.from_address(la.params[10 + i]).value for i, t in enumerate(fwd)]
     assert got == list(range(1000, 1010)) + [4096, 16, 2, 3, 0.5]
     assert (la.ptr, la.grid, la.block, la.smem) == (1234, 7, 256, 1024)
-    step = _gpu.Launch(fn, 1, 32, 0, 7, _gpu.STEP_SCALARS, (32, 64, 1))
-    assert [t.from_address(step.params[7 + i]).value
-            for i, t in enumerate(_gpu.STEP_SCALARS[:3])] == [32, 64, 1]
+    st = _launch.Launch(fn, _launch.STEP, 1, 32, 0, H=32, N=64, NV=1)
+    assert [t.from_address(st.params[7 + i]).value
+            for i, t in enumerate((ctypes.c_int32, ctypes.c_int64, ctypes.c_int32))] == [32, 64, 1]
+
+
+@pytest.mark.parametrize("sizes", [
+    pytest.param(dict(T=1, H=1, NV=1), id="missing-P"),
+    pytest.param(dict(T=1, H=1, NV=1, P=1, scale=1.0), id="the-per-call-scalar"),
+    pytest.param(dict(T=1, H=1, NV=1, P=1, Q=1), id="unknown"),
+])
+def test_launch_takes_exactly_the_declared_sizes(sizes):
+    import types
+    fn = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=1))
+    with pytest.raises(TypeError, match="takes the pointers first and every scalar but the last"):
+        _launch.Launch(fn, _launch.FORWARD, 1, 32, 0, **sizes)

@@ -58,7 +58,8 @@ def test_wheel_contains_kernels_and_modules(wheel):
     kernels, modules = _shipped_sources()
     for want in ("cupy_gda/kernels/gda_recurrent_fwd.cu", "cupy_gda/kernels/gda_step.cu",
                  "cupy_gda/kernels/common.cuh", "cupy_gda/__init__.py", "cupy_gda/_compile.py",
-                 "cupy_gda/_gpu.py", "cupy_gda/reference.py", *kernels, *modules):
+                 "cupy_gda/_launch.py", "cupy_gda/chunk.py", "cupy_gda/recurrent.py",
+                 "cupy_gda/step.py", "cupy_gda/reference.py", "cupy_gda/kernels/mma.cuh", *kernels, *modules):
         assert want in names, f"{wheel.name} lacks {want}; it has {sorted(names)}"
     stray = sorted(n for n in names if n.startswith(("tests/", "kernels/", "scripts/", "docs/")))
     assert not stray, f"{wheel.name} ships files outside the package: {stray}"

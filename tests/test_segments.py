@@ -45,16 +45,21 @@ RECURRENT_CASES = [
 def _run(case, family, split, seed=7):
     """The case through a plan of ``family`` with a forced split, against the references."""
     import cupy
-    from cupy_gda import _checks, _gpu
+    from cupy_gda import _checks, _launch, chunk, recurrent
     args = _verify.make_inputs(case, seed)
     (o_ref, s_ref), (o_emu, s_emu) = _verify.references(case, args)
     dev = {k: cupy.asarray(x) for k, x in args.items()}
     gate, log_gate = dev.get("gate"), dev.get("log_gate")
     h0, cu = dev.get("initial_state"), dev.get("cu_seqlens")
     p = _checks.check_forward("t", dev["q"], dev["k"], dev["v"], gate, log_gate, h0, cu, cpu=False)
-    plan = _gpu.ChunkPlan(p, False, split) if family == "chunk" else _gpu.RecurrentPlan(p, False, split)
-    P = split[1] if family == "chunk" else split
-    assert plan.split[1] == P and (plan.state_launch is not None) == (P > 1)
+    limits = _launch.device_limits()
+    if family == "chunk":
+        BV, P = split
+        plan = chunk.ChunkPlan(p, False, chunk.config(p, *limits, BV=BV, P=P))
+    else:
+        P = split
+        plan = recurrent.RecurrentPlan(p, False, recurrent.custom(p, *limits, P=P))
+    assert plan.cfg.P == P and (plan.state_launch is not None) == (P > 1)
     g = gate if gate is not None else log_gate
     o, s = plan(dev["q"], dev["k"], dev["v"], g, 1.0, h0, cu, True, None)
     return [_verify.compare("o", cupy.asnumpy(o), o_ref, o_emu),
@@ -78,14 +83,14 @@ def test_auto_splits_few_sequences_into_segments(case, method):
     """Few sequence-heads take segments on a GPU of 64+ SMs, with the workspace of the state
     pass as the only extra memory, within the size of q."""
     import cupy
-    from cupy_gda import _api, _gpu
+    from cupy_gda import _api, _launch
     args = _verify.make_inputs(case, seed=3)
     dev = {k: cupy.asarray(v) for k, v in args.items()}
     _api._FAST.clear()
     o = cupy_gda.gated_attention(**dev, method=method)
     (plan,) = _api._FAST.values()
-    if _gpu.device_limits()[0] >= 64:
-        assert plan.split[1] > 1 and plan.state_launch is not None, plan.split
+    if _launch.device_limits()[0] >= 64:
+        assert plan.cfg.P > 1 and plan.state_launch is not None, plan.cfg
     assert sum(plan.ws_sizes or (0,)) * 4 <= dev["q"].nbytes
     (o_ref, _), (o_emu, _) = _verify.references(case, args)
     r = _verify.compare("o", cupy.asnumpy(o), o_ref, o_emu)

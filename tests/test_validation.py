@@ -2,7 +2,9 @@
 
 Each row calls the public API with one thing wrong and asserts
 - the exception type and the message: ``"<fn>: <argument> <expected> ... <received>"``;
-- that no compute path was entered: the GPU launch plans (``_gpu.plan``, ``_compile.get_function``) and the CPU paths (``reference.*``) are replaced by traps;
+- that no compute path was entered: the GPU launch plans (``recurrent.plan``, ``chunk.plan``,
+  ``step.plan``, ``_compile.get_function``) and the CPU paths (``reference.*``) are replaced by
+  traps;
 - that every array the caller passed (inputs, state, a NaN-poisoned ``out``, the whole buffer
   behind a strided view) is byte-for-byte what it was, and ``out`` still all NaN.
 
@@ -18,7 +20,7 @@ import pytest
 from conftest import to_backend
 
 import cupy_gda
-from cupy_gda import _compile, _gpu, reference
+from cupy_gda import _compile, chunk, recurrent, reference, step
 
 B, T, H, K, V = 2, 5, 2, 4, 3
 N = 3                       # state rows of the step calls (> B, so state_indices matter)
@@ -179,7 +181,7 @@ def _forbid_compute(monkeypatch):
             pytest.fail(f"{name} ran although the arguments are invalid")
         return run
 
-    for mod, name in ((_gpu, "plan"), (_compile, "get_function"),
+    for mod, name in ((recurrent, "plan"), (chunk, "plan"), (step, "plan"), (_compile, "get_function"),
                       (reference, "gated_attention_ref"), (reference, "gated_attention_chunked"),
                       (reference, "gated_attention_step_ref")):
         monkeypatch.setattr(mod, name, trap(f"{mod.__name__}.{name}"))

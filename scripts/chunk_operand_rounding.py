@@ -3,7 +3,7 @@ the chunked forward when the operands of each matmul are rounded as a tensor-cor
 round them, against the accuracy contract of cupy_gda (relative to the float64 loop: at most 2x
 the error of the float32-math emulation with o rounded to the input dtype, plus 1e-6 max|ref|).
 
-The algorithm is benchmarks/chunk_exact.py's (every decay a product of gates) in float32
+The algorithm is scripts/chunk_exact.py's (every decay a product of gates) in float32
 arithmetic; only the operands of its matmuls are rounded, per product:
     out  (q*A) S and the scores' products, whose result goes to o only;
     state (k*D)^T v, which carries into the final state (compared at float32 accuracy).
@@ -12,20 +12,15 @@ does); "bf16" one bf16 rounding of each operand; "bf16x2" the operand that is no
 split into two bf16 terms (v and the inputs are exact), both split when neither is;
 "bf16x3" three bf16 terms (hi, mid, lo), the six products down to 2^-24.
 
-    python3 benchmarks/chunk_operand_rounding.py
+    python -m scripts.chunk_operand_rounding
 """
 import itertools
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from cupy_gda import _verify  # noqa: E402
-from cupy_gda._verify import Case  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from chunk_exact import _suffix_exclusive  # noqa: E402
+from cupy_gda import _verify
+from cupy_gda._verify import Case
+from scripts.chunk_exact import _suffix_exclusive
 
 try:
     import ml_dtypes
@@ -78,7 +73,7 @@ def matmul(a, b, spec, a_exact=False, b_exact=False):
 
 
 def chunk_forward(q, k, v, g, h0, out_spec, state_spec, v_exact, BT=64, BS=16):
-    """benchmarks/chunk_exact.py's algorithm, float32, matmul operands rounded: q, k, g [T, K],
+    """scripts/chunk_exact.py's algorithm (its stages in its order of sums), float32, matmul operands rounded: q, k, g [T, K],
     v [T, V] of one sequence-head; ``v_exact``: v needs no split (bf16 inputs). Returns (o, S)."""
     T, K = q.shape
     S = h0.astype(np.float32)

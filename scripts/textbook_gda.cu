@@ -1,5 +1,5 @@
 // textbook_gda: gated linear attention, forward, written the way a textbook would. A baseline
-// for `cupy-gda bench` (cupy_gda/bench.py); never shipped, never tuned.
+// for the bench table (scripts/baselines.py); never shipped, never tuned.
 //
 //   S_t = diag(g_t) S_{t-1} + k_t v_t^T,   o_t = scale * S_t^T q_t        (S: [K, V], fp32)
 //
@@ -13,7 +13,8 @@
 //   multiplicative. Shared memory: (K*V + 3*K + V) floats (the launcher opts in above 48 KB).
 //
 // Required defines: K_DIM, V_DIM. Tunable: NT (threads per block, a multiple of 32).
-// Reference: cupy_gda.reference.gated_attention_ref (bench.py checks it against ours first).
+// Reference: cupy_gda.reference.gated_attention_ref (scripts/baselines.py checks it against ours
+//   first).
 #if !defined(K_DIM) || !defined(V_DIM)
 #error "K_DIM and V_DIM are required"
 #endif

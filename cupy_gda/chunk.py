@@ -1,0 +1,103 @@
+"""Launcher of gda_chunk_fwd (kernels/gda_chunk_fwd.cu): chunks of 64 steps on the tensor cores,
+K <= MAX_K.
+
+Shapes -> tiles (the rule below, once per call signature) -> grid -> launch. The measurements
+behind the rule are in docs/perf-notes.md ("gda_chunk_fwd"; scripts/sweep.py re-runs them).
+"""
+import functools
+from typing import NamedTuple
+
+from cupy_gda._launch import (DTYPE_CODE, FORWARD, ITEMSIZE, Family, SegmentedPlan, cached,
+                              cp_async_inputs, device_limits, mean_len, segments)
+
+FAMILY = Family("gda_chunk_fwd", ("common.cuh", "mma.cuh"),
+                {"gda_chunk_fwd": FORWARD, "gda_chunk_state": FORWARD})
+
+MAX_K = 128              # one scan thread per key column and direction (the kernel's static_assert)
+THREADS = 256            # the kernel's NT: 8 warps, a pair per sub-block
+BT = 64                  # steps a chunk
+BVS = (64, 32, 16, 8)    # value tiles, widest first
+SEGMENT_CHUNKS = 2       # sequence segments of at least this many chunks each
+
+
+class Config(NamedTuple):
+    BV: int              # value columns a block
+    P: int               # sequence segments (state pass first where P > 1)
+    DBUF: int            # two sets of staged inputs (cp.async only)
+    ASYNC_COPY: int      # inputs staged by cp.async (cp_async_inputs)
+
+
+def smem(K, BV, dbuf=0):
+    """Dynamic shared memory bytes (the kernel checks it against its SM_* layout as SMEM_BYTES):
+    ``1 + dbuf`` sets of q, g [BT][KP+4], k [BT][KP+8], v [BT][BV+8]; kA [96][KP+4], S [KP][BV+8],
+    scores [BT][BT+4], A_end and B_i [5][KP]; fp32, KP = K rounded up to 16."""
+    KP = -(-K // 16) * 16
+    QS, KS, VS, WS = KP + 4, KP + 8, BV + 8, BT + 4
+    return 4 * ((1 + dbuf) * (2 * BT * QS + BT * KS + BT * VS) + 96 * QS + KP * VS + BT * WS + 5 * KP)
+
+
+def split(K, V, NH, L, itemsize=4, sms=132, smem_max=227 * 1024):
+    """(BV, P), or None when K is over MAX_K or nothing fits in ``smem_max`` bytes.
+
+    BV: the widest value tile that fits. P: sequence segments, as many as fill the ``sms`` SMs
+    once with one block each, with at least SEGMENT_CHUNKS chunks of the mean length ``L`` each
+    and a workspace no larger than q (``itemsize`` bytes an element). Only then, while the grid
+    has fewer than 3/4 of a block per SM, narrower value tiles (each recomputes the chunk's
+    scores, so narrower costs work where a segment costs only its state pass)."""
+    fits = [b for b in BVS if smem(K, b) <= smem_max]
+    if K > MAX_K or not fits:
+        return None
+    BV = min(fits[0], -(-V // 8) * 8)
+    P = segments(NH * -(-V // BV), 1, sms, -(-int(L) // BT), SEGMENT_CHUNKS, L, itemsize, V)
+    while BV > 16 and NH * -(-V // BV) * P < 0.75 * sms:
+        BV = max(16, -(-(BV // 2) // 8) * 8)
+    return BV, P
+
+
+@functools.lru_cache(maxsize=None)
+def config(p, sms=132, smem_max=227 * 1024, BV=None, P=None):
+    """The Config of Problem ``p`` on a GPU of ``sms`` SMs and ``smem_max`` bytes of opt-in
+    shared memory a block, or None where the kernel cannot run it (memoised: the rule runs once
+    per signature). ``BV``, ``P`` fix the split (sweeps). Two sets of staged inputs (DBUF) where
+    they go by cp.async and fit."""
+    if BV is None or P is None:
+        s = split(p.K, p.V, p.N * p.H, mean_len(p), ITEMSIZE[p.dtype], sms, smem_max)
+        if s is None:
+            return None
+        BV, P = BV or s[0], P or s[1]
+    staged = int(cp_async_inputs(p))
+    return Config(BV, P, int(staged and smem(p.K, BV, 1) <= smem_max), staged)
+
+
+def refusal(p, sms, smem_max):
+    """Why the kernel cannot run Problem ``p`` on this GPU (completes "method 'chunk' on the GPU
+    ..."), or None."""
+    if p.K > MAX_K:
+        return f"takes a head dimension K of at most {MAX_K}, got K={p.K}"
+    if config(p, sms, smem_max) is None:
+        return (f"needs {smem(p.K, BVS[-1])} bytes of shared memory per block at K={p.K}; this "
+                f"GPU has {smem_max}")
+    return None
+
+
+def defines(p, cfg, seq_int64):
+    """The kernel's defines for Problem ``p`` and Config ``cfg``."""
+    return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
+                LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BV=cfg.BV, DBUF=cfg.DBUF,
+                ASYNC_COPY=cfg.ASYNC_COPY, SMEM_BYTES=smem(p.K, cfg.BV, cfg.DBUF))
+
+
+class ChunkPlan(SegmentedPlan):
+    """gda_chunk_fwd compiled and sized for one Problem on the current device; the same call as
+    RecurrentPlan. ``cfg`` (a Config) overrides the rule; ``extra`` adds compile defines."""
+    family, entry, state_entry = FAMILY, "gda_chunk_fwd", "gda_chunk_state"
+
+    def __init__(self, p, seq_int64, cfg=None, extra=None):
+        self.cfg = cfg = cfg or config(p, *device_limits())
+        d = dict(defines(p, cfg, seq_int64), **(extra or {}))
+        self._setup(p, d, d["SMEM_BYTES"], -(-p.V // cfg.BV), cfg.P, THREADS)
+
+
+def plan(p, seq_int64):
+    """The memoised ChunkPlan of (Problem, cu_seqlens int64) on the current device."""
+    return cached(ChunkPlan, p, seq_int64)

@@ -1,0 +1,1 @@
+"""Experiments and tools beside the package; run from the repository root as `python -m scripts.NAME`."""

@@ -1,0 +1,65 @@
+"""Every script imports (so a library change cannot break one silently), without a GPU, and the
+parts of them that need no device do what their usage says."""
+import importlib
+from pathlib import Path
+
+import pytest
+
+from cupy_gda import _compile, bench, chunk, recurrent
+from cupy_gda._checks import Problem
+
+SCRIPTS = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "scripts").glob("*.py")
+                 if p.stem != "__init__")
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_imports(name):
+    mod = importlib.import_module(f"scripts.{name}")
+    assert mod.__doc__, f"scripts/{name}.py has no docstring (its usage)"
+
+
+def test_sweep_shapes_grid_and_variants():
+    from scripts import sweep
+    assert sweep.parse_shapes("seed", ["1,2048,8,24,24", "2,64,1,16,8,bfloat16"]) == [
+        ("seed", 2, 128, 4, 24, 24, "float32"), ("1,2048,8,24,24", 1, 2048, 8, 24, 24, "float32"),
+        ("2,64,1,16,8,bfloat16", 2, 64, 1, 16, 8, "bfloat16")]
+    grid = sweep.parse_grid("K=24,64 BH=1x8,4x16 T=128,512")
+    assert len(grid) == 8 and grid[0] == ("1,128,8,24,24", 1, 128, 8, 24, 24, "float32")
+    over = sweep.parse_overrides(["R=1,4", "UNROLL=2"])
+    assert sweep.variants(over) == [dict(R=1, UNROLL=2), dict(R=4, UNROLL=2)]
+    assert sweep.variants({}) == [{}]
+
+
+def test_sweep_overrides_reach_the_config_not_the_rule():
+    """recurrent.custom fixes choices and derives the rest; the rule itself is untouched."""
+    p = Problem(B=2, T=128, H=4, K=24, V=24, N=2, dtype="float32", g_dtype="float32", log_gate=False)
+    rule = recurrent.config(p)
+    assert recurrent.custom(p) == rule
+    c = recurrent.custom(p, R=4, threads=64, TC=16, P=1)
+    assert (c.R, c.KT, c.BV, c.TC, c.P) == (4, 8, 8, 16, 1) and c.ASYNC_COPY == 1
+    assert recurrent.custom(p, ASYNC_COPY=0).ASYNC_COPY == 0
+    assert recurrent.config(p) == rule
+    q = p._replace(K=64, V=64, B=4, T=2048, H=8, N=4)
+    assert chunk.config(q, BV=32, P=2)[:2] == (32, 2) and chunk.config(q)[:2] == (64, 4)
+
+
+def test_ncu_stages_finds_every_stage_function():
+    """scripts/ncu_stages.py puts each line of gda_chunk_fwd in its numbered stage by the stage
+    functions' names: every one of them is found, each stage has lines."""
+    from scripts import ncu_stages
+    p = Problem(B=8, T=4096, H=16, K=128, V=128, N=8, dtype="bfloat16", g_dtype="float32",
+                log_gate=False)
+    lines = _compile.source(chunk.FAMILY.kernel, chunk.defines(p, chunk.config(p), False),
+                            chunk.FAMILY.headers).split("\n")
+    cat = ncu_stages.categories(lines)
+    for stage in ("1 load", "2 scores", "3 decays", "4 output", "5 state", "split", "mma",
+                  "fragments"):
+        assert stage in cat, stage
+    body = next(i for i, t in enumerate(lines) if "void gda_chunk_output(" in t)
+    assert cat[body + 1] == "4 output"
+
+
+def test_baselines_register_with_the_bench_at_import():
+    from scripts import baselines
+    assert bench.BASELINES["textbook"] is baselines.TEXTBOOK
+    assert bench.BASELINES["fla"].names == baselines.FLA_IMPLS
