@@ -469,7 +469,7 @@ class CupyClock:
     """Events, spin and sync on CuPy's current stream; the spin kernel is kernels/bench_spin.cu."""
 
     def __init__(self):
-        cp = self._cp = _cupy()
+        self._cp = _cupy()
         self._spin = _compile.get_function("bench_spin", {}, headers=())
 
     def event(self):

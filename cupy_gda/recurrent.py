@@ -61,9 +61,9 @@ def _split(K, V, KT, BV, NH, L, itemsize, sms):
 
 def rows(K, V, NH=None, L=None, itemsize=4, sms=132, staged=False):
     """(R, threads, TC_max). Without the grid (``NH`` sequence-heads of mean length ``L``), or
-    where the inputs are not staged by cp.async: R = 4 for K >= 64 (fewest instructions per
-    element) in blocks of 256 threads, else R = 2 in 128. Staged, by W, the warps a SM of that
-    rule's grid in its segments:
+    where the inputs are not ``staged`` by cp.async (_launch.cp_async_inputs): R = 4 for K >= 64
+    (fewest instructions per element) in blocks of 256 threads, else R = 2 in 128. Staged, by W,
+    the warps a SM of that rule's grid in its segments:
     - K <= 32, W < 1, or W < 2 with segments of <= 128 steps (the GPU mostly idle: a step's
       latency is the time): R = 1, TC up to 64.
     - K <= 32, W >= 16, or segments of >= 256 steps that stay so in R = 4's own segments (or
@@ -71,7 +71,7 @@ def rows(K, V, NH=None, L=None, itemsize=4, sms=132, staged=False):
       TC up to 64 where K > 16, V % 16 == 0 and W >= 12.
     - K 33..64, W < 6: R = 2 (KT = 32: twice the warps)."""
     R, threads = (4, 256) if K >= 64 else (2, 128)
-    if NH is None or not staged or K % 4 or V % 4:
+    if NH is None or not staged:
         return R, threads, 32
     KT, BV = lanes(K, V, R, threads)
     P = _split(K, V, KT, BV, NH, L, itemsize, sms)
@@ -87,7 +87,8 @@ def rows(K, V, NH=None, L=None, itemsize=4, sms=132, staged=False):
     return R, threads, 32
 
 
-def steps(K, R, KT, BV, TC_max=32, NH=None, P=1, V=None, sms=132, smem_max=227 * 1024, staged=False):
+def stage_steps(K, R, KT, BV, TC_max=32, NH=None, P=1, V=None, sms=132, smem_max=227 * 1024,
+                staged=False):
     """TC, the steps staged a chunk: the largest power of 2 up to TC_max that fits.
     Through registers (not staged, or BV not a multiple of 4): at most 8 prefetched q/k/g and
     8 v elements a thread, one set in STAGE_BYTES. Staged by cp.async: two sets in STAGE_BYTES,
@@ -114,12 +115,11 @@ def steps(K, R, KT, BV, TC_max=32, NH=None, P=1, V=None, sms=132, smem_max=227 *
 def tiles(K, V, NH=None, L=None, itemsize=4, sms=132, smem_max=227 * 1024, staged=False):
     """(R, KT, BV, TC, P): the rule on numbers (``NH`` sequence-heads of mean length ``L``,
     ``itemsize`` bytes an input element, a GPU of ``sms`` SMs and ``smem_max`` bytes of opt-in
-    shared memory a block; ``staged``: the inputs go by cp.async)."""
+    shared memory a block; ``staged``: the inputs go by cp.async, _launch.cp_async_inputs)."""
     R, threads, TC_max = rows(K, V, NH, L, itemsize, sms, staged)
     KT, BV = lanes(K, V, R, threads)
     P = 1 if NH is None else _split(K, V, KT, BV, NH, L, itemsize, sms)
-    grid = NH is not None and staged and K % 4 == 0 and V % 4 == 0
-    TC = steps(K, R, KT, BV, TC_max, NH, P, V, sms, smem_max, grid)
+    TC = stage_steps(K, R, KT, BV, TC_max, NH, P, V, sms, smem_max, staged and NH is not None)
     return R, KT, BV, TC, P
 
 

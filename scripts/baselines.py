@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-import cupy_gda
 from cupy_gda import bench
 from cupy_gda.bench import Baseline, Rotor, new_row
 

@@ -4,11 +4,6 @@ import ast
 import importlib.util
 import json
 import math
-import os
-import subprocess
-import sys
-import time
-import types
 
 import numpy as np
 import pytest

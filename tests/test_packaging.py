@@ -74,12 +74,15 @@ def test_wheel_kernels_match_the_tree(wheel):
 
 _PROBE = """
 import json
-from cupy_gda import _compile
+from cupy_gda import _compile, bench, chunk
 import cupy_gda
 print(json.dumps(dict(
     package=cupy_gda.__file__,
     kernel_dir=str(_compile.KERNEL_DIR),
     source=_compile.source("gda_step", {"K_DIM": 24, "V_DIM": 24}),
+    chunk_source=_compile.source(chunk.FAMILY.kernel, {}, chunk.FAMILY.headers),
+    spin=_compile.source("bench_spin", {}, ()),
+    shapes=list(bench.SHAPES),
 )))
 """
 
@@ -103,3 +106,9 @@ def test_installed_wheel_reads_its_kernels(wheel, tmp_path):
     assert "#define K_DIM 24\n" in text and "#define V_DIM 24\n" in text, text[:200]
     assert (REPO / "kernels" / "common.cuh").read_text() in text
     assert (REPO / "kernels" / "gda_step.cu").read_text() in text
+    # the chunked kernel with both its headers, and the benchmark's spin kernel (cupy-gda bench
+    # reads nothing outside the package)
+    for name in ("common.cuh", "mma.cuh", "gda_chunk_fwd.cu"):
+        assert (REPO / "kernels" / name).read_text() in got["chunk_source"], name
+    assert 'extern "C" __global__ void bench_spin' in got["spin"]
+    assert "big128" in got["shapes"]
