@@ -124,7 +124,6 @@ class SegmentedPlan:
     ``state_entry``) and calls _setup with its defines and sizes."""
 
     def _setup(self, p, defines, smem, NV, P, threads):
-        self.defines, self.smem = defines, smem
         self.grid, self.block = (p.N * p.H * P * NV,), (threads,)
         sizes = dict(T=p.T, H=p.H, NV=NV, P=P)
         fam = self.family
