@@ -76,7 +76,7 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
         output_final_state: also return the final state [N, H, K, V] float32.
         cu_seqlens: [N + 1] int32/int64 offsets of packed sequences (B must be 1).
         method: "auto" (by the measured table in _dispatch), or a kernel family: "recurrent"
-            (GPU and CPU) or "chunk" (GPU for K <= chunk.MAX_K = 128, and CPU).
+            (GPU and CPU) or "chunk" (GPU for K <= chunk.MAX_K = 256, and CPU).
         out: optional [B, T, H, V] array of v's dtype that receives o.
         check_indices: check cu_seqlens' values (one device sync on the GPU); pass False when
             capturing the call in a CUDA graph.

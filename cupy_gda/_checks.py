@@ -5,7 +5,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-MAX_DIM = 256                       # largest K and V the CUDA kernels are compiled for
+MAX_DIM = 256                       # largest K the CUDA kernels are compiled for (V: any, in tiles)
 GPU_DTYPES = ("float32", "float16", "bfloat16")
 CPU_DTYPES = GPU_DTYPES + ("float64",)
 INDEX_DTYPES = ("int32", "int64")
@@ -64,9 +64,9 @@ def _gate(fn, gate, log_gate):
 
 
 def _dims(fn, K, V, cpu):
-    for name, d in (("K", K), ("V", V)):
-        if d < 1 or (not cpu and d > MAX_DIM):
-            limit = "at least 1" if cpu else f"between 1 and {MAX_DIM}"
+    for name, d, top in (("K", K, None if cpu else MAX_DIM), ("V", V, None)):
+        if d < 1 or (top is not None and d > top):
+            limit = "at least 1" if top is None else f"between 1 and {top} on the GPU"
             raise ValueError(f"{fn}: head dimension {name} must be {limit}, got {d}")
 
 

@@ -107,9 +107,13 @@ def standard_cases():
     cs += [Case(2, 65, 2, 100, 100, dtype=dt, log=True) for dt in ("float16", "bfloat16")]
     cs += [varlen_case((1, 17, 64, 300)), varlen_case((1, 17, 64, 300), dtype="bfloat16"),
            varlen_case((0, 5, 0, 40), init=False)]
+    # model shapes: GLA-1.3B's heads (K = 256 in key tiles, V = 512), V = 1024
+    cs += [Case(2, 130, 2, 256, 512), Case(2, 130, 2, 256, 512, dtype="bfloat16"),
+           Case(2, 70, 2, 64, 1024), Case(1, 200, 2, 200, 1000, dtype="float16", log=True)]
     cs += [step_case(8, 4, 24, 24), step_case(64, 4, 128, 128), step_case(5, 3, 100, 36),
            step_case(4, 2, 256, 256, gate="zeros"), step_case(8, 4, 64, 64, dtype="bfloat16"),
-           step_case(8, 4, 24, 24, dtype="float16", gate="logsig", log=True)]
+           step_case(8, 4, 24, 24, dtype="float16", gate="logsig", log=True),
+           step_case(4, 2, 256, 512), step_case(4, 2, 64, 1024, dtype="bfloat16")]
     return cs
 
 

@@ -90,11 +90,17 @@ def _all_shapes():
          # one sequence, few heads (a prompt being served): the grid alone leaves SMs idle
          Shape("few24", 1, 2048, 8, 24, 24), Shape("few64", 1, 512, 8, 64, 64)]
     s += [Shape(f"tsweep-{n}k", 1, n * 1024, 16, 128, 128) for n in (1, 2, 4, 8, 16, 32, 64)]
+    # the shapes of GLA models (fla's GLA layer: 4 heads, K = hidden/2/4, V = hidden/4); HGRN2-1.3B
+    # is big128's
+    s += [Shape("gla1.3b-bf16", 8, 4096, 4, 256, 512, dtype="bfloat16"),
+          Shape("gla1.3b", 8, 4096, 4, 256, 512),
+          Shape("gla340m-bf16", 8, 4096, 4, 128, 256, dtype="bfloat16")]
     return {x.name: x for x in s}
 
 
 SHAPES = _all_shapes()
-GROUPS = {"all": tuple(SHAPES), "tsweep": tuple(n for n in SHAPES if n.startswith("tsweep-"))}
+GROUPS = {"all": tuple(SHAPES), "tsweep": tuple(n for n in SHAPES if n.startswith("tsweep-")),
+          "models": ("gla1.3b-bf16", "gla1.3b", "gla340m-bf16", "big128", "big128-bf16")}
 QUICK_SHAPES = ("seed", "gla64", "big128", "decode")
 
 

@@ -1,5 +1,5 @@
 """Launcher of gda_chunk_fwd (kernels/gda_chunk_fwd.cu): chunks of 64 steps on the tensor cores,
-K <= MAX_K.
+K <= MAX_K (above MAX_KT in key tiles), any V (in value tiles).
 
 Shapes -> tiles (the rule below, once per call signature) -> grid -> launch. The measurements
 behind the rule are in docs/perf-notes.md ("gda_chunk_fwd"; scripts/sweep.py re-runs them).
@@ -13,7 +13,9 @@ from cupy_gda._launch import (DTYPE_CODE, FORWARD, ITEMSIZE, Family, SegmentedPl
 FAMILY = Family("gda_chunk_fwd", ("common.cuh", "mma.cuh"),
                 {"gda_chunk_fwd": FORWARD, "gda_chunk_state": FORWARD})
 
-MAX_K = 128              # one scan thread per key column and direction (the kernel's static_assert)
+MAX_K = 256              # the kernel's static_assert
+MAX_KT = 128             # key columns a tile: one scan thread per column and direction
+MIN_KT = 32              # and at least (narrower tiles repeat a pass of the stages too often)
 THREADS = 256            # the kernel's NT: 8 warps, a pair per sub-block
 BT = 64                  # steps a chunk
 BVS = (64, 32, 16, 8)    # value tiles, widest first
@@ -23,17 +25,42 @@ SEGMENT_CHUNKS = 2       # sequence segments of at least this many chunks each
 class Config(NamedTuple):
     BV: int              # value columns a block
     P: int               # sequence segments (state pass first where P > 1)
-    DBUF: int            # two sets of staged inputs (cp.async only)
+    DBUF: int            # two sets of staged inputs (cp.async, one key tile only)
     ASYNC_COPY: int      # inputs staged by cp.async (cp_async_inputs)
+    KT: int              # key columns a tile (K rounded up to 16: one tile)
 
 
-def smem(K, BV, dbuf=0):
+def _pad(K):
+    return -(-K // 16) * 16
+
+
+def smem(K, BV, dbuf=0, KT=None):
     """Dynamic shared memory bytes (the kernel checks it against its SM_* layout as SMEM_BYTES):
-    ``1 + dbuf`` sets of q, g [BT][KP+4], k [BT][KP+8], v [BT][BV+8]; kA [96][KP+4], S [KP][BV+8],
-    scores [BT][BT+4], A_end and B_i [5][KP]; fp32, KP = K rounded up to 16."""
-    KP = -(-K // 16) * 16
-    QS, KS, VS, WS = KP + 4, KP + 8, BV + 8, BT + 4
-    return 4 * ((1 + dbuf) * (2 * BT * QS + BT * KS + BT * VS) + 96 * QS + KP * VS + BT * WS + 5 * KP)
+    ``1 + dbuf`` sets of q, g [BT][KT+4], k [BT][KT+8], v [BT][BV+8]; kA [96][KT+4],
+    S [KR][BV+8], scores [BT][BT+4], A_end and B_i [5][KT], with key tiles o's sums [BT][BV+8];
+    fp32, KT key columns a tile (K rounded up to 16 by default), KR = KT times the tiles."""
+    KT = KT or _pad(K)
+    NKT = -(-K // KT)
+    QS, KS, VS, WS = KT + 4, KT + 8, BV + 8, BT + 4
+    return 4 * ((1 + dbuf) * (2 * BT * QS + BT * KS + BT * VS) + 96 * QS + NKT * KT * VS + BT * WS
+                + 5 * KT + (BT * VS if NKT > 1 else 0))
+
+
+@functools.lru_cache(maxsize=None)
+def key_tile(K, BV, smem_max=227 * 1024):
+    """KT for value tiles of BV, or None: K rounded up to 16 (one tile) where K <= MAX_KT,
+    else the widest of the even splits into 2, 3, ... tiles (rounded up to 16, at least MIN_KT)
+    that fits in ``smem_max`` bytes; fewer, wider tiles repeat less of the per-tile work (a
+    pass of the stages and their barriers)."""
+    if K > MAX_K:
+        return None
+    if K <= MAX_KT:
+        return _pad(K) if smem(K, BV) <= smem_max else None
+    for n in range(2, -(-K // MIN_KT) + 1):
+        KT = _pad(-(-K // n))
+        if KT >= MIN_KT and smem(K, BV, 0, KT) <= smem_max:
+            return KT
+    return None
 
 
 def split(K, V, NH, L, itemsize=4, sms=132, smem_max=227 * 1024):
@@ -44,8 +71,8 @@ def split(K, V, NH, L, itemsize=4, sms=132, smem_max=227 * 1024):
     and a workspace no larger than q (``itemsize`` bytes an element). Only then, while the grid
     has fewer than 3/4 of a block per SM, narrower value tiles (each recomputes the chunk's
     scores, so narrower costs work where a segment costs only its state pass)."""
-    fits = [b for b in BVS if smem(K, b) <= smem_max]
-    if K > MAX_K or not fits:
+    fits = [b for b in BVS if key_tile(K, b, smem_max)]
+    if not fits:
         return None
     BV = min(fits[0], -(-V // 8) * 8)
     P = segments(NH * -(-V // BV), 1, sms, -(-int(L) // BT), SEGMENT_CHUNKS, L, itemsize, V)
@@ -55,18 +82,20 @@ def split(K, V, NH, L, itemsize=4, sms=132, smem_max=227 * 1024):
 
 
 @functools.lru_cache(maxsize=None)
-def config(p, sms=132, smem_max=227 * 1024, BV=None, P=None):
+def config(p, sms=132, smem_max=227 * 1024, BV=None, P=None, KT=None):
     """The Config of Problem ``p`` on a GPU of ``sms`` SMs and ``smem_max`` bytes of opt-in
     shared memory a block, or None where the kernel cannot run it (memoised: the rule runs once
-    per signature). ``BV``, ``P`` fix the split (sweeps). Two sets of staged inputs (DBUF) where
-    they go by cp.async and fit."""
+    per signature). ``BV``, ``P``, ``KT`` fix the split (sweeps). Two sets of staged inputs
+    (DBUF) where they go by cp.async, the keys are one tile and they fit."""
     if BV is None or P is None:
         s = split(p.K, p.V, p.N * p.H, mean_len(p), ITEMSIZE[p.dtype], sms, smem_max)
         if s is None:
             return None
         BV, P = BV or s[0], P or s[1]
+    KT = KT or key_tile(p.K, BV, smem_max) or _pad(min(p.K, MAX_KT))
     staged = int(cp_async_inputs(p))
-    return Config(BV, P, int(staged and smem(p.K, BV, 1) <= smem_max), staged)
+    dbuf = staged and KT >= p.K and smem(p.K, BV, 1, KT) <= smem_max
+    return Config(BV, P, int(dbuf), staged, KT)
 
 
 def refusal(p, sms, smem_max):
@@ -75,8 +104,9 @@ def refusal(p, sms, smem_max):
     if p.K > MAX_K:
         return f"takes a head dimension K of at most {MAX_K}, got K={p.K}"
     if config(p, sms, smem_max) is None:
-        return (f"needs {smem(p.K, BVS[-1])} bytes of shared memory per block at K={p.K}; this "
-                f"GPU has {smem_max}")
+        KT = _pad(-(-p.K // -(-p.K // MAX_KT)))
+        return (f"needs {smem(p.K, BVS[-1], 0, KT)} bytes of shared memory per block at K={p.K}; "
+                f"this GPU has {smem_max}")
     return None
 
 
@@ -84,7 +114,7 @@ def defines(p, cfg, seq_int64):
     """The kernel's defines for Problem ``p`` and Config ``cfg``."""
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BV=cfg.BV, DBUF=cfg.DBUF,
-                ASYNC_COPY=cfg.ASYNC_COPY, SMEM_BYTES=smem(p.K, cfg.BV, cfg.DBUF))
+                KT=cfg.KT, ASYNC_COPY=cfg.ASYNC_COPY, SMEM_BYTES=smem(p.K, cfg.BV, cfg.DBUF, cfg.KT))
 
 
 class ChunkPlan(SegmentedPlan):

@@ -22,10 +22,15 @@
 //   5. state:   S = diag(A_end) S + (k*D)^T v (tensor cores), in place in shared memory.
 // Every decay factor is a product of gates, never a quotient or a difference of logs, so gates
 // of 0, tiny, negative or above 1 stay exact (fla's chunk mode divides).
+// Key tiles: every term above is a sum over the key columns and S's rows are independent, so
+// K > KT runs stages 1-5 once per tile of KT columns (q, k, g of the tile staged; v once, with
+// the first): the tiles add their scores (2, 4b) into the scores tile and their (q*A) S into
+// the warp's output registers; 4c, 4d follow the last tile. One tile (KT = K padded to 16)
+// for K <= 128, the chunk then running exactly as without tiles.
 //
 // Grid (1-D): one block per (sequence n, head h, segment p of the sequence, tile of BV value
 //   columns), block id (((n * H) + h) * P + p) * NV + iv. Block: 8 warps, sequential over the
-//   chunks of its segment, the state S [KP, BV] in shared memory (fp32). The pair of warps i and
+//   chunks of its segment, the state S [KR, BV] in shared memory (fp32). The pair of warps i and
 //   7 - i owns the output rows of sub-block i, each warp half of the value columns (warp w runs
 //   on scheduler w % 4, which so holds sub-blocks i and 3 - i: later sub-blocks have more stage-4
 //   work); in stage 5 each warp owns one value half of MR row tiles of 16.
@@ -43,10 +48,11 @@
 // Sequences: rows [bos, eos) of the [B*T, H, *] tensors; cu_seqlens (varlen, B = 1, offsets
 //   clamped to [0, T]) or bos = n*T. No host syncs, no atomics.
 //
-// Required defines: K_DIM (1..128), V_DIM (1..256), IO_DTYPE, G_DTYPE, LOG_GATE, SEQ_INT64,
+// Required defines: K_DIM (1..256), V_DIM (any), IO_DTYPE, G_DTYPE, LOG_GATE, SEQ_INT64,
 //   ASYNC_COPY (1 exactly where GDA_ASYNC_INPUTS), SMEM_BYTES (the launcher's dynamic shared
-//   memory, checked against the layout below). Tunable: BV (a multiple of 8, at most 64), DBUF
-//   (ASYNC_COPY only).
+//   memory, checked against the layout below). Tunable: BV (a multiple of 8, at most 64), KT
+//   (key columns a tile: a multiple of 16, at most 128; default K padded to 16), DBUF
+//   (ASYNC_COPY and one key tile only).
 // Launcher: cupy_gda/chunk.py. Reference: cupy_gda.reference.gated_attention_ref (and
 //   gated_attention_chunked, the same stages in NumPy).
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
@@ -63,7 +69,12 @@
 #define BS 16                                  // steps per sub-block (one warp pair's output rows)
 #define NW 8                                   // warps: a pair per sub-block
 #define NT (NW * 32)
-#define KP (((K_DIM) + 15) / 16 * 16)          // K padded to the m16 / k8 tiles
+#ifndef KT
+#define KT (((K_DIM) + 15) / 16 * 16)          // key columns a tile: K padded to the m16 / k8 tiles
+#endif
+#define NKT (((K_DIM) + KT - 1) / KT)          // key tiles, each a pass of stages 1-5 over the chunk
+#define KP KT                                  // a tile's (padded) key columns
+#define KR (NKT * KT)                          // state rows (K padded to whole tiles)
 #define QS (KP + 4)                            // row strides (floats) that keep the fragment
 #define KS (KP + 8)                            //   loads free of bank conflicts
 #define VS (BV + 8)
@@ -75,7 +86,10 @@
 #define MR ((MT + NW / 2 - 1) / (NW / 2))      // stage 5 row tiles per warp
 #define KJ ((KP + 31) / 32)                    // columns per lane in stage 2
 #define LB 4                                   // stage 1: loads of each tensor in flight a thread
-static_assert(K_DIM >= 1 && KP <= NT / 2, "K_DIM must be 1..128 (one scan thread per column and direction)");
+static_assert(K_DIM >= 1 && K_DIM <= 256, "K_DIM must be 1..256");
+static_assert(KT % 16 == 0 && KT <= NT / 2, "KT must be a multiple of 16, at most 128 (one scan thread per column and direction)");
+static_assert(NKT == 1 || KT < K_DIM, "KT must cover K_DIM in whole tiles");
+static_assert(NKT == 1 || !DBUF, "DBUF needs a single key tile (the next chunk's copies go into the other set)");
 static_assert(BS == 16 && BT == 4 * BS, "stage 2's reduction and the anchors assume BS = 16, BT = 64");
 static_assert(BV <= BT, "o is staged in the rows of the scores tile");
 static_assert(NW == 2 * (BT / BS), "a pair of warps per sub-block ((w & 3) ^ 3 (w >> 2), w >> 2)");
@@ -92,11 +106,12 @@ static_assert(!DBUF || ASYNC_COPY, "DBUF needs the cp.async path (float32, multi
 #define SM_SET (SM_V + BT * VS)                // one set of staged inputs
 #define SM_KA (SM_SET * (1 + DBUF))            // [96][QS]  kA for anchors 16 (rows 0..15),
                                                //           32 (16..47), 48 (48..95)
-#define SM_S (SM_KA + 96 * QS)                 // [KP][VS]  S at the chunk start
-#define SM_W (SM_S + KP * VS)                  // [BT][WS]  scores of the sub-block rows
+#define SM_S (SM_KA + 96 * QS)                 // [KR][VS]  S at the chunk start, every key tile
+#define SM_W (SM_S + KR * VS)                  // [BT][WS]  scores of the sub-block rows
 #define SM_E (SM_W + BT * WS)                  // [KP]      A_end: the chunk's gate product
 #define SM_B (SM_E + KP)                       // [4][KP]   B_i: product of sub-blocks 0..i-1
-#define SM_FLOATS (SM_B + 4 * KP)
+#define SM_O (SM_B + 4 * KP)                   // [BT][VS]  o's sums between key tiles (NKT > 1)
+#define SM_FLOATS (SM_O + (NKT > 1 ? BT * VS : 0))
 static_assert(SMEM_BYTES == SM_FLOATS * 4,
               "SMEM_BYTES (cupy_gda/chunk.py smem) differs from this kernel's layout");
 
@@ -149,16 +164,17 @@ template <int W> __device__ __forceinline__ void gda_st(float* p, const gda_pack
 }
 
 // Stage 1 through registers (half inputs, log gates, unaligned pointers) into the set at b_set:
-// q (when Q), k, g in packs of W (PR packs a row), v in packs of WV (PRV a row, tile columns
-// c < nc), rows t < n of the chunk starting at row r0 (the rest: q = k = v = 0, gate 1),
-// converted to fp32. Up to LB loads of each tensor in flight per thread, every tensor's issued
-// before the first store.
+// q (when Q), k, g in packs of W (PR packs a row, key columns c < nk of the tile), v (when
+// load_v) in packs of WV (PRV a row, tile columns c < nc), rows t < n of the chunk starting at
+// row r0 (the rest: q = k = v = 0, gate 1), converted to fp32. Up to LB loads of each tensor in
+// flight per thread, every tensor's issued before the first store.
 template <int PR, int W, int PRV, int WV, bool Q>
 __device__ __forceinline__ void gda_stage(const io::t* __restrict__ q, const io::t* __restrict__ k,
                                           const gt::t* __restrict__ g, const io::t* __restrict__ v,
                                           float* b_q, float* b_k, float* b_a, float* b_v,
                                           long long r0, long long n, long long sk, long long sv,
-                                          long long colk, long long colv, int nc, int tid) {
+                                          long long colk, long long colv, int nk, int nc, bool load_v,
+                                          int tid) {
     constexpr int NP = BT * PR, EP = (NP + NT - 1) / NT, LK = EP < LB ? EP : LB;
     constexpr int NPV = BT * PRV, EPV = (NPV + NT - 1) / NT, LV = EPV < LB ? EPV : LB;
     constexpr int RK = (EP + LK - 1) / LK, RV = (EPV + LV - 1) / LV, ROUNDS = RK > RV ? RK : RV;
@@ -170,7 +186,7 @@ __device__ __forceinline__ void gda_stage(const io::t* __restrict__ q, const io:
         #pragma unroll
         for (int j = 0; j < LK; ++j) {
             const int e = tid + (i0 * LK + j) * NT, t = e / PR, c = e % PR;
-            if (i0 * LK + j < EP && e < NP && t < n) {
+            if (i0 * LK + j < EP && e < NP && t < n && W * c < nk) {
                 const long long off = (r0 + t) * sk + colk + W * c;
                 if (Q) rq[j] = gda_ld<io::t, W>(q + off);
                 rk[j] = gda_ld<io::t, W>(k + off);
@@ -180,14 +196,14 @@ __device__ __forceinline__ void gda_stage(const io::t* __restrict__ q, const io:
         #pragma unroll
         for (int j = 0; j < LV; ++j) {
             const int e = tid + (i0 * LV + j) * NT, t = e / PRV, c = e % PRV;
-            if (i0 * LV + j < EPV && e < NPV && t < n && WV * c < nc)
+            if (load_v && i0 * LV + j < EPV && e < NPV && t < n && WV * c < nc)
                 rv[j] = gda_ld<io::t, WV>(v + (r0 + t) * sv + colv + WV * c);
         }
         #pragma unroll
         for (int j = 0; j < LK; ++j) {
             const int e = tid + (i0 * LK + j) * NT, t = e / PR, c = e % PR;
             if (i0 * LK + j < EP && e < NP) {
-                const bool m = t < n;
+                const bool m = t < n && W * c < nk;
                 gda_pack<float, W> fq, fk, fa;
                 #pragma unroll
                 for (int i = 0; i < W; ++i) {
@@ -203,7 +219,7 @@ __device__ __forceinline__ void gda_stage(const io::t* __restrict__ q, const io:
         #pragma unroll
         for (int j = 0; j < LV; ++j) {
             const int e = tid + (i0 * LV + j) * NT, t = e / PRV, c = e % PRV;
-            if (i0 * LV + j < EPV && e < NPV) {
+            if (load_v && i0 * LV + j < EPV && e < NPV) {
                 const bool m = t < n && WV * c < nc;
                 gda_pack<float, WV> fv;
                 #pragma unroll
@@ -215,20 +231,22 @@ __device__ __forceinline__ void gda_stage(const io::t* __restrict__ q, const io:
 }
 
 #if ASYNC_COPY
-// Stage 1 for float32 q (when Q), k, g (multiplicative) and v, 16-byte aligned, into the set at
-// b_set: asynchronous 16-byte copies, all in flight at once, committed as one group (the caller
-// waits); rows t >= n and columns past V written directly (0, gate 1).
+// Stage 1 for float32 q (when Q), k, g (multiplicative) and v (when load_v), 16-byte aligned,
+// into the set at b_set: asynchronous 16-byte copies, all in flight at once, committed as one
+// group (the caller waits); rows t >= n, key columns c >= nk and value columns past V written
+// directly (0, gate 1).
 template <bool Q>
 __device__ __forceinline__ void gda_stage_async(const float* __restrict__ q, const float* __restrict__ k,
                                                 const float* __restrict__ g, const float* __restrict__ v,
                                                 float* b_q, float* b_k, float* b_a, float* b_v,
                                                 long long r0, long long n, long long sk, long long sv,
-                                                long long colk, long long colv, int nc, int tid) {
-    constexpr int PK = K_DIM / 4, PV = BV / 4;
+                                                long long colk, long long colv, int nk, int nc,
+                                                bool load_v, int tid) {
+    constexpr int PK = (NKT == 1 ? K_DIM : KT) / 4, PV = BV / 4;
     #pragma unroll 1
     for (int e = tid; e < BT * PK; e += NT) {
         const int t = e / PK, c = 4 * (e % PK);
-        if (t < n) {
+        if (t < n && c < nk) {
             const long long off = (r0 + t) * sk + colk + c;
             if (Q) gda_cp16(b_q + t * QS + c, q + off);
             gda_cp16(b_k + t * KS + c, k + off);
@@ -240,7 +258,7 @@ __device__ __forceinline__ void gda_stage_async(const float* __restrict__ q, con
         }
     }
     #pragma unroll 1
-    for (int e = tid; e < BT * PV; e += NT) {
+    for (int e = load_v ? tid : BT * PV; e < BT * PV; e += NT) {
         const int t = e / PV, c = 4 * (e % PV);
         if (t < n && c < nc) gda_cp16(b_v + t * VS + c, v + (r0 + t) * sv + colv + c);
         else *reinterpret_cast<float4*>(b_v + t * VS + c) = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -254,33 +272,37 @@ __device__ __forceinline__ void gda_copy_chunk(const float* __restrict__ q, cons
                                                const float* __restrict__ g, const float* __restrict__ v,
                                                float* b_sm, int at, long long t1, long long s1,
                                                long long bos, long long sk, long long sv, long long colk,
-                                               long long colv, int nc, int tid) {
+                                               long long colv, int nk, int nc, bool load_v, int tid) {
     gda_stage_async<Q>(q, k, g, v, b_sm + at + SM_Q, b_sm + at + SM_K, b_sm + at + SM_A, b_sm + at + SM_V,
-                       bos + t1, s1 - t1, sk, sv, colk, colv, nc, tid);
+                       bos + t1, s1 - t1, sk, sv, colk, colv, nk, nc, load_v, tid);
 }
 #endif
 
-// 1. load the chunk at row t0 of the segment (rows up to s1) into the set at b_sm + set: by
-//    cp.async where ASYNC_COPY and the pointers allow (with DBUF the copies were issued a chunk
-//    ago; the next chunk's are issued into the other set now), else through registers in 16- or
-//    8-byte packs where K (V) and the pointers allow, else single elements. Rows from bos, head
-//    i_h, value columns from v0. The state pass (STATE) loads no q.
+// 1. load key tile kt of the chunk at row t0 of the segment (rows up to s1) into the set at
+//    b_sm + set: by cp.async where ASYNC_COPY and the pointers allow (with DBUF the copies were
+//    issued a chunk ago; the next chunk's are issued into the other set now), else through
+//    registers in 16- or 8-byte packs where K (V) and the pointers allow, else single elements.
+//    Rows from bos, head i_h, key columns from kt * KT, value columns from v0; v only with the
+//    first key tile (it stays for the others). The state pass (STATE) loads no q.
 template <bool STATE>
 __device__ __forceinline__ void gda_chunk_load(const io::t* __restrict__ q, const io::t* __restrict__ k,
                                                const gt::t* __restrict__ g, const io::t* __restrict__ v,
                                                float* b_sm, int set, float* b_q, float* b_k, float* b_a,
                                                float* b_v, long long t0, long long s1,
                                                long long bos, long long sk, long long sv, int i_h,
-                                               int v0, bool vec_qkg, bool vec_v, int tid) {
-    const long long colk = (long long)i_h * K_DIM, colv = (long long)i_h * V_DIM + v0;
+                                               int v0, int kt, bool vec_qkg, bool vec_v, int tid) {
+    const long long colk = (long long)i_h * K_DIM + kt * KT, colv = (long long)i_h * V_DIM + v0;
+    const int nk = NKT == 1 ? K_DIM : K_DIM - kt * KT < KT ? K_DIM - kt * KT : KT;
+    const bool load_v = kt == 0;
 #if ASYNC_COPY
     if (vec_qkg && vec_v) {                     // float32 as is: copies that bypass registers
         if (!DBUF) {
-            gda_copy_chunk<!STATE>(q, k, g, v, b_sm, 0, t0, s1, bos, sk, sv, colk, colv, V_DIM - v0, tid);
+            gda_copy_chunk<!STATE>(q, k, g, v, b_sm, 0, t0, s1, bos, sk, sv, colk, colv, nk, V_DIM - v0,
+                                   load_v, tid);
             gda_cp_wait<0>();
         } else if (t0 + BT < s1) {              // this chunk's copies were issued a chunk ago
             gda_copy_chunk<!STATE>(q, k, g, v, b_sm, SM_SET - set, t0 + BT, s1, bos, sk, sv, colk, colv,
-                                   V_DIM - v0, tid);
+                                   nk, V_DIM - v0, true, tid);
             gda_cp_wait<1>();
         } else {
             gda_cp_wait<0>();
@@ -288,8 +310,9 @@ __device__ __forceinline__ void gda_chunk_load(const io::t* __restrict__ q, cons
     } else
 #endif
     {
-#define GDA_STAGE(W, WV) gda_stage<K_DIM / (W), W, BV / (WV), WV, !STATE>(                         \
-            q, k, g, v, b_q, b_k, b_a, b_v, bos + t0, s1 - t0, sk, sv, colk, colv, V_DIM - v0, tid)
+#define GDA_STAGE(W, WV) gda_stage<(NKT == 1 ? K_DIM : KT) / (W), W, BV / (WV), WV, !STATE>(      \
+            q, k, g, v, b_q, b_k, b_a, b_v, bos + t0, s1 - t0, sk, sv, colk, colv, nk, V_DIM - v0,    \
+            load_v, tid)
         constexpr int PK4 = K_DIM % 4 == 0 ? 4 : 1, PV4 = V_DIM % 4 == 0 ? 4 : 1;
         if (vec_qkg) {
             if (vec_v) GDA_STAGE(PK4, PV4);
@@ -316,12 +339,13 @@ __device__ __forceinline__ void gda_halve(float (&x)[BS], int lane) {
 }
 
 // Stage 2 for the rows t = PAR, PAR + 2, ... of the sub-block at row r0:
-// W[t][s] = sum_k q_t k_s prod_{s<r<=t} g_r, s <= t, into b_w. Lane l carries columns l + 32j
-// and their running products, advanced two rows at a time by g_{t-1} g_t; the K-sum is a
+// W[t][s] = sum_k q_t k_s prod_{s<r<=t} g_r, s <= t, over the tile's key columns, into b_w
+// (added to it with acc: the key tiles after the first). Lane l carries columns l + 32j and
+// their running products, advanced two rows at a time by g_{t-1} g_t; the K-sum is a
 // transposed shuffle reduction.
 template <int PAR>
 __device__ __forceinline__ void gda_diag(const float* b_q, const float* b_k, const float* b_a,
-                                         float* b_w, int r0, int lane) {
+                                         float* b_w, int r0, int lane, bool acc) {
     float b_pr[KJ][BS];                         // running k_s prod_{s<r<=t} g_r, per column
     float b_res[BS / 2];                        // the rows' sums, stored after the last row (a
                                                 //   store would hold the next row's loads back)
@@ -359,24 +383,30 @@ __device__ __forceinline__ void gda_diag(const float* b_q, const float* b_k, con
     }
     if ((lane & 1) == 0)
         #pragma unroll
-        for (int t = PAR; t < BS; t += 2) b_w[(r0 + t) * WS + r0 + (lane >> 1)] = b_res[t / 2];
+        for (int t = PAR; t < BS; t += 2) {
+            float* const w = b_w + (r0 + t) * WS + r0 + (lane >> 1);
+            *w = acc ? *w + b_res[t / 2] : b_res[t / 2];
+        }
 }
 
-// 2. scores of the warp's diagonal sub-block, the rows t of its parity (raw q, k and gates)
+// 2. scores of the warp's diagonal sub-block, the rows t of its parity (raw q, k and gates),
+//    of key tile kt (the tiles after the first add theirs)
 __device__ __forceinline__ void gda_chunk_scores(const float* b_q, const float* b_k, const float* b_a,
-                                                 float* b_w, const gda_chunk_warp& wp) {
-    if (wp.half) gda_diag<1>(b_q, b_k, b_a, b_w, wp.r0, wp.lane);
-    else gda_diag<0>(b_q, b_k, b_a, b_w, wp.r0, wp.lane);
+                                                 float* b_w, const gda_chunk_warp& wp, int kt) {
+    if (wp.half) gda_diag<1>(b_q, b_k, b_a, b_w, wp.r0, wp.lane, kt > 0);
+    else gda_diag<0>(b_q, b_k, b_a, b_w, wp.r0, wp.lane, kt > 0);
 }
 
-// 3. decays, one thread per column: from the end (threads 0..KP-1: k*D in place, the anchored
-//    keys kA (not in the state pass), A_end into b_e, and the segment's product dseg), from the
+// 3. decays of the key tile, one thread per column: from the end (threads 0..KP-1: k*D in
+//    place, the anchored keys kA (not in the state pass), A_end into b_e, and the segment's
+//    product dseg[kt] of the column), from the
 //    start (threads NT/2 ..: q*P in place, B_i into b_b); both read the gates, they write
 //    disjoint tiles. A sub-block's 16 rows are loaded into registers before its first store:
 //    the stores may alias the next loads for the compiler, which would otherwise wait on each
 template <bool STATE>
 __device__ __forceinline__ void gda_chunk_decays(float* b_q, float* b_k, const float* b_a, float* b_ka,
-                                                 float* b_e, float* b_b, int tid, float& dseg) {
+                                                 float* b_e, float* b_b, int tid, float (&dseg)[NKT],
+                                                 int kt) {
     if (tid < KP) {
         const int kk = tid;
         float d = 1.f, e1 = 1.f, e2 = 1.f, e3 = 1.f;     // suffix products (to end, to anchors)
@@ -401,7 +431,9 @@ __device__ __forceinline__ void gda_chunk_decays(float* b_q, float* b_k, const f
             }
         }
         b_e[kk] = d;
-        dseg *= d;
+        #pragma unroll
+        for (int j = 0; j < NKT; ++j)            // (registers: no dynamically indexed array)
+            if (j == kt) dseg[j] *= d;
     } else if (!STATE && tid >= NT / 2 && tid < NT / 2 + KP) {
         const int kk = tid - NT / 2;
         float a = 1.f;                                    // prefix over the chunk
@@ -422,19 +454,22 @@ __device__ __forceinline__ void gda_chunk_decays(float* b_q, float* b_k, const f
     }
 }
 
-// 4. output rows r0..r0+15 of the chunk at row t0 (rows up to s1 are written), value tiles
-//    nb..nb+nn-1 of this warp, into o (rows from bos, head i_h, columns from v0)
-__device__ __forceinline__ void gda_chunk_output(const float* b_q, const float* b_v, const float* b_ka,
-                                                 const float* b_s, float* b_w, const float* b_b,
-                                                 const gda_chunk_warp& wp, io::t* __restrict__ o,
-                                                 bool vec_o, long long t0, long long s1, long long bos,
-                                                 long long sv, int i_h, int v0, float scale) {
+// 4. output rows r0..r0+15 of the chunk, value tiles nb..nb+nn-1 of this warp, in two parts.
+//    The key tile's part (4a, 4b), once per key tile kt: b_o (this warp's accumulators: 0 at
+//    the first tile, else the sums the earlier tiles left in b_os; left there again but after
+//    the last tile, so they hold no registers across the other stages) += (q*A) S of the
+//    tile's rows of S (b_s), and its scores against the earlier sub-blocks into b_w (the tiles
+//    after the first add theirs).
+__device__ __forceinline__ void gda_chunk_output_keys(const float* b_q, const float* b_ka,
+                                                      const float* b_s, float* b_w, const float* b_b,
+                                                      float* b_os, const gda_chunk_warp& wp,
+                                                      float (&b_o)[NTH][4], int kt) {
     const int lane = wp.lane, lg = wp.lg, lt = wp.lt, i_s = wp.i_s, r0 = wp.r0, nb = wp.nb, nn = wp.nn;
-    float b_o[NTH][4];
     #pragma unroll
     for (int n = 0; n < NTH; ++n)
         #pragma unroll
-        for (int r = 0; r < 4; ++r) b_o[n][r] = 0.f;
+        for (int r = 0; r < 4; ++r)
+            b_o[n][r] = kt == 0 ? 0.f : b_os[(r0 + lg + 8 * (r >> 1)) * VS + 8 * (nb + n) + 2 * lt + (r & 1)];
     // 4a. (q*A) S, q*A = (q*P) B_i formed at the fragment load
     #pragma unroll 2
     for (int kb = 0; kb < KP; kb += KSTEP) {
@@ -471,9 +506,27 @@ __device__ __forceinline__ void gda_chunk_output(const float* b_q, const float* 
         for (int n = 0; n < 3; ++n)
             if (n < i_s)
                 #pragma unroll
-                for (int r = 0; r < 4; ++r)
-                    b_w[(r0 + lg + 8 * (r >> 1)) * WS + 8 * (c0 + n) + 2 * lt + (r & 1)] = b_c[n][r];
+                for (int r = 0; r < 4; ++r) {
+                    float* const w = b_w + (r0 + lg + 8 * (r >> 1)) * WS + 8 * (c0 + n) + 2 * lt + (r & 1);
+                    *w = kt > 0 ? *w + b_c[n][r] : b_c[n][r];
+                }
     }
+    if (kt < NKT - 1)
+        #pragma unroll
+        for (int n = 0; n < NTH; ++n)
+            #pragma unroll
+            for (int r = 0; r < 4; ++r)
+                b_os[(r0 + lg + 8 * (r >> 1)) * VS + 8 * (nb + n) + 2 * lt + (r & 1)] = b_o[n][r];
+}
+
+//    The values' part (4c, 4d), after the last key tile's: b_o += scores v, then o scaled into
+//    o (rows t0 + r0.. up to s1 from bos, head i_h, columns from v0)
+__device__ __forceinline__ void gda_chunk_output_values(const float* b_v, float* b_w,
+                                                        const gda_chunk_warp& wp, float (&b_o)[NTH][4],
+                                                        io::t* __restrict__ o, bool vec_o, long long t0,
+                                                        long long s1, long long bos, long long sv,
+                                                        int i_h, int v0, float scale) {
+    const int lane = wp.lane, lg = wp.lg, lt = wp.lt, i_s = wp.i_s, r0 = wp.r0, nb = wp.nb, nn = wp.nn;
     // whether this warp's v rows of the sub-block are all finite: then the diagonal
     // block's zeros above the diagonal times v are exact zeros, and W v can go to the
     // tensor cores; otherwise 0 * NaN (or inf) would leak a later step into o_t
@@ -560,7 +613,8 @@ __device__ __forceinline__ void gda_chunk_output(const float* b_q, const float* 
     }
 }
 
-// 5. state: S = diag(A_end) S + (k*D)^T v; warp w owns value half w & 1 of the row tiles
+// 5. state of the key tile (b_s: its rows of S): S = diag(A_end) S + (k*D)^T v; warp w owns
+//    value half w & 1 of the row tiles
 //    m = w / 2 + (NW / 2) i (tile element r at row 16m + lg + 8*(r>>1), column
 //    8n + 2*lt + (r&1)), each warp reading and writing only its own tiles of S
 __device__ __forceinline__ void gda_chunk_update(float* b_s, const float* b_k, const float* b_v,
@@ -616,7 +670,8 @@ __device__ __forceinline__ void gda_chunk_update(float* b_s, const float* b_k, c
 }
 
 // The chunk loop of one block over segment i_p of its sequence (rows [s0, s1): P segments of
-// whole chunks, the last one short or empty). STATE (gda_chunk_state, segments 0..P-2): stages
+// whole chunks, the last one short or empty), each chunk a pass of the stages per key tile
+// (the tiles' scores and 4a sums add up; 4c, 4d after the last tile). STATE (gda_chunk_state, segments 0..P-2): stages
 // 1 (k, g, v), 3 (k*D, A_end) and 5 only, from S = 0; it writes the segment's S and its gate
 // product to ws_s, ws_d. Otherwise (gda_chunk_fwd): every stage, from S = h0 carried through the
 // earlier segments' entries (S = diag(ws_d[j]) S + ws_s[j], j < i_p).
@@ -648,8 +703,8 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
     const long long sk = (long long)H * K_DIM, sv = (long long)H * V_DIM;
     const long long o_h = ((i_n * H + i_h) * (long long)K_DIM) * V_DIM + v0;   // state [n, h, 0, v0]
 
-    // S [KP][BV] lives in shared memory (b_s): read by stage 4, updated in place by stage 5
-    for (int e = tid; e < KP * BV; e += NT) {
+    // S [KR][BV] lives in shared memory (b_s): read by stage 4, updated in place by stage 5
+    for (int e = tid; e < KR * BV; e += NT) {
         const int row = e / BV, col = e % BV;
         float s = 0.f;
         if (!STATE && row < K_DIM && v0 + col < V_DIM) {
@@ -658,11 +713,14 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
         }
         b_s[row * VS + col] = s;
     }
-    float dseg = 1.f;                          // thread kk < KP: the segment's gate product
+    float dseg[NKT];                           // thread kk < KP: the segment's gate product of
+    #pragma unroll                             //   column kt * KT + kk
+    for (int kt = 0; kt < NKT; ++kt) dseg[kt] = 1.f;
 
-    // padding columns K_DIM..KP-1: q = k = 0 (the gate there is never used but must be finite);
-    // stage 1 writes only the first K_DIM columns, and stage 3 keeps these at 0
-#if KP > K_DIM
+    // padding columns K_DIM..KP-1 of a single key tile: q = k = 0 (the gate there is never used
+    // but must be finite); stage 1 writes only the first K_DIM columns, and stage 3 keeps these
+    // at 0 (with more tiles, stage 1 writes the last tile's padding)
+#if NKT == 1 && KP > K_DIM
     for (int e = tid; e < (1 + DBUF) * BT * (KP - K_DIM); e += NT) {
         const int set = e / (BT * (KP - K_DIM)) * SM_SET, r = e % (BT * (KP - K_DIM));
         const int t = r / (KP - K_DIM), kk = K_DIM + r % (KP - K_DIM);
@@ -685,34 +743,41 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
 #if ASYNC_COPY
     if (DBUF && vec_qkg && vec_v && s0 < s1)
         gda_copy_chunk<!STATE>(q, k, g, v, b_sm, 0, s0, s1, bos, sk, sv, (long long)i_h * K_DIM,
-                               (long long)i_h * V_DIM + v0, V_DIM - v0, tid);
+                               (long long)i_h * V_DIM + v0, K_DIM, V_DIM - v0, true, tid);
 #endif
     for (long long t0 = s0; t0 < s1; t0 += BT) {
         float* const b_q = b_sm + set + SM_Q;
         float* const b_a = b_sm + set + SM_A;
         float* const b_k = b_sm + set + SM_K;
         float* const b_v = b_sm + set + SM_V;
-        GDA_PROF(0);
-        gda_chunk_load<STATE>(q, k, g, v, b_sm, set, b_q, b_k, b_a, b_v, t0, s1, bos, sk, sv, i_h, v0,
-                              vec_qkg, vec_v, tid);
-        __syncthreads();
-        GDA_PROF(1);
-        if constexpr (!STATE) {
-            gda_chunk_scores(b_q, b_k, b_a, b_w, wp);
+        #pragma unroll
+        for (int kt = 0; kt < NKT; ++kt) {
+            float* const b_st = b_s + kt * KT * VS;     // the key tile's rows of S
+            GDA_PROF(0);
+            gda_chunk_load<STATE>(q, k, g, v, b_sm, set, b_q, b_k, b_a, b_v, t0, s1, bos, sk, sv, i_h,
+                                  v0, kt, vec_qkg, vec_v, tid);
             __syncthreads();
+            GDA_PROF(1);
+            if constexpr (!STATE) {
+                gda_chunk_scores(b_q, b_k, b_a, b_w, wp, kt);
+                __syncthreads();
+            }
+            GDA_PROF(2);
+            gda_chunk_decays<STATE>(b_q, b_k, b_a, b_ka, b_e, b_b, tid, dseg, kt);
+            __syncthreads();
+            GDA_PROF(3);
+            if constexpr (!STATE) {
+                float b_o[NTH][4];              // this warp's output tiles
+                gda_chunk_output_keys(b_q, b_ka, b_st, b_w, b_b, b_sm + SM_O, wp, b_o, kt);
+                if (kt == NKT - 1)
+                    gda_chunk_output_values(b_v, b_w, wp, b_o, o, vec_o, t0, s1, bos, sv, i_h, v0, scale);
+                __syncthreads();                // stage 4's reads of S are done
+            }
+            GDA_PROF(4);
+            gda_chunk_update(b_st, b_k, b_v, b_e, wp);
+            __syncthreads();                    // this tile's shared reads are done
+            GDA_PROF(5);
         }
-        GDA_PROF(2);
-        gda_chunk_decays<STATE>(b_q, b_k, b_a, b_ka, b_e, b_b, tid, dseg);
-        __syncthreads();
-        GDA_PROF(3);
-        if constexpr (!STATE) {
-            gda_chunk_output(b_q, b_v, b_ka, b_s, b_w, b_b, wp, o, vec_o, t0, s1, bos, sv, i_h, v0, scale);
-            __syncthreads();                    // stage 4's reads of S are done
-        }
-        GDA_PROF(4);
-        gda_chunk_update(b_s, b_k, b_v, b_e, wp);
-        __syncthreads();                        // this chunk's shared reads are done
-        GDA_PROF(5);
         if (DBUF) set = SM_SET - set;
     }
 #ifdef GDA_PROFILE
@@ -724,10 +789,13 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
 
     // the segment's S: to the workspace (state pass), or to ht (the last segment's full pass)
     float* const dst = STATE ? ws_s + (w_0 + i_p) * K_DIM * V_DIM + v0 : ht && i_p == P - 1 ? ht + o_h : nullptr;
-    if (STATE && i_v == 0 && tid < K_DIM) ws_d[(w_0 + i_p) * K_DIM + tid] = dseg;
+    if (STATE && i_v == 0 && tid < KP)
+        #pragma unroll
+        for (int kt = 0; kt < NKT; ++kt)
+            if (kt * KT + tid < K_DIM) ws_d[(w_0 + i_p) * K_DIM + kt * KT + tid] = dseg[kt];
     if (dst) {
         __syncthreads();                        // (no chunks: b_s was written by other threads)
-        for (int e = tid; e < KP * BV; e += NT) {
+        for (int e = tid; e < KR * BV; e += NT) {
             const int row = e / BV, col = e % BV;
             if (row < K_DIM && v0 + col < V_DIM) dst[(long long)row * V_DIM + col] = b_s[row * VS + col];
         }

@@ -31,7 +31,8 @@ SPANS = [(r"void gda_split\(", "split"), (r"void gda_split2\(", "split"),
          (r"void gda_cp_wait\(", "1 load"),
          (r"void gda_halve\(", "2 scores"), (r"void gda_diag\(", "2 scores"),
          (r"void gda_chunk_scores\(", "2 scores"), (r"void gda_chunk_decays\(", "3 decays"),
-         (r"void gda_chunk_output\(", "4 output"), (r"void gda_chunk_update\(", "5 state")]
+         (r"void gda_chunk_output_keys\(", "4 output"), (r"void gda_chunk_output_values\(", "4 output"),
+         (r"void gda_chunk_update\(", "5 state")]
 
 
 def categories(lines):

@@ -84,7 +84,8 @@ def test_parse_shapes():
     assert [s.name for s in bench.parse_shapes("all")] == list(bench.SHAPES)
     assert [s.name for s in bench.parse_shapes("decode,tsweep")] == ["decode",
                                                                      *bench.GROUPS["tsweep"]]
-    with pytest.raises(ValueError, match="unknown shape 'seeds'; choose from all, tsweep, seed"):
+    assert [s.name for s in bench.parse_shapes("models")][:3] == ["gla1.3b-bf16", "gla1.3b", "gla340m-bf16"]
+    with pytest.raises(ValueError, match="unknown shape 'seeds'; choose from all, tsweep, models, seed"):
         bench.parse_shapes("seed,seeds")
     with pytest.raises(ValueError, match="no shape named"):
         bench.parse_shapes(" , ")

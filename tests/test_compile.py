@@ -76,7 +76,7 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16):
         if cfg is None:                 # the launcher never runs it there (too little smem)
             return None
         defines = chunk.defines(p, cfg, int64)
-        where = f"-BV{cfg.BV}" + ("-dbuf" if cfg.DBUF else "")
+        where = f"-BV{cfg.BV}-KT{cfg.KT}" + ("-dbuf" if cfg.DBUF else "")
     else:
         defines = step.defines(p, idx_int64=int64, align=align)
         where = "" if align == 16 else f"-align{align}"
@@ -98,13 +98,15 @@ def _cases():
             out += [_case(kernel, arch, 256, 256, variant, (FEW, MANY)[j % 2])
                     for j, variant in enumerate(VARIANTS)]
     for a, arch in enumerate(ARCHS):
-        # gda_chunk_fwd takes K <= 128: every such shape with few and many heads (its value
-        # tile depends on the grid), every variant at K = V = 128
+        # gda_chunk_fwd: every shape with few and many heads (its value tile depends on the
+        # grid; K = 256 and 200 in key tiles), every variant at K = V = 128 (one key tile) and
+        # at K = V = 256 with many heads (key tiles of 64, value tiles of 64: most registers)
         out += [_case("gda_chunk_fwd", arch, K, V, VARIANTS[(i + 5 * a + 3 * n) % len(VARIANTS)], BH)
-                for i, (K, V) in enumerate(SHAPES) if K <= 128
+                for i, (K, V) in enumerate(SHAPES + ((200, 120),))
                 for n, BH in enumerate((FEW, MANY))]
         out += [_case("gda_chunk_fwd", arch, 128, 128, variant, (FEW, MANY)[j % 2])
                 for j, variant in enumerate(VARIANTS)]
+        out += [_case("gda_chunk_fwd", arch, 256, 256, variant, MANY) for variant in VARIANTS]
     for a, arch in enumerate(ARCHS):
         # gda_step's narrower state accesses: an 8- or 4-byte aligned state (VEC 2, VEC 1)
         out.append(_case("gda_step", arch, 128, 64, VARIANTS[a], align=8))

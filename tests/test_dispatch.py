@@ -27,7 +27,7 @@ def _p(T=63, K=24, B=2, N=None, H=4):
     pytest.param(_p(T=4096, K=128, B=1, H=16), True, "chunk", id="gpu-K128-NH16-segments"),
     pytest.param(_p(T=256, K=128, B=1, H=8), True, "recurrent", id="gpu-K128-NH8-T256"),
     pytest.param(_p(T=512, K=128, B=1, H=8), True, "chunk", id="gpu-K128-NH8-T512"),
-    pytest.param(_p(T=4096, K=129, B=8, H=16), True, "recurrent", id="gpu-K129"),
+    pytest.param(_p(T=4096, K=129, B=8, H=16), True, "chunk", id="gpu-K129"),
     pytest.param(_p(T=2048, K=64, B=4, H=8), True, "chunk", id="gpu-gla64-NH32"),
     pytest.param(_p(T=512, K=64, B=4, H=16), True, "chunk", id="gpu-K64-NH64-T512"),
     pytest.param(_p(T=128, K=64, B=4, H=16), True, "chunk", id="gpu-K64-NH64-T128"),
@@ -107,12 +107,19 @@ def test_unknown_method_lists_the_names(method, gpu):
 
 
 @pytest.mark.parametrize("K", [pytest.param(129, id="K129"), pytest.param(256, id="K256")])
-def test_chunk_on_the_gpu_over_128_raises(K):
+def test_chunk_on_the_gpu_takes_K_up_to_256(K):
+    """Key tiles: K 129..256 run the chunked kernel when named, and by auto where it wins."""
+    assert _dispatch.pick(FN, "chunk", _p(K=K), True, H200) == "chunk"
+    assert _dispatch.pick(FN, "auto", _p(K=K, B=8, H=4, T=4096, N=8), True, H200) == "chunk"
+
+
+def test_chunk_over_MAX_K_names_the_limit():
     with pytest.raises(ValueError) as e:
-        _dispatch.pick(FN, "chunk", _p(K=K), True, H200)
+        _dispatch.pick(FN, "chunk", _p(K=257), True, H200)
     assert str(e.value) == (f"{FN}: method 'chunk' on the GPU takes a head dimension K of at most "
-                            f"128, got K={K}; use method='recurrent' or 'auto'")
-    assert _dispatch.pick(FN, "chunk", _p(K=K), False) == "chunk"      # the CPU has no limit
+                            f"256, got K=257; use method='recurrent' or 'auto'")
+    assert _dispatch.pick(FN, "auto", _p(K=257), True, H200) == "recurrent"
+    assert _dispatch.pick(FN, "chunk", _p(K=257), False) == "chunk"      # the CPU has no limit
 
 
 def test_every_method_runs_on_both_sides():
@@ -214,7 +221,7 @@ def _chunk_violations(K, V, NH, L, itemsize, sms, smem_max):
     split = chunk.split(K, V, NH, L, itemsize, sms, smem_max)
     where = f"K={K} V={V} NH={NH} L={L} itemsize={itemsize} smem_max={smem_max} split={split}"
     if split is None:
-        return [] if K > chunk.MAX_K or chunk.smem(K, 8) > smem_max else [
+        return [] if K > chunk.MAX_K or not chunk.key_tile(K, 8, smem_max) else [
             f"{where}: refused although BV=8 fits"]
     BV, P = split
     NV = -(-V // BV)
@@ -224,8 +231,11 @@ def _chunk_violations(K, V, NH, L, itemsize, sms, smem_max):
         bad.append("BV is not a multiple of 8 in 8..64")
     if BV > -(-V // 8) * 8:
         bad.append("BV is wider than V rounded up to 8")
-    if chunk.smem(K, BV) > smem_max:
-        bad.append(f"shared memory {chunk.smem(K, BV)} bytes > {smem_max}")
+    KT = chunk.key_tile(K, BV, smem_max)
+    if KT is None or chunk.smem(K, BV, 0, KT) > smem_max:
+        bad.append(f"key tile {KT}: shared memory over {smem_max}")
+    elif KT % 16 or KT > chunk.MAX_KT or (K > chunk.MAX_KT and KT < chunk.MIN_KT) or (K <= chunk.MAX_KT) != (KT >= K) or -(-K // KT) * KT - K >= KT:
+        bad.append(f"key tile {KT}: not K in whole tiles of a multiple of 16 up to {chunk.MAX_KT}")
     if P < 1 or (P > 1 and -(-L // 64) < P * chunk.SEGMENT_CHUNKS):
         bad.append(f"P={P} segments of {-(-L // 64)} chunks")
     if (P - 1) * (K * V + K) * 4 > L * K * itemsize:
@@ -256,6 +266,32 @@ def test_chunk_split_all_dims(NH, sms, smem_max):
 ])
 def test_chunk_split_h200(K, V, NH, L, want):
     assert chunk.split(K, V, NH, L) == want
+
+
+@pytest.mark.parametrize("K, BV, smem_max, want", [
+    pytest.param(128, 64, 227 * 1024, 128, id="K128-one-tile"),
+    pytest.param(100, 64, 227 * 1024, 112, id="K100-one-tile-padded"),
+    pytest.param(256, 64, 227 * 1024, 64, id="K256-BV64-four-tiles"),
+    pytest.param(256, 32, 227 * 1024, 96, id="K256-BV32-three-tiles"),
+    pytest.param(129, 64, 227 * 1024, 80, id="K129-two-uneven-tiles"),
+    pytest.param(255, 64, 227 * 1024, 64, id="K255-last-tile-padded"),
+    pytest.param(256, 64, 163 * 1024, None, id="K256-A100-BV64-none"),
+    pytest.param(256, 32, 163 * 1024, 64, id="K256-A100-BV32"),
+    pytest.param(257, 8, 227 * 1024, None, id="over-MAX_K"),
+])
+def test_chunk_key_tile(K, BV, smem_max, want):
+    assert chunk.key_tile(K, BV, smem_max) == want
+
+
+def test_chunk_config_gla_1_3b():
+    """GLA-1.3B's heads (K 256, V 512, 32 sequence-heads): value tiles of 64 in key tiles, no
+    double buffer (one key tile only); the grid fills the H200 (8 value tiles x 32 = 256
+    blocks); the shared memory is the kernel's layout with o's sums between key tiles."""
+    p = Problem(B=8, T=4096, H=4, K=256, V=512, N=8, dtype="float32", g_dtype="float32", log_gate=False)
+    cfg = chunk.config(p, 132, 227 * 1024)
+    assert cfg == chunk.Config(BV=64, P=1, DBUF=0, ASYNC_COPY=1, KT=64), cfg
+    assert chunk.defines(p, cfg, False)["SMEM_BYTES"] == 4 * (
+        (2 * 64 * 68 + 64 * 72 + 64 * 72) + 96 * 68 + 256 * 72 + 64 * 68 + 5 * 64 + 64 * 72)
 
 
 @pytest.mark.parametrize("K, V, dtype, log_gate, smem_max, want", [
