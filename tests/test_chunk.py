@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import cupy_gda
-from cupy_gda import _verify, chunk
+from cupy_gda import _verify
 from cupy_gda._verify import Case, varlen_case
 
 pytestmark = pytest.mark.gpu
