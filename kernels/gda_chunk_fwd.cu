@@ -25,7 +25,7 @@
 // Key tiles: every term above is a sum over the key columns and S's rows are independent, so
 // K > KT runs stages 1-5 once per tile of KT columns (q, k, g of the tile staged; v once, with
 // the first): the tiles add their scores (2, 4b) into the scores tile and their (q*A) S into
-// the warp's output registers; 4c, 4d follow the last tile. One tile (KT = K padded to 16)
+// the warps' output sums (in shared memory between tiles); 4c, 4d follow the last tile. One tile (KT = K padded to 16)
 // for K <= 128, the chunk then running exactly as without tiles.
 //
 // Grid (1-D): one block per (sequence n, head h, segment p of the sequence, tile of BV value
@@ -671,9 +671,9 @@ __device__ __forceinline__ void gda_chunk_update(float* b_s, const float* b_k, c
 
 // The chunk loop of one block over segment i_p of its sequence (rows [s0, s1): P segments of
 // whole chunks, the last one short or empty), each chunk a pass of the stages per key tile
-// (the tiles' scores and 4a sums add up; 4c, 4d after the last tile). STATE (gda_chunk_state, segments 0..P-2): stages
-// 1 (k, g, v), 3 (k*D, A_end) and 5 only, from S = 0; it writes the segment's S and its gate
-// product to ws_s, ws_d. Otherwise (gda_chunk_fwd): every stage, from S = h0 carried through the
+// (the tiles' scores and 4a sums add up; 4c, 4d after the last tile). STATE (gda_chunk_state,
+// segments 0..P-2): stages 1 (k, g, v), 3 (k*D, A_end) and 5 only, from S = 0; it writes the
+// segment's S and its gate product to ws_s, ws_d. Otherwise (gda_chunk_fwd): every stage, from S = h0 carried through the
 // earlier segments' entries (S = diag(ws_d[j]) S + ws_s[j], j < i_p).
 template <bool STATE>
 __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
