@@ -89,7 +89,7 @@ def compile_cubin(kernel, defines, arch="sm_90", headers=HEADERS, options=()):
     """Compile through NVRTC for ``arch`` without a GPU. Returns (cubin bytes, resource dict)
     with keys registers, stack, spill_stores, spill_loads (from ptxas -v; the largest over the
     file's entry points), functions (entry name -> its own such dict), params (entry name -> the
-    PTX types of its parameters, in order) and the log."""
+    PTX types of its parameters, in order), the log and the PTX text."""
     from cupy_backends.cuda.libs import nvrtc
     opts = list(OPTIONS + tuple(options)) + [f"--gpu-architecture={arch}", "--ptxas-options=-v"]
     # a unique device variable, so that the PTX differs too: a cache of ptxas results keyed by
@@ -111,7 +111,8 @@ def compile_cubin(kernel, defines, arch="sm_90", headers=HEADERS, options=()):
     functions = {m.group(1): _usage(part) for m, part in _entries(log)}
     res = {key: _worst(u[key] for u in functions.values())
            for key in ("registers", "stack", "spill_stores", "spill_loads")}
-    res.update(functions=functions, params=ptx_params(ptx), log=log)
+    ptx = ptx.decode(errors="replace") if isinstance(ptx, bytes) else ptx
+    res.update(functions=functions, params=ptx_params(ptx), log=log, ptx=ptx)
     return cubin, res
 
 

@@ -32,6 +32,10 @@ STEP = (("q", PTR), ("k", PTR), ("v", PTR), ("g", PTR), ("o", PTR), ("state", PT
         ("state_indices", PTR), ("H", I32), ("N", I64), ("NV", I32), ("scale", F32))
 
 
+# a define that makes a variant for one architecture's own instructions -> the NVRTC target
+ARCH_DEFINES = {"WGMMA": "--gpu-architecture=sm_90a"}     # Hopper's warpgroup MMA
+
+
 class Family(NamedTuple):
     """A kernel family: kernels/<kernel>.cu, the headers prepended to it (in order), extra NVRTC
     options, and its entry points with their parameter lists."""
@@ -40,14 +44,19 @@ class Family(NamedTuple):
     entries: dict
     options: tuple = ()
 
+    def compile_options(self, defines):
+        """The family's options and the target that ``defines`` needs (ARCH_DEFINES)."""
+        return self.options + tuple(o for d, o in ARCH_DEFINES.items() if defines.get(d))
+
     def function(self, entry, defines, smem=0):
         """The compiled entry point for the current device (memoised), allowed ``smem`` bytes."""
         return _compile.get_function(self.kernel, defines, entry=entry, headers=self.headers,
-                                     options=self.options, smem=smem)
+                                     options=self.compile_options(defines), smem=smem)
 
     def cubin(self, defines, arch):
         """compile_cubin of the family's source for ``arch`` (no GPU needed)."""
-        return _compile.compile_cubin(self.kernel, defines, arch, self.headers, self.options)
+        return _compile.compile_cubin(self.kernel, defines, arch, self.headers,
+                                      self.compile_options(defines))
 
 
 class Launch:
@@ -166,6 +175,16 @@ def current_device():
     return cupy.cuda.runtime.getDevice()
 
 
+def hopper():
+    """Whether the current device is a Hopper GPU (compute capability 9.0: sm_90a's wgmma)."""
+    import cupy
+    dev = cupy.cuda.Device()
+    h = _HOPPER.get(dev.id)
+    if h is None:
+        h = _HOPPER[dev.id] = dev.compute_capability == "90"
+    return h
+
+
 def device_limits():
     """(SM count, opt-in shared memory bytes per block) of the current device."""
     import cupy
@@ -178,6 +197,7 @@ def device_limits():
 
 
 _LIMITS = {}
+_HOPPER = {}
 _PLANS = {}
 
 

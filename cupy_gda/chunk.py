@@ -1,5 +1,6 @@
 """Launcher of gda_chunk_fwd (kernels/gda_chunk_fwd.cu): chunks of 64 steps on the tensor cores,
-K <= MAX_K (above MAX_KT in key tiles), any V (in value tiles).
+K <= MAX_K (above MAX_KT in key tiles), any V (in value tiles); on a Hopper GPU the wgmma variant
+(sm_90a) where the tiles allow it (``wgmma_fits``) and USE_WGMMA is set.
 
 Shapes -> tiles (the rule below, once per call signature) -> grid -> launch. The measurements
 behind the rule are in docs/perf-notes.md ("gda_chunk_fwd"; scripts/sweep.py re-runs them).
@@ -8,9 +9,9 @@ import functools
 from typing import NamedTuple
 
 from cupy_gda._launch import (DTYPE_CODE, FORWARD, ITEMSIZE, Family, SegmentedPlan, cached,
-                              cp_async_inputs, device_limits, mean_len, segments)
+                              cp_async_inputs, device_limits, hopper, mean_len, segments)
 
-FAMILY = Family("gda_chunk_fwd", ("common.cuh", "mma.cuh"),
+FAMILY = Family("gda_chunk_fwd", ("common.cuh", "mma.cuh", "wgmma.cuh"),
                 {"gda_chunk_fwd": FORWARD, "gda_chunk_state": FORWARD})
 
 MAX_K = 256              # the kernel's static_assert
@@ -20,6 +21,9 @@ THREADS = 256            # the kernel's NT: 8 warps, a pair per sub-block
 BT = 64                  # steps a chunk
 BVS = (64, 32, 16, 8)    # value tiles, widest first
 SEGMENT_CHUNKS = 2       # sequence segments of at least this many chunks each
+USE_WGMMA = False        # the Hopper variant where it fits: off by default, as it measured slower
+                         #   than the sm_80 variant on the H200 (docs/perf-notes.md v15); read
+                         #   when a call signature's plan is made (set it before the first call)
 
 
 class Config(NamedTuple):
@@ -28,6 +32,7 @@ class Config(NamedTuple):
     DBUF: int            # two sets of staged inputs (cp.async, one key tile only)
     ASYNC_COPY: int      # inputs staged by cp.async (cp_async_inputs)
     KT: int              # key columns a tile (K rounded up to 16: one tile)
+    WGMMA: int = 0       # stages 4a and 5 by wgmma (sm_90a), B operands split once a chunk
 
 
 def _pad(K):
@@ -46,21 +51,22 @@ def smem(K, BV, dbuf=0, KT=None):
                 + 5 * KT + (BT * VS if NKT > 1 else 0))
 
 
+def _tiles(K):
+    """The key tiles key_tile may pick for K, widest first: K rounded up to 16 where K <= MAX_KT,
+    else the even splits into 2, 3, ... tiles (rounded up to 16, at least MIN_KT)."""
+    if K <= MAX_KT:
+        return [_pad(K)]
+    return [KT for KT in (_pad(-(-K // n)) for n in range(2, -(-K // MIN_KT) + 1)) if KT >= MIN_KT]
+
+
 @functools.lru_cache(maxsize=None)
 def key_tile(K, BV, smem_max=227 * 1024):
-    """KT for value tiles of BV, or None: K rounded up to 16 (one tile) where K <= MAX_KT,
-    else the widest of the even splits into 2, 3, ... tiles (rounded up to 16, at least MIN_KT)
-    that fits in ``smem_max`` bytes; fewer, wider tiles repeat less of the per-tile work (a
-    pass of the stages and their barriers)."""
+    """KT for value tiles of BV, or None: the widest of _tiles(K) that fits in ``smem_max``
+    bytes; fewer, wider tiles repeat less of the per-tile work (a pass of the stages and their
+    barriers)."""
     if K > MAX_K:
         return None
-    if K <= MAX_KT:
-        return _pad(K) if smem(K, BV) <= smem_max else None
-    for n in range(2, -(-K // MIN_KT) + 1):
-        KT = _pad(-(-K // n))
-        if KT >= MIN_KT and smem(K, BV, 0, KT) <= smem_max:
-            return KT
-    return None
+    return next((KT for KT in _tiles(K) if smem(K, BV, 0, KT) <= smem_max), None)
 
 
 def split(K, V, NH, L, itemsize=4, sms=132, smem_max=227 * 1024):
@@ -81,12 +87,19 @@ def split(K, V, NH, L, itemsize=4, sms=132, smem_max=227 * 1024):
     return BV, P
 
 
+def wgmma_fits(BV, KT):
+    """Whether the wgmma variant takes tiles of BV value and KT key columns: each warpgroup a
+    value half of whole 8-column tiles, stage 5's rows in m64 blocks."""
+    return BV % 16 == 0 and KT % 64 == 0
+
+
 @functools.lru_cache(maxsize=None)
-def config(p, sms=132, smem_max=227 * 1024, BV=None, P=None, KT=None):
+def config(p, sms=132, smem_max=227 * 1024, BV=None, P=None, KT=None, wgmma=False):
     """The Config of Problem ``p`` on a GPU of ``sms`` SMs and ``smem_max`` bytes of opt-in
     shared memory a block, or None where the kernel cannot run it (memoised: the rule runs once
-    per signature). ``BV``, ``P``, ``KT`` fix the split (sweeps). Two sets of staged inputs
-    (DBUF) where they go by cp.async, the keys are one tile and they fit."""
+    per signature). ``BV``, ``P``, ``KT`` fix the split (sweeps). ``wgmma``: a Hopper GPU, the
+    wgmma variant where the tiles fit it (then one set of staged inputs); else two sets (DBUF)
+    where they go by cp.async, the keys are one tile and they fit."""
     if BV is None or P is None:
         s = split(p.K, p.V, p.N * p.H, mean_len(p), ITEMSIZE[p.dtype], sms, smem_max)
         if s is None:
@@ -94,8 +107,9 @@ def config(p, sms=132, smem_max=227 * 1024, BV=None, P=None, KT=None):
         BV, P = BV or s[0], P or s[1]
     KT = KT or key_tile(p.K, BV, smem_max) or _pad(min(p.K, MAX_KT))
     staged = int(cp_async_inputs(p))
-    dbuf = staged and KT >= p.K and smem(p.K, BV, 1, KT) <= smem_max
-    return Config(BV, P, int(dbuf), staged, KT)
+    wg = bool(wgmma) and wgmma_fits(BV, KT)
+    dbuf = staged and not wg and KT >= p.K and smem(p.K, BV, 1, KT) <= smem_max
+    return Config(BV, P, int(dbuf), staged, KT, int(wg))
 
 
 def refusal(p, sms, smem_max):
@@ -104,9 +118,8 @@ def refusal(p, sms, smem_max):
     if p.K > MAX_K:
         return f"takes a head dimension K of at most {MAX_K}, got K={p.K}"
     if config(p, sms, smem_max) is None:
-        KT = _pad(-(-p.K // -(-p.K // MAX_KT)))
-        return (f"needs {smem(p.K, BVS[-1], 0, KT)} bytes of shared memory per block at K={p.K}; "
-                f"this GPU has {smem_max}")
+        need = min(smem(p.K, BVS[-1], 0, KT) for KT in _tiles(p.K))
+        return (f"needs {need} bytes of shared memory per block at K={p.K}; this GPU has {smem_max}")
     return None
 
 
@@ -114,20 +127,23 @@ def defines(p, cfg, seq_int64):
     """The kernel's defines for Problem ``p`` and Config ``cfg``."""
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BV=cfg.BV, DBUF=cfg.DBUF,
-                KT=cfg.KT, ASYNC_COPY=cfg.ASYNC_COPY, SMEM_BYTES=smem(p.K, cfg.BV, cfg.DBUF, cfg.KT))
+                KT=cfg.KT, ASYNC_COPY=cfg.ASYNC_COPY, WGMMA=cfg.WGMMA,
+                SMEM_BYTES=smem(p.K, cfg.BV, cfg.DBUF, cfg.KT))
 
 
 class ChunkPlan(SegmentedPlan):
     """gda_chunk_fwd compiled and sized for one Problem on the current device; the same call as
-    RecurrentPlan. ``cfg`` (a Config) overrides the rule; ``extra`` adds compile defines."""
+    RecurrentPlan. ``cfg`` (a Config) overrides the rule (``wgmma``: whether it may pick the
+    Hopper variant); ``extra`` adds compile defines."""
     family, entry, state_entry = FAMILY, "gda_chunk_fwd", "gda_chunk_state"
 
-    def __init__(self, p, seq_int64, cfg=None, extra=None):
-        self.cfg = cfg = cfg or config(p, *device_limits())
+    def __init__(self, p, seq_int64, cfg=None, extra=None, wgmma=False):
+        self.cfg = cfg = cfg or config(p, *device_limits(), wgmma=wgmma)
         d = dict(defines(p, cfg, seq_int64), **(extra or {}))
         self._setup(p, d, d["SMEM_BYTES"], -(-p.V // cfg.BV), cfg.P, THREADS)
 
 
 def plan(p, seq_int64):
-    """The memoised ChunkPlan of (Problem, cu_seqlens int64) on the current device."""
-    return cached(ChunkPlan, p, seq_int64)
+    """The memoised ChunkPlan of (Problem, cu_seqlens int64) on the current device (the wgmma
+    variant on a Hopper GPU while USE_WGMMA)."""
+    return cached(ChunkPlan, p, seq_int64, None, None, USE_WGMMA and hopper())

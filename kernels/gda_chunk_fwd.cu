@@ -45,6 +45,11 @@
 //   -DGDA_PROFILE prints block 0's cycles per stage (scripts/profile_chunk.py).
 // Precision: every matmul splits its operands (kernels/mma.cuh): 3xTF32 for float32 and float16
 //   inputs, bf16 mma with bf16 terms for bfloat16 inputs; no plain TF32 anywhere.
+// WGMMA (the Hopper variant, built for sm_90a; kernels/wgmma.cuh): 4a and 5 by warpgroup MMA,
+//   their B operands (S^T of the key tile, v^T) split once a chunk into a scratch over the
+//   gates and kA (both dead by then: 4b runs before 4a), their A operands from registers as
+//   before; the same splits and products, so the same accuracy. Warp w & 3 of warpgroup w >> 2
+//   owns sub-block w & 3 (the pair is w and w ^ 4) and value half w >> 2 in stages 4 and 5.
 // Sequences: rows [bos, eos) of the [B*T, H, *] tensors; cu_seqlens (varlen, B = 1, offsets
 //   clamped to [0, T]) or bos = n*T. No host syncs, no atomics.
 //
@@ -52,7 +57,8 @@
 //   ASYNC_COPY (1 exactly where GDA_ASYNC_INPUTS), SMEM_BYTES (the launcher's dynamic shared
 //   memory, checked against the layout below). Tunable: BV (a multiple of 8, at most 64), KT
 //   (key columns a tile: a multiple of 16, at most 128; default K padded to 16), DBUF
-//   (ASYNC_COPY and one key tile only).
+//   (ASYNC_COPY and one key tile only), WGMMA (KT a multiple of 64, BV of 16, no DBUF) and
+//   with it WG_4A (0: stage 5 only by wgmma).
 // Launcher: cupy_gda/chunk.py. Reference: cupy_gda.reference.gated_attention_ref (and
 //   gated_attention_chunked, the same stages in NumPy).
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
@@ -61,6 +67,12 @@
 #endif
 #ifndef BV
 #define BV 64
+#endif
+#ifndef WGMMA
+#define WGMMA 0                                // Hopper variant (sm_90a): 4a and 5 by wgmma
+#endif
+#ifndef WG_4A
+#define WG_4A 1                                // WGMMA: 4a by wgmma too (0: stage 5 only)
 #endif
 #ifndef DBUF
 #define DBUF 0                                 // two sets of staged inputs: the next chunk's
@@ -74,6 +86,7 @@
 #endif
 #define NKT (((K_DIM) + KT - 1) / KT)          // key tiles, each a pass of stages 1-5 over the chunk
 #define KP KT                                  // a tile's (padded) key columns
+#define KLOAD (NKT == 1 && !WGMMA ? K_DIM : KT)  // key columns stage 1 writes (the rest once, 0)
 #define KR (NKT * KT)                          // state rows (K padded to whole tiles)
 #define QS (KP + 4)                            // row strides (floats) that keep the fragment
 #define KS (KP + 8)                            //   loads free of bank conflicts
@@ -97,13 +110,25 @@ static_assert(BV % 8 == 0 && BV >= 8 && BV <= 64, "BV must be a multiple of 8, a
 static_assert(ASYNC_COPY == GDA_ASYNC_INPUTS, "ASYNC_COPY must be 1 exactly for float32 inputs, a "
               "multiplicative float32 gate and K, V multiples of 4 (cupy_gda/_launch.py cp_async_inputs)");
 static_assert(!DBUF || ASYNC_COPY, "DBUF needs the cp.async path (float32, multiplicative gate, K and V multiples of 4)");
+static_assert(!WGMMA || (KT % 64 == 0 && BV % 16 == 0 && !DBUF),
+              "WGMMA needs KT a multiple of 64 (stage 5's m64 blocks), BV of 16 (a warpgroup's half) and no DBUF");
 
-// Shared memory layout (floats), in this order; with DBUF the set q, g, k, v twice.
+// Shared memory layout (floats), in this order; with DBUF the set q, g, k, v twice. WGMMA: the
+// gates last in the set, so that with kA after them they make the scratch SM_X of the split B
+// operands (free once stage 3 has run and 4b has read kA).
+#if WGMMA
+#define SM_Q 0                                 // [BT][QS]  q, then q*P
+#define SM_K (SM_Q + BT * QS)                  // [BT][KS]  k, then k*D
+#define SM_V (SM_K + BT * KS)                  // [BT][VS]
+#define SM_A (SM_V + BT * VS)                  // [BT][QS]  gates
+#define SM_SET (SM_A + BT * QS)                // one set of staged inputs
+#else
 #define SM_Q 0                                 // [BT][QS]  q, then q*P
 #define SM_A (SM_Q + BT * QS)                  // [BT][QS]  gates
 #define SM_K (SM_A + BT * QS)                  // [BT][KS]  k, then k*D
 #define SM_V (SM_K + BT * KS)                  // [BT][VS]
 #define SM_SET (SM_V + BT * VS)                // one set of staged inputs
+#endif
 #define SM_KA (SM_SET * (1 + DBUF))            // [96][QS]  kA for anchors 16 (rows 0..15),
                                                //           32 (16..47), 48 (48..95)
 #define SM_S (SM_KA + 96 * QS)                 // [KR][VS]  S at the chunk start, every key tile
@@ -114,6 +139,11 @@ static_assert(!DBUF || ASYNC_COPY, "DBUF needs the cp.async path (float32, multi
 #define SM_FLOATS (SM_O + (NKT > 1 ? BT * VS : 0))
 static_assert(SMEM_BYTES == SM_FLOATS * 4,
               "SMEM_BYTES (cupy_gda/chunk.py smem) differs from this kernel's layout");
+#if WGMMA
+#define SM_X SM_A                              // [BT + 96][QS]: S^T of the tile (4a) or v^T (5), hi then lo
+static_assert(2 * GDA_WG_BYTES(BV, KP) <= 4 * (BT + 96) * QS && 2 * GDA_WG_BYTES(BV, BT) <= 4 * (BT + 96) * QS,
+              "the split B operands fit in the gates and kA");
+#endif
 
 // Named barrier of the two warps (64 threads) of one sub-block; id 0 is __syncthreads
 __device__ __forceinline__ void gda_pair_sync(int id) {
@@ -135,7 +165,8 @@ __device__ __forceinline__ gda_chunk_warp gda_chunk_roles(int tid) {
     r.lg = r.lane >> 2;
     r.lt = r.lane & 3;
     r.half = r.w >> 2;
-    r.i_s = (r.w & 3) ^ (3 * r.half);          // 0 1 2 3 3 2 1 0
+    r.i_s = WGMMA ? r.w & 3 : (r.w & 3) ^ (3 * r.half);   // 0 1 2 3 3 2 1 0 (WGMMA: warp w & 3
+                                               //   of a warpgroup has rows 16 (w & 3) of its m64)
     r.r0 = BS * r.i_s;
     r.nb = NTH * r.half;
     r.nn = EVEN ? NTH : NTV - r.nb < NTH ? NTV - r.nb : NTH;   // 0 only when NTV = 1
@@ -242,7 +273,7 @@ __device__ __forceinline__ void gda_stage_async(const float* __restrict__ q, con
                                                 long long r0, long long n, long long sk, long long sv,
                                                 long long colk, long long colv, int nk, int nc,
                                                 bool load_v, int tid) {
-    constexpr int PK = (NKT == 1 ? K_DIM : KT) / 4, PV = BV / 4;
+    constexpr int PK = KLOAD / 4, PV = BV / 4;
     #pragma unroll 1
     for (int e = tid; e < BT * PK; e += NT) {
         const int t = e / PK, c = 4 * (e % PK);
@@ -310,7 +341,7 @@ __device__ __forceinline__ void gda_chunk_load(const io::t* __restrict__ q, cons
     } else
 #endif
     {
-#define GDA_STAGE(W, WV) gda_stage<(NKT == 1 ? K_DIM : KT) / (W), W, BV / (WV), WV, !STATE>(      \
+#define GDA_STAGE(W, WV) gda_stage<KLOAD / (W), W, BV / (WV), WV, !STATE>(                         \
             q, k, g, v, b_q, b_k, b_a, b_v, bos + t0, s1 - t0, sk, sv, colk, colv, nk, V_DIM - v0,    \
             load_v, tid)
         constexpr int PK4 = K_DIM % 4 == 0 ? 4 : 1, PV4 = V_DIM % 4 == 0 ? 4 : 1;
@@ -399,10 +430,10 @@ __device__ __forceinline__ void gda_chunk_scores(const float* b_q, const float* 
 
 // 3. decays of the key tile, one thread per column: from the end (threads 0..KP-1: k*D in
 //    place, the anchored keys kA (not in the state pass), A_end into b_e, and the segment's
-//    product dseg[kt] of the column), from the
-//    start (threads NT/2 ..: q*P in place, B_i into b_b); both read the gates, they write
-//    disjoint tiles. A sub-block's 16 rows are loaded into registers before its first store:
-//    the stores may alias the next loads for the compiler, which would otherwise wait on each
+//    product dseg[kt] of the column), from the start (threads NT/2 ..: q*P in place, B_i into
+//    b_b); both read the gates, they write disjoint tiles. A sub-block's 16 rows are loaded
+//    into registers before its first store: the stores may alias the next loads for the
+//    compiler, which would otherwise wait on each
 template <bool STATE>
 __device__ __forceinline__ void gda_chunk_decays(float* b_q, float* b_k, const float* b_a, float* b_ka,
                                                  float* b_e, float* b_b, int tid, float (&dseg)[NKT],
@@ -454,22 +485,84 @@ __device__ __forceinline__ void gda_chunk_decays(float* b_q, float* b_k, const f
     }
 }
 
+// 4b. scores of the rows r0..r0+15 (sub-block i_s) against the earlier sub-blocks: (q*P)
+//     kA_{r0}^T, columns 0..r0-1, in 2 i_s tiles of 8, i_s of them by each warp of the pair,
+//     into b_w (the key tiles after the first add theirs)
+__device__ __forceinline__ void gda_chunk_scores_earlier(const float* b_q, const float* b_ka, float* b_w,
+                                                         const gda_chunk_warp& wp, int kt) {
+    const int lane = wp.lane, lg = wp.lg, lt = wp.lt, i_s = wp.i_s, r0 = wp.r0;
+    if (i_s == 0)
+        return;
+    const float* ka = b_ka + (i_s == 1 ? 0 : i_s == 2 ? 16 : 48) * QS;
+    const int c0 = i_s * wp.half;               // this warp's first score tile
+    float b_c[3][4];
+    #pragma unroll
+    for (int n = 0; n < 3; ++n)
+        #pragma unroll
+        for (int r = 0; r < 4; ++r) b_c[n][r] = 0.f;
+    #pragma unroll 2
+    for (int kb = 0; kb < KP; kb += KSTEP) {
+        unsigned ah[4], al[4], bh[3][2], bl[3][2];
+        const float* pq = b_q + r0 * QS + kb;
+        gda_frag_a([&](int r, int c) { return pq[r * QS + c]; }, lane, ah, al);
+        #pragma unroll
+        for (int n = 0; n < 3; ++n)
+            if (n < i_s) {
+                const float* pk = ka + 8 * (c0 + n) * QS + kb;    // kA^T
+                gda_frag_b([&](int kk, int m) { return pk[m * QS + kk]; }, lane, bh[n], bl[n]);
+            }
+        gda_mma3<3>(b_c, ah, al, bh, bl, i_s);
+    }
+    #pragma unroll
+    for (int n = 0; n < 3; ++n)
+        if (n < i_s)
+            #pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                float* const w = b_w + (r0 + lg + 8 * (r >> 1)) * WS + 8 * (c0 + n) + 2 * lt + (r & 1);
+                *w = kt > 0 ? *w + b_c[n][r] : b_c[n][r];
+            }
+}
+
+// The offset in shared memory of element r of this warp's output tile n (rows r0.., columns
+// from 8 nb) in a [BT][stride] array
+__device__ __forceinline__ int gda_o_at(const gda_chunk_warp& wp, int n, int r, int stride) {
+    return (wp.r0 + wp.lg + 8 * (r >> 1)) * stride + 8 * (wp.nb + n) + 2 * wp.lt + (r & 1);
+}
+
 // 4. output rows r0..r0+15 of the chunk, value tiles nb..nb+nn-1 of this warp, in two parts.
 //    The key tile's part (4a, 4b), once per key tile kt: b_o (this warp's accumulators: 0 at
 //    the first tile, else the sums the earlier tiles left in b_os; left there again but after
 //    the last tile, so they hold no registers across the other stages) += (q*A) S of the
-//    tile's rows of S (b_s), and its scores against the earlier sub-blocks into b_w (the tiles
-//    after the first add theirs).
+//    tile's rows of S (b_s), and its scores against the earlier sub-blocks into b_w (4b).
+//    WGMMA: 4b first, then S^T of the tile split once into the scratch b_x (over kA), and 4a
+//    by each warpgroup on its value half; called by every thread (it has barriers).
 __device__ __forceinline__ void gda_chunk_output_keys(const float* b_q, const float* b_ka,
                                                       const float* b_s, float* b_w, const float* b_b,
-                                                      float* b_os, const gda_chunk_warp& wp,
+                                                      float* b_os, float* b_x, const gda_chunk_warp& wp,
                                                       float (&b_o)[NTH][4], int kt) {
-    const int lane = wp.lane, lg = wp.lg, lt = wp.lt, i_s = wp.i_s, r0 = wp.r0, nb = wp.nb, nn = wp.nn;
+    const int lane = wp.lane, i_s = wp.i_s, r0 = wp.r0, nb = wp.nb;
     #pragma unroll
     for (int n = 0; n < NTH; ++n)
         #pragma unroll
-        for (int r = 0; r < 4; ++r)
-            b_o[n][r] = kt == 0 ? 0.f : b_os[(r0 + lg + 8 * (r >> 1)) * VS + 8 * (nb + n) + 2 * lt + (r & 1)];
+        for (int r = 0; r < 4; ++r) b_o[n][r] = kt == 0 ? 0.f : b_os[gda_o_at(wp, n, r, VS)];
+#if WGMMA && WG_4A
+    gda_chunk_scores_earlier(b_q, b_ka, b_w, wp, kt);
+    __syncthreads();                            // kA is read: the scratch is free
+    unsigned* const x_hi = reinterpret_cast<unsigned*>(b_x);
+    unsigned* const x_lo = x_hi + GDA_WG_BYTES(BV, KP) / 4;
+    gda_wg_split_b<BV, KP, NT, false>([&](int n, int kk) { return b_s[kk * VS + n]; }, x_hi, x_lo,
+                                      32 * wp.w + lane);
+    gda_proxy_fence();
+    __syncthreads();
+    // 4a. (q*A) S: A = q*A = (q*P) B_i formed at the fragment load, B = S^T from the scratch
+    const float* pq = b_q + r0 * QS;
+    const float* pb = b_b + i_s * KP;
+    const unsigned a_hi = gda_smem_addr(x_hi) + nb * GDA_WG_SBO(KP);
+    gda_wg_product<1, NTH, KP / KSTEP, false>(
+        &b_o, [&](int s, int, unsigned (&ah)[4], unsigned (&al)[4]) {
+            gda_wg_frag_a([&](int r, int c) { return pq[r * QS + KSTEP * s + c] * pb[KSTEP * s + c]; }, lane, ah, al);
+        }, a_hi, a_hi + GDA_WG_BYTES(BV, KP), GDA_WG_SBO(KP));
+#else
     // 4a. (q*A) S, q*A = (q*P) B_i formed at the fragment load
     #pragma unroll 2
     for (int kb = 0; kb < KP; kb += KSTEP) {
@@ -477,46 +570,15 @@ __device__ __forceinline__ void gda_chunk_output_keys(const float* b_q, const fl
         const float* pq = b_q + r0 * QS + kb;
         const float* pb = b_b + i_s * KP + kb;
         gda_frag_a([&](int r, int c) { return pq[r * QS + c] * pb[c]; }, lane, ah, al);
-        gda_mma_tiles<NTH>(b_o, ah, al, b_s + kb * VS + 8 * nb, VS, nn, lane);
+        gda_mma_tiles<NTH>(b_o, ah, al, b_s + kb * VS + 8 * nb, VS, wp.nn, lane);
     }
-    // 4b. scores against the earlier sub-blocks: (q*P) kA_{r0}^T, columns 0..r0-1, in
-    //     2 i_s tiles of 8, i_s of them by each warp of the pair
-    if (i_s > 0) {
-        const float* ka = b_ka + (i_s == 1 ? 0 : i_s == 2 ? 16 : 48) * QS;
-        const int c0 = i_s * wp.half;           // this warp's first score tile
-        float b_c[3][4];
-        #pragma unroll
-        for (int n = 0; n < 3; ++n)
-            #pragma unroll
-            for (int r = 0; r < 4; ++r) b_c[n][r] = 0.f;
-        #pragma unroll 2
-        for (int kb = 0; kb < KP; kb += KSTEP) {
-            unsigned ah[4], al[4], bh[3][2], bl[3][2];
-            const float* pq = b_q + r0 * QS + kb;
-            gda_frag_a([&](int r, int c) { return pq[r * QS + c]; }, lane, ah, al);
-            #pragma unroll
-            for (int n = 0; n < 3; ++n)
-                if (n < i_s) {
-                    const float* pk = ka + 8 * (c0 + n) * QS + kb;    // kA^T
-                    gda_frag_b([&](int kk, int m) { return pk[m * QS + kk]; }, lane, bh[n], bl[n]);
-                }
-            gda_mma3<3>(b_c, ah, al, bh, bl, i_s);
-        }
-        #pragma unroll
-        for (int n = 0; n < 3; ++n)
-            if (n < i_s)
-                #pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    float* const w = b_w + (r0 + lg + 8 * (r >> 1)) * WS + 8 * (c0 + n) + 2 * lt + (r & 1);
-                    *w = kt > 0 ? *w + b_c[n][r] : b_c[n][r];
-                }
-    }
+    gda_chunk_scores_earlier(b_q, b_ka, b_w, wp, kt);
+#endif
     if (kt < NKT - 1)
         #pragma unroll
         for (int n = 0; n < NTH; ++n)
             #pragma unroll
-            for (int r = 0; r < 4; ++r)
-                b_os[(r0 + lg + 8 * (r >> 1)) * VS + 8 * (nb + n) + 2 * lt + (r & 1)] = b_o[n][r];
+            for (int r = 0; r < 4; ++r) b_os[gda_o_at(wp, n, r, VS)] = b_o[n][r];
 }
 
 //    The values' part (4c, 4d), after the last key tile's: b_o += scores v, then o scaled into
@@ -585,7 +647,7 @@ __device__ __forceinline__ void gda_chunk_output_values(const float* b_v, float*
         if (n < nn)
             #pragma unroll
             for (int r = 0; r < 4; ++r)
-                b_w[(r0 + lg + 8 * (r >> 1)) * WS + 8 * (nb + n) + 2 * lt + (r & 1)] = b_o[n][r] * scale;
+                b_w[gda_o_at(wp, n, r, WS)] = b_o[n][r] * scale;
     __syncwarp();
     const int cn = 8 * nn;                      // this warp's columns: 8nb .. 8nb+cn-1
 #if V_DIM % 4 == 0
@@ -613,6 +675,50 @@ __device__ __forceinline__ void gda_chunk_output_values(const float* b_v, float*
     }
 }
 
+#if WGMMA
+// 5. state of the key tile (b_s: its rows of S): S = diag(A_end) S + (k*D)^T v, by wgmma: v^T
+//    split once into the scratch b_x (free: stage 4 is done, or stage 3 in the state pass),
+//    then warpgroup g the value half g of every m64 block mb of rows, warp w & 3 its rows
+//    64 mb + 16 (w & 3) (tile element r at row + lg + 8*(r>>1), column 8n + 2*lt + (r&1)),
+//    each warp reading and writing only its own elements of S; called by every thread
+__device__ __forceinline__ void gda_chunk_update(float* b_s, const float* b_k, const float* b_v,
+                                                 const float* b_e, float* b_x, const gda_chunk_warp& wp) {
+    constexpr int MB = KP / 64;
+    const int w = wp.w, lane = wp.lane, lg = wp.lg, lt = wp.lt, n5 = NTH * (w >> 2);
+    unsigned* const x_hi = reinterpret_cast<unsigned*>(b_x);
+    unsigned* const x_lo = x_hi + GDA_WG_BYTES(BV, BT) / 4;
+    gda_wg_split_b<BV, BT, NT, true>([&](int n, int t) { return b_v[t * VS + n]; }, x_hi, x_lo, 32 * w + lane);
+    gda_proxy_fence();
+    float b_sr[MB][NTH][4];
+    #pragma unroll
+    for (int mb = 0; mb < MB; ++mb) {
+        const int m0 = 64 * mb + 16 * (w & 3);
+        const float e0 = b_e[m0 + lg], e8 = b_e[m0 + lg + 8];
+        #pragma unroll
+        for (int n = 0; n < NTH; ++n)
+            #pragma unroll
+            for (int r = 0; r < 4; ++r)
+                b_sr[mb][n][r] = (r < 2 ? e0 : e8)
+                    * b_s[(m0 + lg + 8 * (r >> 1)) * VS + 8 * (n5 + n) + 2 * lt + (r & 1)];
+    }
+    __syncthreads();                            // the split v is in the scratch
+    const unsigned v_hi = gda_smem_addr(x_hi) + n5 * GDA_WG_SBO(BT);
+    gda_wg_product<MB, NTH, BT / KSTEP, true>(
+        b_sr, [&](int s, int mb, unsigned (&ah)[4], unsigned (&al)[4]) {
+            const float* pk = b_k + KSTEP * s * KS + 64 * mb + 16 * (w & 3);     // (k*D)^T
+            gda_wg_frag_a([&](int r, int c) { return pk[c * KS + r]; }, lane, ah, al);
+        }, v_hi, v_hi + GDA_WG_BYTES(BV, BT), GDA_WG_SBO(BT));
+    #pragma unroll
+    for (int mb = 0; mb < MB; ++mb) {
+        const int m0 = 64 * mb + 16 * (w & 3);
+        #pragma unroll
+        for (int n = 0; n < NTH; ++n)
+            #pragma unroll
+            for (int r = 0; r < 4; ++r)
+                b_s[(m0 + lg + 8 * (r >> 1)) * VS + 8 * (n5 + n) + 2 * lt + (r & 1)] = b_sr[mb][n][r];
+    }
+}
+#else
 // 5. state of the key tile (b_s: its rows of S): S = diag(A_end) S + (k*D)^T v; warp w owns
 //    value half w & 1 of the row tiles
 //    m = w / 2 + (NW / 2) i (tile element r at row 16m + lg + 8*(r>>1), column
@@ -669,6 +775,8 @@ __device__ __forceinline__ void gda_chunk_update(float* b_s, const float* b_k, c
     }
 }
 
+#endif
+
 // The chunk loop of one block over segment i_p of its sequence (rows [s0, s1): P segments of
 // whole chunks, the last one short or empty), each chunk a pass of the stages per key tile
 // (the tiles' scores and 4a sums add up; 4c, 4d after the last tile). STATE (gda_chunk_state,
@@ -685,6 +793,11 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
     float* const b_w = b_sm + SM_W;
     float* const b_e = b_sm + SM_E;
     float* const b_b = b_sm + SM_B;
+#if WGMMA
+    float* const b_x = b_sm + SM_X;
+#else
+    float* const b_x = nullptr;
+#endif
 
     const long long i_b = blockIdx.x;
     const int NP = STATE ? P - 1 : P;          // segments in this grid
@@ -719,8 +832,9 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
 
     // padding columns K_DIM..KP-1 of a single key tile: q = k = 0 (the gate there is never used
     // but must be finite); stage 1 writes only the first K_DIM columns, and stage 3 keeps these
-    // at 0 (with more tiles, stage 1 writes the last tile's padding)
-#if NKT == 1 && KP > K_DIM
+    // at 0 (with more tiles or WGMMA, whose scratch overwrites the gates, stage 1 writes the
+    // padding: KLOAD = KP)
+#if KLOAD < KP
     for (int e = tid; e < (1 + DBUF) * BT * (KP - K_DIM); e += NT) {
         const int set = e / (BT * (KP - K_DIM)) * SM_SET, r = e % (BT * (KP - K_DIM));
         const int t = r / (KP - K_DIM), kk = K_DIM + r % (KP - K_DIM);
@@ -768,13 +882,17 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
             GDA_PROF(3);
             if constexpr (!STATE) {
                 float b_o[NTH][4];              // this warp's output tiles
-                gda_chunk_output_keys(b_q, b_ka, b_st, b_w, b_b, b_sm + SM_O, wp, b_o, kt);
+                gda_chunk_output_keys(b_q, b_ka, b_st, b_w, b_b, b_sm + SM_O, b_x, wp, b_o, kt);
                 if (kt == NKT - 1)
                     gda_chunk_output_values(b_v, b_w, wp, b_o, o, vec_o, t0, s1, bos, sv, i_h, v0, scale);
                 __syncthreads();                // stage 4's reads of S are done
             }
             GDA_PROF(4);
+#if WGMMA
+            gda_chunk_update(b_st, b_k, b_v, b_e, b_x, wp);
+#else
             gda_chunk_update(b_st, b_k, b_v, b_e, wp);
+#endif
             __syncthreads();                    // this tile's shared reads are done
             GDA_PROF(5);
         }

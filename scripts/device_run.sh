@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Device calls that check and measure everything, in phases that each fit the device tool's
 # 10-minute limit; everything lands in $OUT.
-#   suite:   install, the whole test suite, cupy-gda verify
+#   suite-a, suite-b: install, the test suite in two halves that each fit one call (a: the
+#            files in SUITE_A; b: every other file, so a new one is never left out), then (b)
+#            cupy-gda verify
 #   bench:   install, the benchmark of ours and the textbook kernel (table shapes), then the T
 #            sweep with a plot
 #   fla:     install, fla's rows of the same shapes (needs its package folder in .baselines/;
@@ -10,7 +12,7 @@
 #            e.g. `git archive <commit> | tar -x -C .old`) and of this one, in one run, ROUNDS
 #            times each, interleaved (old, new, old, new, ...), and the ratios of the best times
 # Usage (device tool; carry [".baselines"] for fla, [".old"] for compare):
-#   bash scripts/device_run.sh <commit> suite|bench|fla
+#   bash scripts/device_run.sh <commit> suite-a|suite-b|bench|fla
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
 commit="${1:-unknown}"
@@ -19,8 +21,15 @@ out="${OUT:-/tmp/out}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 CUPY_GDA_COMMIT="$commit"
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARNING | tail -3
-if [ "$phase" = "suite" ]; then
-    timeout 500 python3 -m pytest -q tests > "$out/pytest.txt" 2>&1; tail -3 "$out/pytest.txt"
+SUITE_A="dispatch interop packaging reference scripts segments validation chunk"
+if [ "$phase" = "suite-a" ]; then
+    timeout 540 python3 -m pytest -q $(for f in $SUITE_A; do echo "tests/test_$f.py"; done) \
+        > "$out/pytest-a.txt" 2>&1; tail -3 "$out/pytest-a.txt"
+    exit 0
+fi
+if [ "$phase" = "suite-b" ]; then
+    timeout 450 python3 -m pytest -q tests $(for f in $SUITE_A; do echo "--ignore=tests/test_$f.py"; done) \
+        > "$out/pytest-b.txt" 2>&1; tail -3 "$out/pytest-b.txt"
     timeout 90 cupy-gda verify > "$out/verify.txt" 2>&1; tail -1 "$out/verify.txt"
     exit 0
 fi

@@ -7,7 +7,8 @@ the data behind each launcher's tile rule and _dispatch's table (docs/perf-notes
 Shapes: bench shape names (--shapes seed,gla64), ad-hoc ones (--shape 1,2048,8,24,24[,dtype],
 repeatable), or --grid "K=24,64 BH=1x8,4x16 T=128,512", the product of its axes (V = K). Each NAME=values
 override makes variants (their product): a field of the family's Config (recurrent: R, threads,
-TC, P, ASYNC_COPY through recurrent.custom; chunk: BV, P through chunk.config), else a compile
+TC, P, ASYNC_COPY through recurrent.custom; chunk: BV, P, wgmma (0: the sm_80 variant on a
+Hopper GPU) through chunk.config), else a compile
 define (e.g. UNROLL=2,4). Without overrides each family runs as its launcher plans it.
 
 One line per (shape, family, variant): the median device ms (CUDA events, each call queued
@@ -18,6 +19,7 @@ kernel's output, the variant's Config, and '<- rule' where it is the launcher's 
     python -m scripts.sweep --family both --grid "K=24,64,128 BH=1x8,1x16,4x8,4x16,8x16 T=128,256,512,1024,2048"
     python -m scripts.sweep --family recurrent --shapes seed,few24 R=1,2,4 threads=64,128 TC=32,64
     python -m scripts.sweep --family chunk --shapes gla64 BV=64,32,16 P=1,2,4,8
+    python -m scripts.sweep --family chunk --shapes big128,gla1.3b-bf16 wgmma=0,1
 """
 import argparse
 import itertools
@@ -27,7 +29,7 @@ import numpy as np
 
 from cupy_gda import _checks, _launch, _verify, bench, chunk, recurrent
 
-CONFIG_FIELDS = {"recurrent": ("R", "threads", "TC", "P", "ASYNC_COPY"), "chunk": ("BV", "P")}
+CONFIG_FIELDS = {"recurrent": ("R", "threads", "TC", "P", "ASYNC_COPY"), "chunk": ("BV", "P", "wgmma")}
 
 
 def parse_shapes(names, specs=()):
@@ -74,8 +76,10 @@ def build(family, p, variant, limits):
         rule = recurrent.config(p, *limits)
         cfg = recurrent.custom(p, *limits, **fields)
         return recurrent.RecurrentPlan(p, False, cfg, extra), cfg, cfg == rule and not extra
-    rule = chunk.config(p, *limits)
-    cfg = chunk.config(p, *limits, **fields) if fields else rule
+    hopper = chunk.USE_WGMMA and _launch.hopper()
+    fields.setdefault("wgmma", hopper)
+    rule = chunk.config(p, *limits, wgmma=hopper)
+    cfg = chunk.config(p, *limits, **fields)
     if cfg is None:
         return None, None, False
     return chunk.ChunkPlan(p, False, cfg, extra), cfg, cfg == rule and not extra

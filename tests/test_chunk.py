@@ -61,6 +61,43 @@ def test_chunk_meets_accuracy_contract(case):
         assert r.ok, f"{case.id} {r.name}: err {r.err:.3e} > bound {r.bound:.3e} (max abs {r.max_abs:.3e})"
 
 
+def _problem(c):
+    """The Problem of forward Case ``c`` (its gate dtype aside: the tiles do not depend on it)."""
+    from cupy_gda._checks import Problem
+    T, N = (sum(c.lengths), len(c.lengths)) if c.lengths else (c.T, c.B)
+    return Problem(c.B, T, c.H, c.K, c.V, N, c.dtype, "float32", c.log)
+
+
+def _takes_wgmma(c):
+    from cupy_gda import chunk
+    cfg = chunk.config(_problem(c), 132, 227 * 1024, wgmma=True)
+    return cfg is not None and cfg.WGMMA == 1
+
+
+# the Hopper variant (WGMMA; off by default, chunk.USE_WGMMA): the cases above it takes on the
+# H200 (key tiles a multiple of 64, value tiles of 16), and more at its edges: one and two m64
+# row blocks, value tiles of 16 to 64, K padded inside a tile, every gate regime, half dtypes
+WGMMA_CASES = list({c.id: c for c in CASES + [
+    Case(2, 130, 2, 120, 48), Case(2, 200, 2, 50, 32, dtype="bfloat16"), Case(1, 3000, 1, 128, 64),
+    *(Case(2, 200, 2, 128, 128, dtype="bfloat16", gate=g) for g in _verify.GATES),
+] if _takes_wgmma(c)}.values())
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in WGMMA_CASES])
+def test_chunk_wgmma_meets_accuracy_contract(case, monkeypatch):
+    from cupy_gda import _api, _launch, chunk
+    if not _launch.hopper():
+        pytest.skip("the wgmma variant needs a Hopper GPU (compute capability 9.0)")
+    monkeypatch.setattr(chunk, "USE_WGMMA", True)
+    monkeypatch.setattr(_api, "_FAST", {})     # plans of these shapes that an earlier test kept
+    for r in _verify.run_case(case, "cupy", seed=6, method="chunk"):
+        assert r.ok, f"{case.id} {r.name}: err {r.err:.3e} > bound {r.bound:.3e} (max abs {r.max_abs:.3e})"
+    p = _problem(case)
+    used = [pl.cfg for key, pl in _launch._PLANS.items()
+            if key[0] is chunk.ChunkPlan and key[-1] is True and key[2][:6] == p[:6]]
+    assert used and all(cfg.WGMMA == 1 for cfg in used), used
+
+
 def test_chunk_equals_recurrent_on_a_long_sequence():
     """Two GPU paths, same inputs, T = 8192 (128 chunks): they agree to float32 accuracy."""
     import cupy

@@ -64,7 +64,7 @@ FEW, MANY = (2, 4), (32, 16)
 FAMILIES = {"gda_recurrent_fwd": recurrent.FAMILY, "gda_chunk_fwd": chunk.FAMILY, "gda_step": step.FAMILY}
 
 
-def _case(kernel, arch, K, V, variant, BH=FEW, align=16):
+def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False):
     dt, gdt, log_gate, int64 = variant
     B, H = BH
     p = Problem(B=B, T=64, H=H, K=K, V=V, N=B, dtype=dt, g_dtype=gdt, log_gate=log_gate)
@@ -72,11 +72,11 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16):
         defines = recurrent.defines(p, recurrent.config(p, *ARCH_LIMITS[arch]), int64)
         where = f"-NH{B * H}"
     elif kernel == "gda_chunk_fwd":
-        cfg = chunk.config(p, *ARCH_LIMITS[arch])
-        if cfg is None:                 # the launcher never runs it there (too little smem)
+        cfg = chunk.config(p, *ARCH_LIMITS[arch], wgmma=wgmma)
+        if cfg is None or wgmma and not cfg.WGMMA:  # the launcher never runs it there
             return None
         defines = chunk.defines(p, cfg, int64)
-        where = f"-BV{cfg.BV}-KT{cfg.KT}" + ("-dbuf" if cfg.DBUF else "")
+        where = f"-BV{cfg.BV}-KT{cfg.KT}" + ("-dbuf" if cfg.DBUF else "") + ("-wgmma" if cfg.WGMMA else "")
     else:
         defines = step.defines(p, idx_int64=int64, align=align)
         where = "" if align == 16 else f"-align{align}"
@@ -107,6 +107,13 @@ def _cases():
         out += [_case("gda_chunk_fwd", arch, 128, 128, variant, (FEW, MANY)[j % 2])
                 for j, variant in enumerate(VARIANTS)]
         out += [_case("gda_chunk_fwd", arch, 256, 256, variant, MANY) for variant in VARIANTS]
+    # gda_chunk_fwd's Hopper variant (WGMMA, built for sm_90a): one and two m64 row blocks, key
+    # tiles, value tiles of 16 to 64, each IO dtype with log and multiplicative gates
+    out += [_case("gda_chunk_fwd", "sm_90", K, V, VARIANTS[i], BH, wgmma=True)
+            for i, (K, V, BH) in enumerate(((64, 64, FEW), (128, 128, MANY), (256, 512, MANY),
+                                            (256, 256, FEW), (128, 48, FEW), (64, 64, MANY),
+                                            (256, 256, MANY), (128, 128, FEW), (128, 128, MANY),
+                                            (256, 512, MANY)))]
     for a, arch in enumerate(ARCHS):
         # gda_step's narrower state accesses: an 8- or 4-byte aligned state (VEC 2, VEC 1)
         out.append(_case("gda_step", arch, 128, 64, VARIANTS[a], align=8))
@@ -130,13 +137,16 @@ def test_kernel_compiles_without_local_memory(compiled, kernel, arch, items):
     log = res["log"].rstrip("\x00")
     what = f"{_compile._describe(kernel, dict(items))} for {arch}"
     assert cubin[:4] == b"\x7fELF", f"{what}: no cubin (got {len(cubin)} bytes)\n{log}"
+    built = "sm_90a" if dict(items).get("WGMMA") else arch      # the variant's own target
     for entry, params in FAMILIES[kernel].entries.items():     # the state passes too
-        assert f"Compiling entry function '{entry}' for '{arch}'" in log, f"{what}: {log}"
+        assert f"Compiling entry function '{entry}' for '{built}'" in log, f"{what}: {log}"
         declared = tuple(_launch.PTX_TYPES[kind] for _, kind in params)
         assert res["params"].get(entry) == declared, (
             f"{what}: {entry}'s PTX parameters {res['params'].get(entry)} differ from the "
             f"launcher's declaration {[n for n, _ in params]} = {declared}")
     assert "warning" not in log.lower(), f"{what}: compiler warnings\n{log}"
+    # the Hopper variant's products are wgmma, and only there
+    assert ("wgmma.mma_async" in res["ptx"]) == bool(dict(items).get("WGMMA")), f"{what}: wgmma in its PTX?"
     usage = {k: res[k] for k in ("registers", "stack", "spill_stores", "spill_loads")}
     assert None not in usage.values(), f"{what}: no ptxas resource line in the log\n{log}"
     assert usage["stack"] == usage["spill_stores"] == usage["spill_loads"] == 0, (
@@ -217,6 +227,17 @@ def test_profiling_build_compiles():
     defines = dict(chunk.defines(p, chunk.config(p), False), GDA_PROFILE=1)
     cubin, res = chunk.FAMILY.cubin(defines, "sm_90")
     assert cubin[:4] == b"\x7fELF" and "warning" not in res["log"].lower(), res["log"]
+
+
+def test_wgmma_stage5_only_build_compiles():
+    """The Hopper variant with WG_4A = 0 (stage 5 by wgmma, 4a by mma.sync; scripts/sweep.py
+    WG_4A=0,1 compares them) builds for sm_90a without local memory."""
+    p = Problem(B=8, T=4096, H=4, K=256, V=512, N=8, dtype="bfloat16", g_dtype="bfloat16",
+                log_gate=False)
+    defines = dict(chunk.defines(p, chunk.config(p, wgmma=True), False), WG_4A=0)
+    cubin, res = chunk.FAMILY.cubin(defines, "sm_90")
+    assert cubin[:4] == b"\x7fELF" and "warning" not in res["log"].lower(), res["log"]
+    assert res["stack"] == 0 and "wgmma.mma_async" in res["ptx"], res["log"]
 
 
 def test_ptx_params_reads_entries():

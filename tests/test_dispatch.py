@@ -310,6 +310,46 @@ def test_chunk_double_buffer(K, V, dtype, log_gate, smem_max, want):
     assert chunk.smem(K, 64, want) <= smem_max
 
 
+@pytest.mark.parametrize("K, tiles", [
+    pytest.param(64, [64], id="K64"),
+    pytest.param(130, [80, 48, 48, 32], id="K130"),
+    pytest.param(256, [128, 96, 64, 64, 48, 48, 32], id="K256"),
+])
+def test_chunk_refusal_names_the_least_shared_memory(K, tiles):
+    """Where no tile fits, the refusal names the least that any key tile the rule tries needs
+    (with the narrowest value tile); with that many bytes the kernel runs."""
+    assert chunk._tiles(K) == tiles
+    p = Problem(B=1, T=64, H=1, K=K, V=64, N=1, dtype="float32", g_dtype="float32", log_gate=False)
+    need = min(chunk.smem(K, 8, 0, KT) for KT in tiles)
+    assert chunk.config(p, 132, need - 4) is None
+    assert chunk.refusal(p, 132, need - 4) == (
+        f"needs {need} bytes of shared memory per block at K={K}; this GPU has {need - 4}")
+    assert chunk.config(p, 132, need) is not None and chunk.refusal(p, 132, need) is None
+
+
+@pytest.mark.parametrize("K, V, dtype, H, wgmma, want", [
+    pytest.param(256, 512, "bfloat16", 4, True, 1, id="gla1.3b-bf16"),
+    pytest.param(128, 128, "float32", 16, True, 1, id="big128"),
+    pytest.param(64, 64, "float32", 8, True, 1, id="gla64-no-dbuf"),
+    pytest.param(120, 48, "float32", 2, True, 1, id="K-padded-in-the-tile"),
+    pytest.param(100, 64, "float32", 16, True, 0, id="KT112"),
+    pytest.param(256, 7, "float32", 16, True, 0, id="BV8"),
+    pytest.param(24, 24, "float32", 16, True, 0, id="KT32"),
+    pytest.param(128, 128, "float32", 16, False, 0, id="not-hopper"),
+])
+def test_chunk_wgmma_variant_where_its_tiles_fit(K, V, dtype, H, wgmma, want):
+    """The Hopper variant runs where asked for (a Hopper GPU and chunk.USE_WGMMA) and its tiles
+    fit (key tiles of whole m64 blocks, each warpgroup a value half of whole 8-column tiles),
+    with one set of staged inputs; its build targets sm_90a, the other's does not."""
+    p = Problem(B=8, T=4096, H=H, K=K, V=V, N=8, dtype=dtype, g_dtype=dtype, log_gate=False)
+    cfg = chunk.config(p, 132, 227 * 1024, wgmma=wgmma)
+    assert cfg.WGMMA == want == chunk.wgmma_fits(cfg.BV, cfg.KT) * wgmma, cfg
+    assert not (cfg.WGMMA and cfg.DBUF), cfg
+    d = chunk.defines(p, cfg, False)
+    assert d["WGMMA"] == want
+    assert ("--gpu-architecture=sm_90a" in chunk.FAMILY.compile_options(d)) == bool(want)
+
+
 def _step_violations(K, V, align):
     KW, VEC = step.tiles(K, V, align)
     bad = []
