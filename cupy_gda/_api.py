@@ -117,7 +117,8 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
             if cached:
                 _FAST[key] = plan
         else:
-            cpu_fn = reference.gated_attention_chunked if m == "chunk" else reference.gated_attention_ref
+            cpu_fn = (reference.gated_attention_chunked if m == "chunk"
+                      else reference.gated_attention_recurrent)
             o, ht = cpu_fn(q, k, v, gate, log_gate=log_gate, scale=scale, initial_state=h0,
                            output_final_state=True, cu_seqlens=cu, dtype=p.cpu_dtype)
             o = o.astype(v.dtype, copy=False)
@@ -173,6 +174,7 @@ def gated_attention_step(q, k, v, gate=None, *, log_gate=None, state, scale=1.0,
             raise ValueError(f"{fn}: state must be C-contiguous (it is updated in place)")
         _checks.check_writeable(fn, "state", state)
         _check_out(fn, out, (p.B, p.H, p.V), v.dtype, br.gpu)
+        _checks.check_no_overlap(fn, "out", out, "state", state)
         if idx is not None and (check_indices or not br.gpu):
             _checks.check_state_indices_values(fn, _host(idx).astype(np.int64), p.N)
         if br.gpu:

@@ -103,6 +103,27 @@ def check_writeable(fn, name, x):
         raise ValueError(f"{fn}: {name} must be writeable (it receives results), got a read-only array")
 
 
+def _byte_range(x):
+    """[first, last] byte addresses an array's elements occupy (NumPy or CuPy), or None if empty."""
+    if x.size == 0:
+        return None
+    start = x.data.ptr if hasattr(x.data, "ptr") else x.__array_interface__["data"][0]
+    span = [s * (n - 1) for s, n in zip(x.strides, x.shape)]
+    return (start + sum(d for d in span if d < 0),
+            start + sum(d for d in span if d > 0) + x.itemsize - 1)
+
+
+def check_no_overlap(fn, name, x, other_name, other):
+    """``x`` (written by the call) and ``other`` (read or written by it) share no memory, by
+    the address ranges they span (so two interleaved views count as overlapping too)."""
+    if x is None or other is None:
+        return
+    a, b = _byte_range(x), _byte_range(other)
+    if a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]:
+        raise ValueError(f"{fn}: {name} must not overlap {other_name} in memory (both are "
+                         f"written by the call), got arrays that share bytes")
+
+
 def check_forward(fn, q, k, v, gate, log_gate, initial_state, cu_seqlens, cpu):
     """Shapes and dtypes of a gated_attention call. Returns a Problem."""
     _required(fn, q=q, k=k, v=v)

@@ -8,9 +8,14 @@ from cupy_gda._launch import device_limits, mean_len
 
 # family -> where it exists
 METHODS = {
-    "recurrent": ("cpu", "gpu"),   # GPU: cupy_gda/recurrent.py; CPU: the loop reference
+    "recurrent": ("cpu", "gpu"),   # GPU: cupy_gda/recurrent.py; CPU: the loop,
+                                   #   reference.gated_attention_recurrent
     "chunk": ("cpu", "gpu"),       # GPU: cupy_gda/chunk.py (K <= chunk.MAX_K);
 }                                  # CPU: reference.gated_attention_chunked (numbered steps)
+
+# CPU: method="auto" runs the loop (reference.gated_attention_recurrent): it measured faster than
+# the chunked NumPy form at every shape tried (docs/perf-notes.md, "CPU paths")
+CPU_AUTO = "recurrent"
 
 # GPU crossovers of method="auto" (H200, scripts/sweep.py with the kernels of v11: both
 # families in sequence segments, the recurrent one staged by cp.async with tiles by the grid;
@@ -44,7 +49,7 @@ def pick(fn, method, p, gpu, limits=None):
         raise ValueError(f"{fn}: method {method!r} has no {where.upper()} implementation; "
                          f"{where.upper()} methods are {here}")
     if not gpu:
-        return "chunk" if method == "auto" else method
+        return CPU_AUTO if method == "auto" else method
     if method == "recurrent":
         return method
     limits = limits or device_limits()

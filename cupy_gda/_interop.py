@@ -10,6 +10,8 @@
 """
 import contextlib
 
+import sys
+
 import numpy as np
 
 _KDL_CPU, _KDL_CUDA, _KDL_CUDA_MANAGED = 1, 2, 13
@@ -115,8 +117,23 @@ class Bridge:
         return from_dlpack(y) if from_dlpack is not None else y
 
 
+DRIVER_LIBRARY = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+
+
+def driver_installed():
+    """Whether the NVIDIA driver's library (DRIVER_LIBRARY) loads on this machine."""
+    import ctypes
+    try:
+        ctypes.CDLL(DRIVER_LIBRARY)
+    except OSError:
+        return False
+    return True
+
+
 def gpu_available():
-    """(True, description) where CuPy can run kernels on a GPU, else (False, why not)."""
+    """(True, description) where CuPy can run kernels on a GPU, else (False, why not). Without
+    an NVIDIA driver at all, CUDA's own error reads "CUDA driver version is insufficient", which
+    would send a user to upgrade a driver they do not have: that case is named as what it is."""
     try:
         import cupy
     except Exception as e:  # noqa: BLE001 - any import failure means no GPU path
@@ -124,6 +141,8 @@ def gpu_available():
     try:
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # noqa: BLE001
+        if not driver_installed():
+            return False, f"no NVIDIA driver found: {DRIVER_LIBRARY} is not installed, so no GPU here"
         return False, f"no usable CUDA driver or device ({type(e).__name__}: {e})"
     if n < 1:
         return False, "no CUDA device"

@@ -119,7 +119,7 @@ def refusal(p, sms, smem_max):
         return f"takes a head dimension K of at most {MAX_K}, got K={p.K}"
     if config(p, sms, smem_max) is None:
         need = min(smem(p.K, BVS[-1], 0, KT) for KT in _tiles(p.K))
-        return (f"needs {need} bytes of shared memory per block at K={p.K}; this GPU has {smem_max}")
+        return f"needs {need} bytes of shared memory per block at K={p.K}; this GPU has {smem_max}"
     return None
 
 

@@ -15,20 +15,30 @@ Shape legend::
 ``log_gate`` is fla's ``g`` (gate = exp(log_gate), -inf means 0).
 
 - :func:`gated_attention_ref` is the contract: a plain loop over t, float64 by default.
-- :func:`gated_attention_chunked` is the CPU fast path: the same function in chunks of ``BT``
-  steps, each in the five numbered stages of the GPU's chunked kernel (kernels/gda_chunk_fwd.cu):
-  1 load, 2 scores, 3 decays, 4 output, 5 state. Only products of gates are formed (never
-  quotients or logs), so gates of exactly 0, negative or tiny gates stay exact.
+- :func:`gated_attention_recurrent` is the CPU path of method "recurrent" and "auto": the same
+  loop, every sequence at once (the fastest CPU form measured: docs/perf-notes.md, "CPU paths").
+- :func:`gated_attention_chunked` is the CPU path of method "chunk": the same function in chunks
+  of ``BT`` steps, each in the five numbered stages of the GPU's chunked kernel
+  (kernels/gda_chunk_fwd.cu): 1 load, 2 scores, 3 decays, 4 output, 5 state. Only products of
+  gates are formed (never quotients or logs), so gates of exactly 0, negative or tiny gates stay
+  exact; a chunk whose inputs are not all finite, or whose gate products leave the float range
+  (a result that is not finite), is run by the loop instead, so every method gives the loop's
+  result there.
 - :func:`gated_attention_step_ref` is the one-token decode form (updates ``state`` in place).
 
 NaN and inf in the inputs propagate exactly as the arithmetic above says (a NaN in k_t poisons
-S from step t on; a gate of 0 after it does *not* clear it, since 0 · NaN = NaN).
+S from step t on; a gate of 0 after it does *not* clear it, since 0 · NaN = NaN); NumPy's
+floating-point warnings are not raised for them (they are results, not errors).
 """
 import numpy as np
 
 from cupy_gda import _checks
 
-__all__ = ["gated_attention_ref", "gated_attention_chunked", "gated_attention_step_ref"]
+__all__ = ["gated_attention_ref", "gated_attention_recurrent", "gated_attention_chunked",
+           "gated_attention_step_ref"]
+_QUIET = dict(over="ignore", under="ignore", invalid="ignore", divide="ignore")
+STATE_BYTES = 1 << 20       # gated_attention_recurrent: the states of a group of sequences it
+                            #   advances together (docs/perf-notes.md, "CPU paths")
 
 
 def _segments(p, cu_seqlens):
@@ -39,8 +49,23 @@ def _segments(p, cu_seqlens):
     return [(n, int(cu[n]), int(cu[n + 1])) for n in range(p.N)]
 
 
-def _prepare(fn, q, k, v, gate, log_gate, initial_state, cu_seqlens, dtype):
-    """Validate, then return the problem and [B*T, H, *] arrays in the compute dtype."""
+def _check_numpy(fn, scale, dtype, **arrays):
+    """The reference's own arguments: NumPy arrays (or None), a real scale, a float dtype.
+    Returns scale as a float."""
+    for name, x in arrays.items():
+        if x is not None and not isinstance(x, np.ndarray):
+            raise TypeError(f"{fn}: {name} must be a NumPy array, got {type(x).__module__}."
+                            f"{type(x).__name__} (cupy_gda.gated_attention takes the others)")
+    if dtype is not None and np.dtype(dtype) not in (np.float32, np.float64):
+        raise TypeError(f"{fn}: dtype must be float32 or float64 (the math's precision), "
+                        f"got {np.dtype(dtype).name}")
+    return _checks.check_scale(fn, scale)
+
+
+def _prepare(fn, q, k, v, gate, log_gate, initial_state, cu_seqlens, dtype, scale):
+    """Validate, then return the problem, compute dtype, scale in it and [B*T, H, *] arrays."""
+    scale = _check_numpy(fn, scale, dtype, q=q, k=k, v=v, gate=gate, log_gate=log_gate,
+                         initial_state=initial_state, cu_seqlens=cu_seqlens)
     p = _checks.check_forward(fn, q, k, v, gate, log_gate, initial_state, cu_seqlens, cpu=True)
     if p.N and cu_seqlens is not None:
         _checks.check_cu_seqlens_values(fn, np.asarray(cu_seqlens), p.T)
@@ -50,9 +75,10 @@ def _prepare(fn, q, k, v, gate, log_gate, initial_state, cu_seqlens, dtype):
     def flat(x, d):
         return np.asarray(x).astype(dt, copy=False).reshape(rows, p.H, d)
 
-    g = flat(gate, p.K) if gate is not None else np.exp(flat(log_gate, p.K))
+    with np.errstate(**_QUIET):
+        g = flat(gate, p.K) if gate is not None else np.exp(flat(log_gate, p.K))
     h0 = None if initial_state is None else np.asarray(initial_state).astype(dt)
-    return p, dt, flat(q, p.K), flat(k, p.K), flat(v, p.V), g, h0
+    return p, dt, dt.type(scale), flat(q, p.K), flat(k, p.K), flat(v, p.V), g, h0
 
 
 def _finish(p, o, ht, output_final_state):
@@ -70,17 +96,83 @@ def gated_attention_ref(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial
     Returns o [B, T, H, V] (and the final state [N, H, K, V]) in ``dtype``.
     """
     fn = "gated_attention_ref"
-    p, dt, q, k, v, g, h0 = _prepare(fn, q, k, v, gate, log_gate, initial_state, cu_seqlens, dtype)
-    scale = dt.type(scale)
+    p, dt, scale, q, k, v, g, h0 = _prepare(fn, q, k, v, gate, log_gate, initial_state, cu_seqlens,
+                                            dtype, scale)
     o = np.empty((p.B * p.T, p.H, p.V), dt)
     ht = np.zeros((p.N, p.H, p.K, p.V), dt)
-    for n, bos, eos in _segments(p, cu_seqlens):
-        S = np.zeros((p.H, p.K, p.V), dt) if h0 is None else h0[n].copy()
-        for t in range(bos, eos):
-            S = g[t][:, :, None] * S + k[t][:, :, None] * v[t][:, None, :]
-            o[t] = scale * np.matmul(q[t][:, None, :], S)[:, 0, :]
-        ht[n] = S
+    with np.errstate(**_QUIET):
+        for n, bos, eos in _segments(p, cu_seqlens):
+            S = np.zeros((p.H, p.K, p.V), dt) if h0 is None else h0[n].copy()
+            for t in range(bos, eos):
+                S = g[t][:, :, None] * S + k[t][:, :, None] * v[t][:, None, :]
+                o[t] = scale * np.matmul(q[t][:, None, :], S)[:, 0, :]
+            ht[n] = S
     return _finish(p, o, ht, output_final_state)
+
+
+def gated_attention_recurrent(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_state=None,
+                              output_final_state=False, cu_seqlens=None, method="auto",
+                              dtype=None):
+    """CPU path of method "recurrent" (and "auto"): gated_attention_ref's loop, advancing a group
+    of sequences at each step at once (as many as keep their states within STATE_BYTES, which
+    stay in the CPU's cache; the longest first, so that at step t the sequences longer than t
+    are a prefix). The same operations per element as the contract.
+
+    Math in float64 for float64 inputs, else float32 (``dtype`` overrides); output in ``dtype``.
+    """
+    fn = "gated_attention_recurrent"
+    p, dt, scale, q, k, v, g, h0 = _prepare(fn, q, k, v, gate, log_gate, initial_state, cu_seqlens,
+                                            dtype, scale)
+    o = np.empty((p.B * p.T, p.H, p.V), dt)
+    ht = np.zeros((p.N, p.H, p.K, p.V), dt)
+    per = max(1, STATE_BYTES // max(1, p.H * p.K * p.V * dt.itemsize))
+    if cu_seqlens is None:                  # B sequences of T steps: time-major views, no copies
+        x4 = [x.reshape(p.B, p.T, p.H, x.shape[-1]) for x in (q, k, v, g, o)]
+        for i in range(0, p.B, per):
+            ns = list(range(i, min(i + per, p.B)))
+            S = np.zeros((len(ns), p.H, p.K, p.V), dt) if h0 is None else h0[ns].astype(dt)
+            with np.errstate(**_QUIET):
+                ob = _loop_core(*(x[i:i + per].swapaxes(0, 1) for x in x4[:4]), S, scale,
+                                np.full(len(ns), p.T))
+            x4[4][i:i + per] = ob.swapaxes(0, 1)
+            ht[ns] = S
+        return _finish(p, o, ht, output_final_state)
+    segs = sorted(_segments(p, cu_seqlens), key=lambda s: s[1] - s[2])    # longest first
+    for i in range(0, len(segs), per):
+        group = segs[i:i + per]
+        ns = [n for n, _, _ in group]
+        lens = np.array([eos - bos for _, bos, eos in group])
+        L = int(lens[0])
+        # rows [L, b], time-major; past a sequence's end its last row (never used)
+        rows = (np.array([bos for _, bos, _ in group])[None, :]
+                + np.minimum(np.arange(L)[:, None], lens[None, :] - 1))
+        S = np.zeros((len(ns), p.H, p.K, p.V), dt) if h0 is None else h0[ns].astype(dt)
+        with np.errstate(**_QUIET):
+            ob = _loop_core(q[rows], k[rows], v[rows], g[rows], S, scale, lens)
+        for j, (n, bos, eos) in enumerate(group):
+            o[bos:eos] = ob[:eos - bos, j]
+        ht[ns] = S
+    return _finish(p, o, ht, output_final_state)
+
+
+def _loop_core(q, k, v, g, S, scale, lens):
+    """The loop over t of gated_attention_ref for b sequences at once, time-major: q, k, g
+    [L, b, H, K]; v [L, b, H, V]; S [b, H, K, V] (updated in place); lens [b], non-increasing
+    (sequence j runs steps t < lens[j]; its rows after are not written). Returns o [L, b, H, V]."""
+    L, b = q.shape[:2]
+    o = np.empty(v.shape, q.dtype)
+    active = np.count_nonzero(np.asarray(lens)[None, :] > np.arange(L)[:, None], axis=1).tolist()
+    for t in range(L):
+        m = active[t]
+        qt, kt, vt, gt, ot = q[t], k[t], v[t], g[t], o[t]
+        Sm = S
+        if m < b:
+            qt, kt, vt, gt, ot, Sm = qt[:m], kt[:m], vt[:m], gt[:m], ot[:m], S[:m]
+        Sm *= gt[..., None]
+        Sm += kt[..., None] * vt[..., None, :]
+        np.matmul(qt[..., None, :], Sm, out=ot[..., None, :])
+    o *= scale
+    return o
 
 
 def gated_attention_chunked(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_state=None,
@@ -92,7 +184,8 @@ def gated_attention_chunked(q, k, v, gate=None, *, log_gate=None, scale=1.0, ini
     too; :func:`cupy_gda.gated_attention` casts it to v's dtype.
     """
     fn = "gated_attention_chunked"
-    p, dt, q, k, v, g, h0 = _prepare(fn, q, k, v, gate, log_gate, initial_state, cu_seqlens, dtype)
+    p, dt, scale, q, k, v, g, h0 = _prepare(fn, q, k, v, gate, log_gate, initial_state, cu_seqlens,
+                                            dtype, scale)
     o = np.empty((p.B * p.T, p.H, p.V), dt)
     ht = np.zeros((p.N, p.H, p.K, p.V), dt)
     segs = _segments(p, cu_seqlens)
@@ -101,16 +194,21 @@ def gated_attention_chunked(q, k, v, gate=None, *, log_gate=None, scale=1.0, ini
     else:
         groups = [([n], [bos], eos - bos) for n, bos, eos in segs]
     for ns, starts, L in groups:
-        rows = np.asarray(starts)[:, None] + np.arange(L)[None, :]          # [b, L]
-        S = np.zeros((len(ns), p.H, p.K, p.V), dt) if h0 is None else h0[ns].copy()
-        ob, S = _chunked_core(q[rows], k[rows], v[rows], g[rows], S, dt.type(scale), BT)
+        if not ns:                                  # B = 0
+            continue
+        rows = np.asarray(starts, np.int64)[:, None] + np.arange(L)[None, :]   # [b, L]
+        S = np.zeros((len(ns), p.H, p.K, p.V), dt) if h0 is None else h0[ns].astype(dt)
+        with np.errstate(**_QUIET):
+            ob, S = _chunked_core(q[rows], k[rows], v[rows], g[rows], S, scale, BT)
         o[rows] = ob
         ht[ns] = S
     return _finish(p, o, ht, output_final_state)
 
 
 def _chunked_core(q, k, v, g, S, scale, BT):
-    """q, k, g [b, L, H, K]; v [b, L, H, V]; S [b, H, K, V] (updated). Returns (o, S)."""
+    """q, k, g [b, L, H, K]; v [b, L, H, V]; S [b, H, K, V]. Returns (o, S at the end). A chunk
+    with an input that is not finite, or with a result that is not (gate products out of the
+    float range: inf * 0 is NaN where the loop stays finite), is run by the loop instead."""
     b, L, H, K = q.shape
     o = np.empty(v.shape, q.dtype)
     s_i, t_i = np.arange(BT)[:, None], np.arange(BT)[None, :]
@@ -119,24 +217,33 @@ def _chunked_core(q, k, v, g, S, scale, BT):
         C = min(BT, L - c0)
         # 1. load the chunk
         qc, kc, vc, gc = (x[:, c0:c0 + C] for x in (q, k, v, g))
-        # 2. scores: W[t, s] = sum_k q_t k_s D[s, t], D[s, t] = prod_{s < r <= t} g_r (0 for t < s)
-        steps = np.where(later[:C, :C, None, None], gc[:, None], 1)       # [b, s, t, H, K]
-        D = np.where(upper[:C, :C, None, None], np.cumprod(steps, axis=2), 0)
-        W = np.einsum("bthk,bsthk,bshk->bhts", qc, D, kc)
-        W = np.where(upper[:C, :C].T, W, 0)        # s > t: no term at all (0 * NaN is NaN)
-        # 3. decays: A[t] = prod_{r <= t} g_r, and D[s, end] (the product after s to the end)
-        A = np.cumprod(gc, axis=1)                                         # [b, t, H, K]
-        # 4. output: o_t = scale (sum_{s <= t} W[t, s] v_s + (q_t ⊙ A_t)ᵀ S_{chunk start})
-        if np.isfinite(vc).all():
-            o_c = np.einsum("bhts,bshv->bthv", W, vc)
-        else:   # a non-finite v_s must not reach o_t, t < s, through W's zeros (0 * NaN)
-            o_c = np.stack([np.einsum("bhs,bshv->bhv", W[:, :, t, :t + 1], vc[:, :t + 1])
-                            for t in range(C)], axis=1)
-        o_c += np.einsum("bthk,bhkv->bthv", qc * A, S)
-        o[:, c0:c0 + C] = scale * o_c
-        # 5. state: S = diag(A_end) S + sum_s diag(D[s, end]) k_s v_sᵀ
-        S = A[:, -1, :, :, None] * S + np.einsum("bshk,bshv->bhkv", kc * D[:, :, -1], vc)
+        if all(np.isfinite(x).all() for x in (qc, kc, vc, gc)):
+            o_c, S_c = _chunk(qc, kc, vc, gc, S, later[:C, :C], upper[:C, :C])
+            if np.isfinite(o_c).all() and np.isfinite(S_c).all():
+                o[:, c0:c0 + C] = scale * o_c
+                S = S_c
+                continue
+        o[:, c0:c0 + C] = _loop_core(*(x.swapaxes(0, 1) for x in (qc, kc, vc, gc)), S, scale,
+                                     np.full(b, C)).swapaxes(0, 1)            # S in place
     return o, S
+
+
+def _chunk(qc, kc, vc, gc, S, later, upper):
+    """Stages 2-5 of one chunk of C steps (finite inputs): (o / scale [b, C, H, V], the state at
+    the chunk's end); ``later``, ``upper``: the [s, t] masks t > s, t >= s."""
+    # 2. scores: W[t, s] = sum_k q_t k_s D[s, t], D[s, t] = prod_{s < r <= t} g_r (0 for t < s)
+    steps = np.where(later[:, :, None, None], gc[:, None], 1)          # [b, s, t, H, K]
+    D = np.where(upper[:, :, None, None], np.cumprod(steps, axis=2), 0)
+    W = np.einsum("bthk,bsthk,bshk->bhts", qc, D, kc)
+    W = np.where(upper.T, W, 0)                # s > t: no term at all
+    # 3. decays: A[t] = prod_{r <= t} g_r, and D[s, end] (the product after s to the end)
+    A = np.cumprod(gc, axis=1)                                         # [b, t, H, K]
+    # 4. output: o_t / scale = sum_{s <= t} W[t, s] v_s + (q_t ⊙ A_t)ᵀ S_{chunk start}
+    o_c = np.einsum("bhts,bshv->bthv", W, vc)
+    o_c += np.einsum("bthk,bhkv->bthv", qc * A, S)
+    # 5. state: S = diag(A_end) S + sum_s diag(D[s, end]) k_s v_sᵀ
+    S = A[:, -1, :, :, None] * S + np.einsum("bshk,bshv->bhkv", kc * D[:, :, -1], vc)
+    return o_c, S
 
 
 def gated_attention_step_ref(q, k, v, gate=None, *, log_gate=None, state, scale=1.0,
@@ -147,12 +254,15 @@ def gated_attention_step_ref(q, k, v, gate=None, *, log_gate=None, state, scale=
     computed in ``dtype``; returns o [B, H, V] in ``dtype``.
     """
     fn = "gated_attention_step_ref"
+    scale = _check_numpy(fn, scale, dtype, q=q, k=k, v=v, gate=gate, log_gate=log_gate, state=state,
+                         state_indices=state_indices)
     p = _checks.check_step(fn, q, k, v, gate, log_gate, state, state_indices, cpu=True)
     idx = np.arange(p.B) if state_indices is None else np.asarray(state_indices, np.int64)
     _checks.check_state_indices_values(fn, idx, p.N)
     dt = np.dtype(dtype)
-    g = np.asarray(gate, dt) if gate is not None else np.exp(np.asarray(log_gate, dt))
-    S = g[..., None] * state[idx].astype(dt) + np.asarray(k, dt)[..., None] * np.asarray(v, dt)[:, :, None, :]
-    o = dt.type(scale) * np.matmul(np.asarray(q, dt)[:, :, None, :], S)[:, :, 0, :]
+    with np.errstate(**_QUIET):
+        g = np.asarray(gate, dt) if gate is not None else np.exp(np.asarray(log_gate, dt))
+        S = g[..., None] * state[idx].astype(dt) + np.asarray(k, dt)[..., None] * np.asarray(v, dt)[:, :, None, :]
+        o = dt.type(scale) * np.matmul(np.asarray(q, dt)[:, :, None, :], S)[:, :, 0, :]
     state[idx] = S
     return o

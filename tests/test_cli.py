@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 import cupy_gda
-from cupy_gda import _compile, _verify, cli
+from cupy_gda import _compile, _interop, _verify, cli
 from conftest import HAS_GPU
 
 SMALL = ["-B", "1", "-T", "8", "-H", "2", "-K", "4", "-V", "3"]
@@ -149,3 +149,24 @@ def test_verify_gpu_single_shape():
     assert len(result_lines(r.output, "PASS")) == 4
     assert "verify: 2 cases, 4 checks, 0 failed (GPU: " in r.output
     assert r.output.rstrip().endswith("backend cupy)")
+
+
+@pytest.mark.parametrize("installed", [False, True], ids=["no-driver", "driver"])
+def test_no_driver_is_named_as_such(installed, monkeypatch):
+    """Without an NVIDIA driver CUDA reports "driver version is insufficient", which sends users
+    to upgrade a driver they do not have; gpu_available (behind every no-GPU message: verify,
+    info, the tests' skip reasons) says there is no driver instead."""
+    cupy = pytest.importorskip("cupy")
+
+    def no_device():
+        raise cupy.cuda.runtime.CUDARuntimeError(35)     # cudaErrorInsufficientDriver
+
+    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceCount", no_device)
+    monkeypatch.setattr(_interop, "driver_installed", lambda: installed)
+    ok, why = _interop.gpu_available()
+    assert not ok
+    if installed:
+        assert why.startswith("no usable CUDA driver or device") and "insufficient" in why, why
+    else:
+        assert why.startswith("no NVIDIA driver found: libcuda.so.1 is not installed"), why
+        assert "insufficient" not in why, why

@@ -46,8 +46,8 @@ def _p(T=63, K=24, B=2, N=None, H=4):
     pytest.param(_p(T=2048, K=32, B=8, H=16), True, "recurrent", id="gpu-K32-NH128"),
     pytest.param(_p(T=4096, K=128, B=1, N=64, H=16), True, "recurrent", id="gpu-varlen-short-segments"),
     pytest.param(_p(T=4096, K=128, B=1, N=8, H=16), True, "chunk", id="gpu-varlen-long-segments"),
-    pytest.param(P, False, "chunk", id="cpu"),
-    pytest.param(_p(T=4096, K=256), False, "chunk", id="cpu-long-K256"),
+    pytest.param(P, False, "recurrent", id="cpu"),
+    pytest.param(_p(T=4096, K=256), False, "recurrent", id="cpu-long-K256"),
 ])
 def test_auto_picks(p, gpu, want):
     assert _dispatch.pick(FN, "auto", p, gpu, H200) == want

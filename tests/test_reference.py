@@ -135,3 +135,155 @@ def test_step_ref_updates_only_indexed_rows():
     np.testing.assert_allclose(o, o2[:, 0], rtol=1e-12)
     np.testing.assert_allclose(state[idx], s2.astype(np.float32), rtol=1e-6)
     np.testing.assert_array_equal(state[[1, 3, 5]], before[[1, 3, 5]])
+
+
+# ---- issue 14: every CPU method gives the loop's result for every input the loop takes
+
+def _methods(q, k, v, g, **kw):
+    """o (and the state) of every CPU method on the same float32 inputs."""
+    import cupy_gda
+    return {m: cupy_gda.gated_attention(q, k, v, g, output_final_state=True, method=m, **kw)
+            for m in ("auto", "chunk", "recurrent")}
+
+
+@pytest.mark.parametrize("lens", [None, (5, 0, 17, 64, 1, 33)], ids=["batch", "varlen"])
+def test_recurrent_equals_loop(lens):
+    """The CPU loop over every sequence at once (method "recurrent" and "auto") is the
+    contract's loop: sequences of different lengths, empty ones, an initial state."""
+    rng = np.random.default_rng(10)
+    B, T = (3, 40) if lens is None else (1, sum(lens))
+    N = B if lens is None else len(lens)
+    q, k, g = (_rand((B, T, 2, 5), rng) for _ in range(3))
+    v = _rand((B, T, 2, 7), rng)
+    h0 = rng.standard_normal((N, 2, 5, 7))
+    cu = None if lens is None else np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    o1, s1 = R.gated_attention_ref(q, k, v, g, initial_state=h0, cu_seqlens=cu, scale=0.7,
+                                   output_final_state=True)
+    o2, s2 = R.gated_attention_recurrent(q, k, v, g, initial_state=h0, cu_seqlens=cu, scale=0.7,
+                                         output_final_state=True)
+    assert o2.dtype == s2.dtype == np.float64
+    np.testing.assert_allclose(o2, o1, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(s2, s1, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(0, 5, 2, 4, 3), (2, 0, 2, 4, 3), (2, 5, 0, 4, 3)],
+                         ids=["B0", "T0", "H0"])
+def test_size_zero_dims_on_every_cpu_method(shape):
+    """A size-0 B, T or H gives empty results of the right shapes on every method (the
+    chunked path raised IndexError at B = 0)."""
+    B, T, H, K, V = shape
+    q = np.ones((B, T, H, K), np.float32)
+    v = np.ones((B, T, H, V), np.float32)
+    for m, (o, s) in _methods(q, q, v, q).items():
+        assert o.shape == (B, T, H, V) and o.dtype == np.float32, m
+        assert s.shape == (B, H, K, V) and not s.any(), m
+    for fn in (R.gated_attention_ref, R.gated_attention_chunked, R.gated_attention_recurrent):
+        o, s = fn(q, q, v, q, output_final_state=True)
+        assert o.shape == (B, T, H, V) and s.shape == (B, H, K, V), fn.__name__
+
+
+def test_gate_products_out_of_float32_range():
+    """Gates whose products in one chunk leave float32's range: the chunked form would make
+    inf * 0 = NaN and spread it to every later chunk; every method gives the loop's finite
+    result (the issue's example, then 40 steps of random inputs with huge gates)."""
+    q = k = v = np.ones((1, 3, 1, 1), np.float32)
+    g = np.array([1e20, 1e20, .5], np.float32).reshape(1, 3, 1, 1)
+    for m, (o, _) in _methods(q, k, v, g).items():
+        np.testing.assert_allclose(o.ravel(), [1, 1e20, 5e19], rtol=1e-6, err_msg=m)
+    rng = np.random.default_rng(11)
+    q, k = (rng.standard_normal((2, 40, 3, 4)).astype(np.float32) for _ in range(2))
+    v = rng.standard_normal((2, 40, 3, 6)).astype(np.float32)
+    g = rng.uniform(0.5, 1, q.shape).astype(np.float32)
+    g[:, 7::9] = 1e20                     # products of 1e20s overflow; each step's stays finite
+    g[:, 8::9] = 1e-25
+    want, want_s = R.gated_attention_ref(q, k, v, g, output_final_state=True)
+    loop32, _ = R.gated_attention_ref(q, k, v, g, output_final_state=True, dtype=np.float32)
+    assert np.isfinite(loop32).all()
+    bound = 2 * np.abs(loop32 - want).max() + 1e-6 * np.abs(want).max()
+    for m, (o, s) in _methods(q, k, v, g).items():
+        assert np.isfinite(o).all() and np.isfinite(s).all(), m
+        assert np.abs(o - want).max() <= bound, (m, np.abs(o - want).max(), bound)
+    o, _ = R.gated_attention_chunked(q, k, v, g, output_final_state=True, BT=16)
+    assert np.isfinite(o).all() and np.abs(o - want).max() <= bound
+
+
+def test_inf_propagates_like_the_loop_on_every_method():
+    """Tiny gates and one inf in k: every method has the loop's inf and NaN elements (the
+    chunked form made NaN of most of the loop's infs), and its finite values."""
+    rng = np.random.default_rng(12)
+    q, k = (rng.standard_normal((1, 60, 1, 3)).astype(np.float32) for _ in range(2))
+    v = rng.standard_normal((1, 60, 1, 4)).astype(np.float32)
+    g = np.full(q.shape, 1e-30, np.float32)
+    k[0, 20, 0, 1] = np.inf
+    want, _ = R.gated_attention_ref(q, k, v, g, output_final_state=True, dtype=np.float32)
+    assert np.isinf(want).any() and np.isfinite(want).any()
+    for m, (o, _) in _methods(q, k, v, g).items():
+        np.testing.assert_array_equal(np.isnan(o), np.isnan(want), err_msg=m)
+        np.testing.assert_array_equal(np.isinf(o), np.isinf(want), err_msg=m)
+        fin = np.isfinite(want)
+        np.testing.assert_allclose(o[fin], want[fin], rtol=1e-5, atol=1e-6, err_msg=m)
+
+
+def test_no_floating_point_warnings_for_valid_inputs():
+    """Overflow, NaN and inf in the inputs are results, not errors: no RuntimeWarning leaks
+    from any CPU method or reference function."""
+    import warnings
+    import cupy_gda
+    q = k = v = np.ones((1, 3, 1, 1), np.float32)
+    g = np.array([1e20, 1e20, .5], np.float32).reshape(1, 3, 1, 1)
+    kinf = k.copy()
+    kinf[0, 1] = np.inf
+    lg = np.array([100.0, -np.inf, 0.0], np.float32).reshape(1, 3, 1, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for kk in (k, kinf):
+            _methods(q, kk, v, g)
+            _methods(q, kk, v, np.zeros_like(g))
+            for m in ("auto", "chunk", "recurrent"):
+                cupy_gda.gated_attention(q, kk, v, log_gate=lg, method=m)
+            for fn in (R.gated_attention_ref, R.gated_attention_chunked, R.gated_attention_recurrent):
+                fn(q, kk, v, g)
+                fn(q, kk, v, log_gate=lg)
+        state = np.full((1, 1, 1, 1), 3e38, np.float32)
+        cupy_gda.gated_attention_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], state=state)
+        R.gated_attention_step_ref(q[:, 0], kinf[:, 0], v[:, 0], log_gate=lg[:, 0], state=state)
+
+
+@pytest.mark.parametrize("fn", [R.gated_attention_ref, R.gated_attention_chunked,
+                                R.gated_attention_recurrent], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("change, exc, words", [
+    pytest.param(dict(q=[[[[1.0]]]]), TypeError, ("q must be a NumPy array", "builtins.list"), id="q-list"),
+    pytest.param(dict(initial_state=[[[[0.0]]]]), TypeError, ("initial_state must be a NumPy array",),
+                 id="state-list"),
+    pytest.param(dict(scale=None), TypeError, ("scale must be a real number", "NoneType"), id="scale-None"),
+    pytest.param(dict(scale="2"), TypeError, ("scale must be a real number", "str"), id="scale-str"),
+    pytest.param(dict(scale=np.ones(3)), TypeError, ("scale must be a real number", "ndarray"),
+                 id="scale-array"),
+    pytest.param(dict(dtype=np.int32), TypeError, ("dtype must be float32 or float64", "int32"),
+                 id="dtype-int32"),
+])
+def test_reference_functions_validate(fn, change, exc, words):
+    """The NumPy functions check their arguments like the public ones (before, a list raised
+    AttributeError, scale=None gave all-NaN output, scale='2' and dtype=int32 were taken)."""
+    x = np.ones((1, 2, 1, 1))
+    args = dict(q=x, k=x, v=x, gate=x, initial_state=None, scale=1.0, dtype=np.float64)
+    args.update(change)
+    with pytest.raises(exc) as e:
+        fn(args.pop("q"), args.pop("k"), args.pop("v"), args.pop("gate"), **args)
+    assert all(w in str(e.value) for w in words) and fn.__name__ in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("change, words", [
+    pytest.param(dict(scale=None), ("scale must be a real number",), id="scale-None"),
+    pytest.param(dict(q=[[[1.0]]]), ("q must be a NumPy array",), id="q-list"),
+    pytest.param(dict(dtype="int32"), ("dtype must be float32 or float64",), id="dtype-int32"),
+])
+def test_step_ref_validates_and_leaves_state(change, words):
+    x = np.ones((1, 1, 1))
+    state = np.full((1, 1, 1, 1), 2.0, np.float32)
+    args = dict(q=x, k=x, v=x, gate=x, state=state, scale=1.0, dtype=np.float64)
+    args.update(change)
+    with pytest.raises(TypeError) as e:
+        R.gated_attention_step_ref(args.pop("q"), args.pop("k"), args.pop("v"), args.pop("gate"), **args)
+    assert all(w in str(e.value) for w in words), str(e.value)
+    assert state.ravel().tolist() == [2.0]

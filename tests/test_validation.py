@@ -622,6 +622,21 @@ def test_step_rejects(edit, exc, msg, backend, monkeypatch):
     _check_raises(cupy_gda.gated_attention_step, STEP, _step_args(), edit, exc, msg, backend, monkeypatch)
 
 
+@pytest.mark.parametrize("where", ["state-rows", "offset"])
+def test_step_rejects_out_overlapping_state(where, backend):
+    """out sharing memory with state (which the call updates in place): a ValueError before any
+    work, state as it was (the CPU path wrote o over the updated state rows)."""
+    state = to_backend(_rand(N, H, K, V).astype(np.float32), backend)
+    before = state.copy()
+    flat = state.reshape(-1)
+    at = 0 if where == "state-rows" else 5          # (offset: across rows of state, unaligned)
+    out = flat[at:at + B * H * V].reshape(B, H, V)
+    a = {name: to_backend(x, backend) for name, x in _step_args().items() if name not in ("state", "out")}
+    with pytest.raises(ValueError, match=re.escape("gated_attention_step: out must not overlap state")):
+        cupy_gda.gated_attention_step(**a, state=state, out=out)
+    assert bool((state == before).all())
+
+
 # valid on NumPy, an error on the GPU
 STEP_GPU_ONLY = [
     pytest.param(lambda a: {**_as(np.float64, "q", "k", "v")(a),
