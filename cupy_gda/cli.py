@@ -1,8 +1,8 @@
 """``cupy-gda``: a thin command line over the library.
 
-    cupy-gda verify [-B 2 -T 63 -H 4 -K 24 -V 24 --dtype bfloat16 ...]   random cases vs float64
-    cupy-gda info                                                          versions, GPU, cache paths
-    cupy-gda bench [--shapes all] [--impl ours] [--json F]                 our kernels' timings
+    cupy-gda verify [-B 2 -T 63 ... --dtype bfloat16 --method chunk --cpu]   cases vs float64
+    cupy-gda info                                                   versions, GPU, cache paths
+    cupy-gda bench [--shapes all] [--impl ours] [--json F]          the kernels' timings (GPU)
 """
 import os
 import platform
@@ -13,77 +13,97 @@ import click
 import cupy_gda
 from cupy_gda import _compile, _dispatch, _interop, _verify
 
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+WIDTH = 100                     # verify's lines fit this many columns
 
 
-@click.group()
+@click.group(invoke_without_command=True)
 @click.version_option(cupy_gda.__version__, prog_name="cupy-gda")
-def main():
-    """CUDA kernels for gated linear attention, run through CuPy."""
+@click.pass_context
+def main(ctx):
+    """CUDA kernels for gated linear attention, run through CuPy.
+
+    Start with `cupy-gda verify` (checks the GPU path, or the CPU path without a GPU) and
+    `cupy-gda info`.
+    """
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
 
 
 # ---------------------------------------------------------------------------------------- verify
 
-def _selected_cases(shape, quick):
-    """The cases to run: one shape (forward + step) when any shape option is given, else the sweep."""
+def _selected_cases(shape, quick, log=None):
+    """The cases to run: one shape (forward + step) when any shape option is given, else the
+    sweep (or with ``quick`` its first case of each API); ``log`` (not None) sets every case's
+    log_gate flag."""
     cases = _verify.standard_cases()
     given = {k: v for k, v in shape.items() if v is not None}
     if given:
         # unset dims and flags come from the sweep's seed shape
         c = cases[0]._replace(**given)
-        step = _verify.step_case(c.B, c.H, c.K, c.V, dtype=c.dtype, gate=c.gate, log=c.log)
-        return [c, step]
-    if quick:
+        cases = [c, _verify.step_case(c.B, c.H, c.K, c.V, dtype=c.dtype, gate=c.gate, log=c.log)]
+    elif quick:
         # the first case of each API (fwd, varlen, step): a smoke test in seconds
         firsts = {}
         for c in cases:
             firsts.setdefault(c.id.split("-", 1)[0], c)
-        return list(firsts.values())
-    return cases
+        cases = list(firsts.values())
+    return cases if log is None else [c._replace(log=log) for c in cases]
 
 
-def _line(case_id, width, name, max_abs, rel_rms, err, bound, verdict):
-    return (f"{case_id:<{width}}  {name:<6} {max_abs:>9}  {rel_rms:>9}  {err:>9}  {bound:>9}  "
-            f"{verdict}")
+def _line(name, max_abs, rel_rms, err, bound, verdict):
+    """A check's line, under its case's id: at most 56 columns."""
+    return f"    {name:<6} {max_abs:>9}  {rel_rms:>9}  {err:>9}  {bound:>9}  {verdict}"
 
 
-@main.command()
+@main.command(short_help="Check random cases against the float64 NumPy reference.")
 @click.option("-B", "B", type=click.IntRange(min=1), help="Batch size (single-shape mode).")
 @click.option("-T", "T", type=click.IntRange(min=1), help="Sequence length (single-shape mode).")
 @click.option("-H", "H", type=click.IntRange(min=1), help="Heads (single-shape mode).")
 @click.option("-K", "K", type=click.IntRange(min=1), help="Key head dim (single-shape mode).")
 @click.option("-V", "V", type=click.IntRange(min=1), help="Value head dim (single-shape mode).")
-@click.option("--dtype", type=click.Choice(DTYPES), help="Dtype of q, k, v (single-shape mode).")
+@click.option("--dtype", type=click.Choice(DTYPES),
+              help="Dtype of q, k, v (single-shape mode; float64: the CPU path only, with --cpu "
+              "where a GPU is).")
 @click.option("--gate", type=click.Choice(list(_verify.GATES)),
               help="Gate distribution (single-shape mode).")
 @click.option("--log-gate/--no-log-gate", "log", default=None,
-              help="Pass log(gate) as log_gate (single-shape mode).")
+              help="Pass log(gate) as log_gate, or the gate itself, in every case (default: as "
+              "each case says).")
 @click.option("--method", type=click.Choice(["auto", *_dispatch.METHODS]), default="auto",
               show_default=True, help="Kernel family for the forward cases.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--quick", is_flag=True, help="Only the first case of each API (fwd, varlen, step).")
 @click.option("--require-gpu", is_flag=True, help="Fail (exit 1) without a usable GPU instead of "
               "verifying the CPU path.")
-def verify(B, T, H, K, V, dtype, gate, log, method, seed, quick, require_gpu):
+@click.option("--cpu", is_flag=True, help="Verify the CPU (NumPy) path even where a GPU is.")
+def verify(B, T, H, K, V, dtype, gate, log, method, seed, quick, require_gpu, cpu):
     """Check random cases against the float64 NumPy reference.
 
     Without shape options, runs the standard sweep (awkward T and head dims, gates, half dtypes,
-    varlen, step). Any of -B -T -H -K -V --dtype --gate --log-gate selects one shape instead (the
-    rest from the sweep's first case), run as a forward and a step case. Exits 1 on any failure.
+    varlen, step). Any of -B -T -H -K -V --dtype --gate selects one shape instead (the rest from
+    the sweep's first case), run as a forward and a step case. Each case prints its id, then one
+    line a checked tensor. Exits 1 on any failure.
     """
     ok, gpu = _interop.gpu_available()
-    if ok:
+    if require_gpu and cpu:
+        raise click.UsageError("--require-gpu and --cpu contradict each other")
+    if ok and not cpu:
+        if dtype == "float64":
+            raise click.UsageError("--dtype float64 runs on the CPU path only (the GPU kernels "
+                                   "take float32, float16 and bfloat16): add --cpu")
         backend, where = "cupy", f"GPU: {gpu}"
     elif require_gpu:
         raise click.ClickException(f"no usable GPU: {gpu}")
+    elif cpu:
+        backend, where = "numpy", "CPU path (--cpu)"
     else:
         backend, where = "numpy", "no GPU"
-        click.echo(f"no usable GPU: {gpu}; verifying the CPU path instead")
+        click.echo(f"no usable GPU: {gpu}\nverifying the CPU path instead")
 
-    cases = _selected_cases(dict(B=B, T=T, H=H, K=K, V=V, dtype=dtype, gate=gate, log=log), quick)
-    width = max(len(c.id) for c in cases)
+    cases = _selected_cases(dict(B=B, T=T, H=H, K=K, V=V, dtype=dtype, gate=gate), quick, log)
     # lines are collected and printed after the bar, so the bar (on stderr) never splits them
-    lines = [_line("case", width, "tensor", "max_abs", "rel_rms", "err", "bound", "result")]
+    lines = [_line("tensor", "max_abs", "rel_rms", "err", "bound", "result")]
     checks = failed = 0
     bar = click.progressbar(cases, label="verify", file=sys.stderr,
                             item_show_func=lambda c: c.id if c else None)
@@ -93,12 +113,13 @@ def verify(B, T, H, K, V, dtype, gate, log, method, seed, quick, require_gpu):
                 results = _verify.run_case(case, backend=backend, seed=seed, method=method)
             except Exception as e:  # noqa: BLE001 - a crashing case is a failed check, not the end
                 msg = str(e).splitlines()[0] if str(e) else ""
-                lines.append(f"{case.id:<{width}}  error  {type(e).__name__}: {msg}  FAIL")
+                lines += [case.id, f"    error  {type(e).__name__}: {msg}"[:WIDTH - 6] + "  FAIL"]
                 checks, failed = checks + 1, failed + 1
                 continue
+            lines.append(case.id)
             for r in results:
-                lines.append(_line(case.id, width, r.name, f"{r.max_abs:.2e}", f"{r.rel_rms:.2e}",
-                                   f"{r.err:.2e}", f"{r.bound:.2e}", "PASS" if r.ok else "FAIL"))
+                lines.append(_line(r.name, f"{r.max_abs:.2e}", f"{r.rel_rms:.2e}", f"{r.err:.2e}",
+                                   f"{r.bound:.2e}", "PASS" if r.ok else "FAIL"))
                 checks += 1
                 failed += not r.ok
     click.echo("\n".join(lines))
@@ -129,7 +150,7 @@ def _cupy():
     return cupy
 
 
-@main.command()
+@main.command(short_help="Versions, GPU and cache paths.")
 def info():
     """Versions, GPU and cache paths (each field says why where it cannot be read)."""
     import numpy
@@ -160,7 +181,7 @@ def info():
 from cupy_gda import bench as _bench  # noqa: E402 - the bench command's library side
 
 
-@main.command()
+@main.command(short_help="Time the GPU kernels at named shapes, against the copy floor.")
 @click.option("--shapes", "shapes_text", metavar="NAMES",
               help="Comma-separated shapes, or 'all' (the default; with --quick: "
               f"{','.join(_bench.QUICK_SHAPES)}), 'tsweep'. Shapes: {', '.join(_bench.SHAPES)}.")
@@ -202,7 +223,9 @@ def bench(shapes_text, impl_text, reps, budget, json_path, plot_path, quick, see
         reps = _bench.QUICK_REPS if quick else _bench.DEFAULT_REPS
     ok, gpu = _interop.gpu_available()
     if not ok:
-        raise click.ClickException(f"no usable GPU: {gpu}")
+        raise click.ClickException(f"no usable GPU: {gpu}. bench times the GPU kernels; "
+                                   f"`cupy-gda verify` checks the CPU path, and `python -m "
+                                   f"scripts.cpu_paths` (from a checkout) times it")
 
     notes, present = [], []
     for name, b in _bench.BASELINES.items():

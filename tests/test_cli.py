@@ -18,7 +18,15 @@ def invoke(*args):
 
 
 def result_lines(output, verdict):
-    return [ln for ln in output.splitlines() if ln.endswith(verdict)]
+    """verify's check lines that end in ``verdict``, each with its case's id (the line above the
+    case's checks) in front: "<case id> <tensor> <max_abs> ... <verdict>"."""
+    out, case = [], None
+    for ln in output.splitlines():
+        if ln and not ln.startswith(" ") and not ln.startswith("verify:"):
+            case = ln
+        elif ln.endswith(verdict) and ln.startswith("    "):
+            out.append(f"{case} {ln.strip()}")
+    return out
 
 
 def test_info_prints_versions_and_paths():
@@ -130,8 +138,67 @@ def test_verify_quick_runs_one_case_per_api(monkeypatch):
 def test_verify_rejects_bad_options():
     r = invoke("verify", "-K", "0")
     assert r.exit_code == 2 and "-K" in r.output
-    r = invoke("verify", "--dtype", "float64")
-    assert r.exit_code == 2 and "float64" in r.output
+    r = invoke("verify", "--dtype", "int8")
+    assert r.exit_code == 2 and "int8" in r.output
+    r = invoke("verify", "--cpu", "--require-gpu")
+    assert r.exit_code == 2 and "contradict" in r.output
+
+
+def test_bare_command_prints_help():
+    r = invoke()
+    assert r.exit_code == 0 and "Usage:" in r.output and "cupy-gda verify" in r.output
+
+
+def test_help_summaries_are_whole():
+    """Each command's one-line summary in `cupy-gda --help` is a whole sentence, not cut."""
+    r = invoke("--help")
+    summaries = [ln for ln in r.output.splitlines()
+                 if ln.startswith("  ") and not ln.strip().startswith("-")]
+    assert {ln.split()[0] for ln in summaries} >= {"bench", "info", "verify"}, r.output
+    assert all(ln.rstrip().endswith(".") and not ln.rstrip().endswith("...") for ln in summaries
+               if ln.split()[0] in ("bench", "info", "verify")), r.output
+
+
+def test_verify_lines_fit_100_columns():
+    r = invoke("verify", "--quick")
+    assert r.exit_code == 0, r.output
+    assert max(len(ln) for ln in r.output.splitlines()) <= cli.WIDTH, r.output
+
+
+@pytest.mark.parametrize("flag, want", [("--no-log-gate", False), ("--log-gate", True)])
+def test_verify_log_gate_flag_sets_every_case(flag, want, monkeypatch):
+    """--log-gate / --no-log-gate alone runs the whole sweep with that gate form (before,
+    --no-log-gate, the default's value, silently switched to one shape)."""
+    seen = []
+    monkeypatch.setattr(_verify, "run_case", lambda case, **kw: seen.append(case) or [])
+    r = invoke("verify", flag)
+    assert r.exit_code == 0, r.output
+    assert ([c._replace(log=False) for c in seen]
+            == [c._replace(log=False) for c in _verify.standard_cases()])
+    assert {c.log for c in seen} == {want}
+
+
+def test_verify_float64_on_the_cpu_path(monkeypatch):
+    """float64 is a CPU dtype: it runs there (--cpu where a GPU is), and a GPU run of it is a
+    usage error that says to add --cpu."""
+    r = invoke("verify", *SMALL, "--dtype", "float64", "--cpu")
+    assert r.exit_code == 0, r.output
+    assert "verify: 2 cases, 4 checks, 0 failed (CPU path (--cpu), backend numpy)" in r.output
+    monkeypatch.setattr(_interop, "gpu_available", lambda: (True, "a GPU"))
+    backends = []
+    monkeypatch.setattr(_verify, "run_case",
+                        lambda case, backend, **kw: backends.append(backend) or [])
+    r = invoke("verify", *SMALL, "--dtype", "float64")
+    assert r.exit_code == 2 and "float64 runs on the CPU path only" in r.output
+    assert "add --cpu" in r.output
+    assert invoke("verify", *SMALL, "--cpu").exit_code == 0 and backends == ["numpy", "numpy"]
+
+
+def test_bench_without_gpu_points_to_verify(monkeypatch):
+    monkeypatch.setattr(_interop, "gpu_available", lambda: (False, "no NVIDIA driver found"))
+    r = invoke("bench", "--shapes", "seed")
+    assert r.exit_code == 1 and "no usable GPU: no NVIDIA driver found" in r.output
+    assert "cupy-gda verify" in r.output
 
 
 def test_python_dash_m():
