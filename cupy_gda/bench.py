@@ -5,6 +5,8 @@ Rows per shape (``--impl`` selects by family or by name):
 - ``ours-auto`` and ``ours-<m>`` for each family of ``_dispatch.METHODS`` with a GPU kernel
   (found at run time); ``ours-step`` (``gated_attention_step``, state updated in place) for
   ``decode``. ``... (host)`` rows (seed, decode): host wall time per call of back-to-back calls.
+- ``cpu-auto``, ``cpu-recurrent``, ``cpu-chunk`` (decode: ``cpu-step``), with ``--cpu``: the
+  public API on NumPy inputs, host wall time per call, T cut to CPU_T_MAX (run_cpu; no GPU).
 - ``floor``: the bytes that must move (q, k, v, g read once, o written once; decode: + the state
   read and written once) over the device-to-device copy bandwidth measured in the same run.
 - Other implementations feed the same table through BASELINES: ``scripts/baselines.py``
@@ -231,7 +233,7 @@ def plan(shapes, selectors, baselines=None):
 
 
 def _impl_rank(impl):
-    order = [*_ours_names(), "ours-auto" + HOST, "ours-step" + HOST,
+    order = [*_ours_names(), "ours-auto" + HOST, "ours-step" + HOST, *CPU_IMPLS, "cpu-step",
              *(n for b in BASELINES.values() for n in b.names), "floor"]
     return order.index(impl) if impl in order else len(order)
 
@@ -642,18 +644,17 @@ def reference_slices(shape, s):
     """{'ref': {...}, 'emu': {...}}: the float64 and float32 NumPy loops on the first sequence's
     first heads (T cut to REF_T_MAX) of input set s; 'o', and for decode 'state'. For half
     dtypes the float32 output is rounded to the dtype (the emulation of _verify)."""
-    cp = _cupy()
     Ts, Hs = _slice_dims(shape)
     out = {}
     if shape.step:
-        h = {n: cp.asnumpy(s[n][0])[None, :Hs] for n in ("q", "k", "v", "gate", "state")}
+        h = {n: _to_host(s[n][0])[None, :Hs] for n in ("q", "k", "v", "gate", "state")}
         for label, dt in (("ref", np.float64), ("emu", np.float32)):
             st = h["state"].astype(dt)
             o = reference.gated_attention_step_ref(h["q"], h["k"], h["v"], h["gate"], state=st,
                                                    dtype=dt)
             out[label] = dict(o=o, state=st)
     else:
-        h = {n: cp.asnumpy(s[n][0, :Ts])[None, :, :Hs] for n in ("q", "k", "v", "gate")}
+        h = {n: _to_host(s[n][0, :Ts])[None, :, :Hs] for n in ("q", "k", "v", "gate")}
         for label, dt in (("ref", np.float64), ("emu", np.float32)):
             out[label] = dict(o=reference.gated_attention_ref(h["q"], h["k"], h["v"], h["gate"],
                                                                dtype=dt))
@@ -663,15 +664,19 @@ def reference_slices(shape, s):
 
 
 def output_slices(shape, o, state=None):
-    """The same slice of a device output (and decode's state) as reference_slices, on the host."""
-    cp = _cupy()
+    """The same slice of an output (and decode's state) as reference_slices, on the host."""
     Ts, Hs = _slice_dims(shape)
     if shape.step:
-        got = dict(o=cp.asnumpy(o[0])[None, :Hs])
+        got = dict(o=_to_host(o[0])[None, :Hs])
         if state is not None:
-            got["state"] = cp.asnumpy(state[0])[None, :Hs]
+            got["state"] = _to_host(state[0])[None, :Hs]
         return got
-    return dict(o=cp.asnumpy(o[0, :Ts])[None, :, :Hs])
+    return dict(o=_to_host(o[0, :Ts])[None, :, :Hs])
+
+
+def _to_host(x):
+    """A NumPy copy of a CuPy array, or the NumPy array itself."""
+    return x.get() if hasattr(x, "get") else np.asarray(x)
 
 
 def accuracy(refs, got):
@@ -784,7 +789,76 @@ def run(units, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, seed=0, on_step=Non
     return dict(header=header, copy=copy, shapes=infos, rows=rows, notes=notes)
 
 
+# -------------------------------------------------------------------------------- the CPU side
+
+CPU_T_MAX = 256                 # CPU rows cut T to this: whole-T rows take minutes on a CPU
+CPU_SHAPES = ("seed", "gla64", "long24", "few24", "few64", "big128", "gla1.3b", "decode")
+CPU_IMPLS = ("cpu-auto", "cpu-recurrent", "cpu-chunk")     # forward; decode: cpu-step
+
+
+def cpu_header_info():
+    import platform
+    return dict(cpu=platform.processor() or platform.machine(), cores=os.cpu_count(),
+                numpy=np.__version__, cupy_gda=cupy_gda.__version__, commit=git_commit(),
+                date=datetime.now().isoformat(timespec="seconds"))
+
+
+def cpu_header_line(h):
+    return (f"# CPU {h['cpu']} ({h['cores']} cores), NumPy {h['numpy']}, cupy_gda "
+            f"{h['cupy_gda']}, commit {h['commit']}, {h['date']}")
+
+
+def run_cpu(shapes, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, seed=0, t_max=CPU_T_MAX,
+            on_step=None):
+    """The CPU rows (NumPy inputs, the public API): per forward shape cpu-auto, cpu-recurrent
+    and cpu-chunk (``method=``), for decode cpu-step; T cut to ``t_max``. ms: the median of host
+    wall times per call (at least MIN_REPS calls, at most ``reps`` or ``budget_s`` seconds);
+    accuracy as the device rows'. Returns dict(header, rows, notes)."""
+    on_step = on_step or (lambda label: None)
+    rows = []
+    for shape in shapes:
+        s = shape if shape.step else shape._replace(T=min(shape.T, t_max))
+        x = _verify.make_inputs(s.case, seed)
+        refs = reference_slices(s, x)
+        note = f"T cut to {s.T} of {shape.T}" if s.T != shape.T else ""
+        for impl in (("cpu-step",) if s.step else CPU_IMPLS):
+            on_step(f"{s.name} {impl}")
+            method = impl[len("cpu-"):]
+            try:
+                if s.step:
+                    state = x["state"].copy()
+                    o = cupy_gda.gated_attention_step(x["q"], x["k"], x["v"], x["gate"],
+                                                      state=state)
+                    acc = accuracy(refs, output_slices(s, o, state))
+
+                    def call():
+                        return cupy_gda.gated_attention_step(x["q"], x["k"], x["v"], x["gate"],
+                                                             state=state)
+                else:
+                    def call():
+                        return cupy_gda.gated_attention(x["q"], x["k"], x["v"], x["gate"],
+                                                        method=method)
+                    acc = accuracy(refs, output_slices(s, call()))
+                t0 = time.perf_counter()
+                call()
+                n = reps_for(reps, (time.perf_counter() - t0) * 1e3, budget_s)
+                ms = []
+                for _ in range(n):
+                    t0 = time.perf_counter()
+                    call()
+                    ms.append((time.perf_counter() - t0) * 1e3)
+                r = new_row(s, impl, kind="host", **stats(ms), **acc, note=note)
+            except Exception as e:  # noqa: BLE001 - a failing row is reported, the run goes on
+                r = new_row(s, impl, kind="host", status="failed", note=_err(e))
+            rows.append(r)
+    rows = sort_rows(finish_rows(rows), [s.name for s in shapes])
+    return dict(header=cpu_header_info(), rows=rows,
+                notes=[f"CPU rows: host wall time per call of the public API on NumPy inputs "
+                       f"(median), T cut to {t_max}; GB/s over the must-move bytes of the cut "
+                       f"shape"])
+
+
 def failures(rows):
-    """Ours rows that failed to run or broke the accuracy contract."""
-    return [r for r in rows if r["family"] == "ours"
+    """Ours rows (GPU or CPU) that failed to run or broke the accuracy contract."""
+    return [r for r in rows if r["family"] in ("ours", "cpu")
             and (r["status"] == "failed" or r["contract_ok"] is False)]

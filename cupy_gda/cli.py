@@ -2,7 +2,7 @@
 
     cupy-gda verify [-B 2 -T 63 ... --dtype bfloat16 --method chunk --cpu]   cases vs float64
     cupy-gda info                                                   versions, GPU, cache paths
-    cupy-gda bench [--shapes all] [--impl ours] [--json F]          the kernels' timings (GPU)
+    cupy-gda bench [--shapes all] [--impl ours] [--json F] [--cpu]  the kernels' timings
 """
 import os
 import platform
@@ -200,7 +200,10 @@ from cupy_gda import bench as _bench  # noqa: E402 - the bench command's library
               help="Write a PNG of time vs T (log-log) of the tsweep shapes (needs matplotlib).")
 @click.option("--quick", is_flag=True, help="A few shapes and fewer calls: a smoke run.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
-def bench(shapes_text, impl_text, reps, budget, json_path, plot_path, quick, seed):
+@click.option("--cpu", is_flag=True, help="Time the CPU (NumPy) path instead: cpu-auto, "
+              f"cpu-recurrent, cpu-chunk (decode: cpu-step), T cut to {_bench.CPU_T_MAX}; default "
+              f"shapes {','.join(_bench.CPU_SHAPES)}. Needs no GPU.")
+def bench(shapes_text, impl_text, reps, budget, json_path, plot_path, quick, seed, cpu):
     """Time our kernels (and any registered baseline) at named shapes, against the copy floor.
 
     Prints a header line (GPU, CUDA, CuPy, commit), then one row per shape and implementation:
@@ -209,11 +212,15 @@ def bench(shapes_text, impl_text, reps, budget, json_path, plot_path, quick, see
     scripts.baselines` (from a checkout) adds the textbook kernel's and fla's rows. Exits 1 if
     an ours row fails or breaks the accuracy contract.
     """
+    default = _bench.CPU_SHAPES if cpu else _bench.QUICK_SHAPES if quick else ("all",)
     try:
-        shapes = _bench.parse_shapes(shapes_text or (",".join(_bench.QUICK_SHAPES) if quick
-                                                     else "all"))
+        shapes = _bench.parse_shapes(shapes_text or ",".join(default))
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--shapes") from None
+    if cpu:
+        _bench_cpu(shapes, reps or (_bench.QUICK_REPS if quick else _bench.DEFAULT_REPS), budget,
+                   seed, json_path)
+        return
     families = ["ours", *_bench.BASELINES]
     try:
         selectors = _bench.parse_impls(impl_text or ",".join(families))
@@ -224,8 +231,8 @@ def bench(shapes_text, impl_text, reps, budget, json_path, plot_path, quick, see
     ok, gpu = _interop.gpu_available()
     if not ok:
         raise click.ClickException(f"no usable GPU: {gpu}. bench times the GPU kernels; "
-                                   f"`cupy-gda verify` checks the CPU path, and `python -m "
-                                   f"scripts.cpu_paths` (from a checkout) times it")
+                                   f"`cupy-gda bench --cpu` times the CPU path and `cupy-gda "
+                                   f"verify` checks it")
 
     notes, present = [], []
     for name, b in _bench.BASELINES.items():
@@ -259,6 +266,30 @@ def bench(shapes_text, impl_text, reps, budget, json_path, plot_path, quick, see
         click.echo(f"# rows written to {json_path}")
     if plot_path:
         click.echo(f"# {_bench.plot(result['rows'], plot_path)}")
+    bad = _bench.failures(result["rows"])
+    if bad:
+        click.echo("# FAIL: " + ", ".join(f"{r['shape']} {r['impl']}" for r in bad))
+        sys.exit(1)
+
+
+def _bench_cpu(shapes, reps, budget, seed, json_path):
+    """bench --cpu: the CPU rows (bench.run_cpu), their table, exit 1 on a failed row."""
+    if sys.stderr.isatty():
+        n = sum(1 if s.step else len(_bench.CPU_IMPLS) for s in shapes)
+        with click.progressbar(length=n, label="bench --cpu", file=sys.stderr,
+                               item_show_func=lambda s: s) as bar:
+            result = _bench.run_cpu(shapes, reps, budget, seed,
+                                    on_step=lambda label: bar.update(1, label))
+    else:
+        result = _bench.run_cpu(shapes, reps, budget, seed,
+                                on_step=lambda label: click.echo(f"bench: {label}", err=True))
+    click.echo(_bench.cpu_header_line(result["header"]))
+    click.echo(_bench.format_table(result["rows"]))
+    for n in result["notes"]:
+        click.echo(f"# {n}")
+    if json_path:
+        _bench.write_json(dict(result, copy=None, shapes=[]), json_path)
+        click.echo(f"# rows written to {json_path}")
     bad = _bench.failures(result["rows"])
     if bad:
         click.echo("# FAIL: " + ", ".join(f"{r['shape']} {r['impl']}" for r in bad))

@@ -237,3 +237,22 @@ def test_no_driver_is_named_as_such(installed, monkeypatch):
     else:
         assert why.startswith("no NVIDIA driver found: libcuda.so.1 is not installed"), why
         assert "insufficient" not in why, why
+
+
+def test_bench_cpu_rows(tmp_path):
+    """bench --cpu times the CPU path without a GPU: every CPU method at a forward shape, the
+    step at decode, each within the accuracy contract, as host rows in the table and the JSON."""
+    import json
+    path = tmp_path / "cpu.json"
+    r = invoke("bench", "--cpu", "--shapes", "seed,decode", "--reps", "2", "--budget", "0",
+               "--json", str(path))
+    assert r.exit_code == 0, r.output
+    assert "\n# CPU " in r.output           # (the progress lines go to stderr, mixed in here)
+    rows = json.loads(path.read_text())["rows"]
+    assert [(x["shape"], x["impl"]) for x in rows] == [
+        ("seed", "cpu-auto"), ("seed", "cpu-recurrent"), ("seed", "cpu-chunk"),
+        ("decode", "cpu-step")]
+    for x in rows:
+        assert x["family"] == "cpu" and x["kind"] == "host" and x["status"] == "ok", x
+        assert x["ms"] > 0 and x["reps"] >= 2 and x["contract_ok"] is True, x
+        assert f"{x['shape']:<6} | {x['impl']}" in r.output
