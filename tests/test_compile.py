@@ -122,13 +122,32 @@ def _cases():
     return list({c.id: c for c in out if c is not None}.values())   # K=V=256 may be in both lists
 
 
+def _build(kernel, items, arch):
+    return FAMILIES[kernel].cubin(dict(items), arch)
+
+
 @pytest.fixture(scope="module")
-def compiled():
-    """compile_cubin memoised over the module: each (kernel, defines, arch) compiles once."""
-    @functools.lru_cache(maxsize=None)
-    def build(kernel, items, arch):
-        return FAMILIES[kernel].cubin(dict(items), arch)
-    return build
+def compiled(request):
+    """compile_cubin of every selected (kernel, defines, arch) of this module, each once, run
+    on all CPU cores at once (NVRTC compiles on one core; fresh processes, no CUDA context);
+    the tests take their results as they come."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    wanted = dict.fromkeys(tuple(item.callspec.params[n] for n in ("kernel", "items", "arch"))
+                           for item in request.session.items
+                           if item.module is request.module and hasattr(item, "callspec")
+                           and {"kernel", "items", "arch"} <= set(item.callspec.params))
+    workers = min(len(wanted), os.cpu_count() or 1)
+    if workers < 2:
+        yield functools.lru_cache(maxsize=None)(_build)
+        return
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        jobs = {key: pool.submit(_build, *key) for key in wanted}
+        yield lambda kernel, items, arch: (jobs[(kernel, items, arch)].result()
+                                           if (kernel, items, arch) in jobs
+                                           else _build(kernel, items, arch))
+        for job in jobs.values():
+            job.cancel()
 
 
 @pytest.mark.parametrize("kernel, arch, items", _cases())
