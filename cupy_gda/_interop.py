@@ -9,7 +9,6 @@
 - A framework's CPU array (``__dlpack_device__`` of kDLCPU): through NumPy, then back.
 """
 import contextlib
-
 import sys
 
 import numpy as np
