@@ -3,7 +3,9 @@
 - ``textbook``: scripts/textbook_gda.cu (one block per (b, h), S in shared memory, three
   barriers per step), float32 forward shapes only, checked against ours before it is timed.
 - ``fla-chunk_gla`` and ``fla-fused_recurrent_gla`` when ``torch`` and ``fla`` import (never a
-  dependency: put fla's package folder on PYTHONPATH, e.g. .baselines/). They run in a child
+  dependency: clone github.com/fla-org/flash-linear-attention and put the folder that holds
+  its ``fla/`` package on PYTHONPATH; the project's device runs use an ignored ``.baselines/``
+  folder at the repository root, which a fresh clone does not have). They run in a child
   process, so that a Triton autotune running past ``--fla-timeout`` can be stopped without
   stopping the benchmark.
 
@@ -125,8 +127,9 @@ def fla_available():
         if not found:
             missing.append(mod)
     if missing:
-        return False, (f"{' and '.join(missing)} not importable (put fla's package folder on "
-                       f"PYTHONPATH, e.g. PYTHONPATH=.baselines)")
+        return False, (f"{' and '.join(missing)} not importable (fla: clone "
+                       f"github.com/fla-org/flash-linear-attention and put the folder holding "
+                       f"its fla/ package on PYTHONPATH)")
     return True, ""
 
 
