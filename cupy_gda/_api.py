@@ -2,7 +2,7 @@
 import numpy as np
 
 from cupy_gda import _checks, _dispatch, chunk, recurrent, reference, step
-from cupy_gda._interop import Bridge
+from cupy_gda._interop import Bridge, host_array
 
 
 _FAMILIES = {"recurrent": recurrent, "chunk": chunk}    # the GPU launchers of _dispatch's names
@@ -50,10 +50,6 @@ def _check_out(fn, out, shape, dtype, gpu):
     if gpu and not out.flags.c_contiguous:
         raise ValueError(f"{fn}: out must be C-contiguous")
     _checks.check_writeable(fn, "out", out)
-
-
-def _host(x):
-    return x.get() if hasattr(x, "get") else np.asarray(x)
 
 
 def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_state=None,
@@ -106,7 +102,7 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
         m = _dispatch.pick(fn, method, p, br.gpu)
         _check_out(fn, out, (p.B, p.T, p.H, p.V), v.dtype, br.gpu)
         if cu is not None and (check_indices or not br.gpu):
-            _checks.check_cu_seqlens_values(fn, _host(cu), p.T)
+            _checks.check_cu_seqlens_values(fn, host_array(cu), p.T)
         if br.gpu:
             g = gate if gate is not None else log_gate
             cached = (key is not None and key[-1] == q.data.device_id
@@ -176,7 +172,7 @@ def gated_attention_step(q, k, v, gate=None, *, log_gate=None, state, scale=1.0,
         _check_out(fn, out, (p.B, p.H, p.V), v.dtype, br.gpu)
         _checks.check_no_overlap(fn, "out", out, "state", state)
         if idx is not None and (check_indices or not br.gpu):
-            _checks.check_state_indices_values(fn, _host(idx).astype(np.int64), p.N)
+            _checks.check_state_indices_values(fn, host_array(idx).astype(np.int64), p.N)
         if br.gpu:
             g = gate if gate is not None else log_gate
             cached = (key is not None and key[-1] == q.data.device_id

@@ -116,6 +116,11 @@ class Bridge:
         return from_dlpack(y) if from_dlpack is not None else y
 
 
+def host_array(x):
+    """A NumPy copy of a CuPy array (one device sync), or a NumPy array as it is."""
+    return x.get() if hasattr(x, "get") else np.asarray(x)
+
+
 DRIVER_LIBRARY = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
 
 

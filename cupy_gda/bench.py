@@ -36,6 +36,7 @@ import numpy as np
 
 import cupy_gda
 from cupy_gda import _compile, _dispatch, _verify, reference
+from cupy_gda._interop import host_array
 
 REPO_ROOT = Path(__file__).resolve().parent.parent       # a checkout's root (git_commit)
 
@@ -647,14 +648,14 @@ def reference_slices(shape, s):
     Ts, Hs = _slice_dims(shape)
     out = {}
     if shape.step:
-        h = {n: _to_host(s[n][0])[None, :Hs] for n in ("q", "k", "v", "gate", "state")}
+        h = {n: host_array(s[n][0])[None, :Hs] for n in ("q", "k", "v", "gate", "state")}
         for label, dt in (("ref", np.float64), ("emu", np.float32)):
             st = h["state"].astype(dt)
             o = reference.gated_attention_step_ref(h["q"], h["k"], h["v"], h["gate"], state=st,
                                                    dtype=dt)
             out[label] = dict(o=o, state=st)
     else:
-        h = {n: _to_host(s[n][0, :Ts])[None, :, :Hs] for n in ("q", "k", "v", "gate")}
+        h = {n: host_array(s[n][0, :Ts])[None, :, :Hs] for n in ("q", "k", "v", "gate")}
         for label, dt in (("ref", np.float64), ("emu", np.float32)):
             out[label] = dict(o=reference.gated_attention_ref(h["q"], h["k"], h["v"], h["gate"],
                                                                dtype=dt))
@@ -667,16 +668,12 @@ def output_slices(shape, o, state=None):
     """The same slice of an output (and decode's state) as reference_slices, on the host."""
     Ts, Hs = _slice_dims(shape)
     if shape.step:
-        got = dict(o=_to_host(o[0])[None, :Hs])
+        got = dict(o=host_array(o[0])[None, :Hs])
         if state is not None:
-            got["state"] = _to_host(state[0])[None, :Hs]
+            got["state"] = host_array(state[0])[None, :Hs]
         return got
-    return dict(o=_to_host(o[0, :Ts])[None, :, :Hs])
+    return dict(o=host_array(o[0, :Ts])[None, :, :Hs])
 
-
-def _to_host(x):
-    """A NumPy copy of a CuPy array, or the NumPy array itself."""
-    return x.get() if hasattr(x, "get") else np.asarray(x)
 
 
 def accuracy(refs, got):
@@ -813,7 +810,8 @@ def run_cpu(shapes, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, seed=0, t_max=
     """The CPU rows (NumPy inputs, the public API): per forward shape cpu-auto, cpu-recurrent
     and cpu-chunk (``method=``), for decode cpu-step; T cut to ``t_max``. ms: the median of host
     wall times per call (at least MIN_REPS calls, at most ``reps`` or ``budget_s`` seconds);
-    accuracy as the device rows'. Returns dict(header, rows, notes)."""
+    accuracy as the device rows'. Returns dict(header, copy (None), shapes ([]), rows, notes),
+    as run()."""
     on_step = on_step or (lambda label: None)
     rows = []
     for shape in shapes:
@@ -842,17 +840,13 @@ def run_cpu(shapes, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, seed=0, t_max=
                 t0 = time.perf_counter()
                 call()
                 n = reps_for(reps, (time.perf_counter() - t0) * 1e3, budget_s)
-                ms = []
-                for _ in range(n):
-                    t0 = time.perf_counter()
-                    call()
-                    ms.append((time.perf_counter() - t0) * 1e3)
+                ms = host_times(call, lambda: None, n, 1)
                 r = new_row(s, impl, kind="host", **stats(ms), **acc, note=note)
             except Exception as e:  # noqa: BLE001 - a failing row is reported, the run goes on
                 r = new_row(s, impl, kind="host", status="failed", note=_err(e))
             rows.append(r)
     rows = sort_rows(finish_rows(rows), [s.name for s in shapes])
-    return dict(header=cpu_header_info(), rows=rows,
+    return dict(header=cpu_header_info(), copy=None, shapes=[], rows=rows,
                 notes=[f"CPU rows: host wall time per call of the public API on NumPy inputs "
                        f"(median), T cut to {t_max}; GB/s over the must-move bytes of the cut "
                        f"shape"])

@@ -217,17 +217,21 @@ def bench(shapes_text, impl_text, reps, budget, json_path, plot_path, quick, see
         shapes = _bench.parse_shapes(shapes_text or ",".join(default))
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--shapes") from None
+    if reps is None:
+        reps = _bench.QUICK_REPS if quick else _bench.DEFAULT_REPS
     if cpu:
-        _bench_cpu(shapes, reps or (_bench.QUICK_REPS if quick else _bench.DEFAULT_REPS), budget,
-                   seed, json_path)
+        n = sum(1 if s.step else len(_bench.CPU_IMPLS) for s in shapes)
+        result = _with_progress("bench --cpu", n, lambda on_step: _bench.run_cpu(
+            shapes, reps, budget, seed, on_step=on_step))
+        _report(result, [_bench.cpu_header_line(result["header"])],
+                _bench.format_table(result["rows"]), [f"# {n}" for n in result["notes"]], json_path)
+        _exit_on_failures(result["rows"])
         return
     families = ["ours", *_bench.BASELINES]
     try:
         selectors = _bench.parse_impls(impl_text or ",".join(families))
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--impl") from None
-    if reps is None:
-        reps = _bench.QUICK_REPS if quick else _bench.DEFAULT_REPS
     ok, gpu = _interop.gpu_available()
     if not ok:
         raise click.ClickException(f"no usable GPU: {gpu}. bench times the GPU kernels; "
@@ -247,50 +251,38 @@ def bench(shapes_text, impl_text, reps, budget, json_path, plot_path, quick, see
         raise click.ClickException(f"nothing to run: no implementation in --impl "
                                    f"{impl_text or 'all'} applies to --shapes "
                                    f"{shapes_text or 'all'}{why}")
-    if sys.stderr.isatty():
-        with click.progressbar(length=len(units), label="bench", file=sys.stderr,
-                               item_show_func=lambda s: s) as bar:
-            result = _bench.run(units, reps=reps, budget_s=budget, seed=seed,
-                                on_step=lambda label: bar.update(1, label))
-    else:   # a log (e.g. a remote run): one line per unit as it starts, so a cut-off run shows where
-        result = _bench.run(units, reps=reps, budget_s=budget, seed=seed,
-                            on_step=lambda label: click.echo(f"bench: {label}", err=True))
+    result = _with_progress("bench", len(units), lambda on_step: _bench.run(
+        units, reps=reps, budget_s=budget, seed=seed, on_step=on_step))
     result["notes"] += notes
+    _report(result, [_bench.header_line(result["header"])], _bench.format_table(result["rows"]),
+            _bench.summary_lines(result), json_path)
+    if plot_path:
+        click.echo(f"# {_bench.plot(result['rows'], plot_path)}")
+    _exit_on_failures(result["rows"])
 
-    click.echo(_bench.header_line(result["header"]))
-    click.echo(_bench.format_table(result["rows"]))
-    for line in _bench.summary_lines(result):
+
+def _with_progress(label, n, run):
+    """run(on_step) with a progress bar of n steps on a terminal, else (a log, e.g. a remote run)
+    one stderr line per step as it starts, so a cut-off run shows where."""
+    if sys.stderr.isatty():
+        with click.progressbar(length=n, label=label, file=sys.stderr,
+                               item_show_func=lambda s: s) as bar:
+            return run(lambda step: bar.update(1, step))
+    return run(lambda step: click.echo(f"bench: {step}", err=True))
+
+
+def _report(result, head, table, tail, json_path):
+    """The header lines, the table and the lines after it; the JSON where asked."""
+    for line in [*head, table, *tail]:
         click.echo(line)
     if json_path:
         _bench.write_json(result, json_path)
         click.echo(f"# rows written to {json_path}")
-    if plot_path:
-        click.echo(f"# {_bench.plot(result['rows'], plot_path)}")
-    bad = _bench.failures(result["rows"])
+
+
+def _exit_on_failures(rows):
+    bad = _bench.failures(rows)
     if bad:
         click.echo("# FAIL: " + ", ".join(f"{r['shape']} {r['impl']}" for r in bad))
         sys.exit(1)
 
-
-def _bench_cpu(shapes, reps, budget, seed, json_path):
-    """bench --cpu: the CPU rows (bench.run_cpu), their table, exit 1 on a failed row."""
-    if sys.stderr.isatty():
-        n = sum(1 if s.step else len(_bench.CPU_IMPLS) for s in shapes)
-        with click.progressbar(length=n, label="bench --cpu", file=sys.stderr,
-                               item_show_func=lambda s: s) as bar:
-            result = _bench.run_cpu(shapes, reps, budget, seed,
-                                    on_step=lambda label: bar.update(1, label))
-    else:
-        result = _bench.run_cpu(shapes, reps, budget, seed,
-                                on_step=lambda label: click.echo(f"bench: {label}", err=True))
-    click.echo(_bench.cpu_header_line(result["header"]))
-    click.echo(_bench.format_table(result["rows"]))
-    for n in result["notes"]:
-        click.echo(f"# {n}")
-    if json_path:
-        _bench.write_json(dict(result, copy=None, shapes=[]), json_path)
-        click.echo(f"# rows written to {json_path}")
-    bad = _bench.failures(result["rows"])
-    if bad:
-        click.echo("# FAIL: " + ", ".join(f"{r['shape']} {r['impl']}" for r in bad))
-        sys.exit(1)
