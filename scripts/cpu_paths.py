@@ -12,7 +12,6 @@ cut to --bench-t (default 256: whole-T rows take minutes on a CPU).
 """
 import argparse
 import sys
-import time
 
 import numpy as np
 
@@ -36,13 +35,8 @@ def cases(bench_t):
 
 
 def median_s(fn, reps):
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
+    """The median wall seconds of ``reps`` calls after a warm-up one (bench.host_times)."""
+    return float(np.median(bench.host_times(fn, lambda: None, reps, 1))) / 1e3
 
 
 def main(argv=None):
