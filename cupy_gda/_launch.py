@@ -107,10 +107,10 @@ def mean_len(p):
 def segments(blocks, per_sm, sms, units, min_units, L, itemsize, V):
     """Sequence segments P of a forward family: as many as make ``per_sm`` of its ``blocks`` a SM
     on ``sms`` SMs, with at least ``min_units`` of the ``units`` of the mean length ``L`` each,
-    and a workspace, (P - 1) K (V + 1) floats a sequence-head, no larger than q (``itemsize``
+    and a workspace, (P - 1) K (V + 2) floats a sequence-head, no larger than q (``itemsize``
     bytes an element); at least 1."""
     return max(1, min(per_sm * sms // max(blocks, 1), units // min_units,
-                      1 + int(L) * itemsize // (4 * (V + 1))))
+                      1 + int(L) * itemsize // (4 * (V + 2))))
 
 
 def empty(shape, dtype):
@@ -128,8 +128,8 @@ def address(x):
 
 class SegmentedPlan:
     """A forward family in P sequence segments: with P > 1 a call allocates the workspace
-    ((P - 1)(K V + K) floats a sequence-head) and launches the state pass first, on the same
-    stream; with P = 1, one launch. The subclass names its two entries (``family``, ``entry``,
+    ((P - 1)(K V + 2K) floats a sequence-head: each segment's S and its gate product, as m 2^e)
+    and launches the state pass first, on the same stream; with P = 1, one launch. The subclass names its two entries (``family``, ``entry``,
     ``state_entry``) and calls _setup with its defines and sizes."""
 
     def _setup(self, p, defines, smem, NV, P, threads):
@@ -143,7 +143,7 @@ class SegmentedPlan:
             self.state_launch = Launch(fam.function(self.state_entry, defines, smem),
                                        fam.entries[self.state_entry], p.N * p.H * (P - 1) * NV,
                                        threads, smem, **sizes)
-            self.ws_sizes = (p.N * p.H * (P - 1) * p.K * p.V, p.N * p.H * (P - 1) * p.K)
+            self.ws_sizes = (p.N * p.H * (P - 1) * p.K * p.V, p.N * p.H * (P - 1) * 2 * p.K)
         self.o_shape, self.o_dtype = (p.B, p.T, p.H, p.V), np_dtype(p.dtype)
         self.ht_shape = (p.N, p.H, p.K, p.V)
 

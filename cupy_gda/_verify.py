@@ -53,8 +53,13 @@ def _gate_grow(rng, shape, xp=np):
     return np.float32(0.9) + np.float32(0.2) * rng.random(shape, dtype=np.float32)   # above 1 half the time
 
 
+def _gate_big(rng, shape, xp=np):
+    g = xp.where(rng.random(shape, dtype=np.float32) < 0.5, np.float32(2), np.float32(4))
+    return xp.where(rng.random(shape, dtype=np.float32) < 0.3, np.float32(0), g)   # resets
+
+
 GATES = {"unif": _gate_unif, "logsig": _gate_logsig, "zeros": _gate_zeros, "ones": _gate_ones,
-         "tiny": _gate_tiny, "neg": _gate_neg, "grow": _gate_grow}
+         "tiny": _gate_tiny, "neg": _gate_neg, "grow": _gate_grow, "big": _gate_big}
 
 
 class Case(NamedTuple):

@@ -99,16 +99,50 @@ __device__ __forceinline__ void gda_segment_rows(long long len, int P, int p, in
 }
 
 // Their workspace, written by the state passes: entry w = (n * H + h) * (P - 1) + j holds segment
-// j's end state S_j [K][V] at ws_s + w * K * V and its gate product d_j [K] at ws_d + w * K.
-// Element (row, col) of S carried from s through entries w_0 .. w_0 + p - 1: S = d_j S + S_j.
+// j's end state S_j [K][V] at ws_s + w * K * V and its gate product d_j = m * 2^e [K] at
+// ws_d + w * 2K (m [K], then e [K] as floats: a segment's product of any length keeps its range,
+// see gda_scaled_mul). Element (row, col) of S carried from s through entries w_0 .. w_0 + p - 1:
+// S = 2^e (m S) + S_j, the loop's value wherever the loop's is finite (d_j * S with d_j out of
+// float range would be inf * 0 = NaN for a zero S).
+__device__ __forceinline__ float gda_pow2_mul(float x, float e);
 __device__ __forceinline__ float gda_carry(const float* __restrict__ ws_s,
                                            const float* __restrict__ ws_d, long long w_0, int p,
                                            int K, int V, int row, int col, float s) {
     for (int j = 0; j < p; ++j) {
-        const long long wj = (w_0 + j) * K + row;
-        s = fmaf(ws_d[wj], s, ws_s[wj * V + col]);
+        const long long wj = (w_0 + j) * K + row, wd = (w_0 + j) * 2 * K + row;
+        const float m = ws_d[wd], e = ws_d[wd + K], sj = ws_s[wj * V + col];
+        s = e == 0.f ? fmaf(m, s, sj) : gda_pow2_mul(m * s, e) + sj;
     }
     return s;
+}
+
+// x * 2^e (e an integer in a float), exact where the result is a normal float: four power-of-2
+// factors (e clamped to +-400, beyond which no float x * 2^e is finite and nonzero), each in
+// the float exponent range; the partial products lie between x and the result
+__device__ __forceinline__ float gda_pow2_mul(float x, float e) {
+    const int ei = max(-400, min(400, (int)e)), e1 = ei / 4, e4 = ei - 3 * e1;
+    const float f1 = __int_as_float((e1 + 127) << 23);
+    return x * f1 * f1 * f1 * __int_as_float((e4 + 127) << 23);
+}
+
+// x as m * 2^d with m in [0.5, 1), d added to e (a float); 0, subnormals, inf and NaN as they are
+__device__ __forceinline__ float gda_mantissa(float x, float& e) {
+    const unsigned u = __float_as_uint(x), ex = (u >> 23) & 0xffu;
+    if (ex == 0u || ex == 0xffu)
+        return x;
+    e += (float)((int)ex - 126);
+    return __uint_as_float((u & 0x807fffffu) | (126u << 23));
+}
+
+// A gate product kept as m * 2^e (e a float, exact), times g: m stays within [2^-64, 2^64] (or
+// 0, or not finite), so products of any length keep the loop's range; the multiply only, unless
+// the product leaves that range (then m is first brought to [0.5, 1), where m * g is finite).
+__device__ __forceinline__ void gda_scaled_mul(float& m, float& e, float g) {
+    const float x = m * g;
+    if (x == 0.f || (fabsf(x) >= 0x1p-64f && fabsf(x) <= 0x1p64f))
+        m = x;
+    else
+        m = gda_mantissa(gda_mantissa(m, e) * g, e);
 }
 
 // Whether p is aligned for loads of 4 elements at once (16 bytes of float, 8 of a 16-bit type).

@@ -16,12 +16,16 @@
 //               (P: prefix product inside the sub-block) and B_i, the product of the sub-blocks
 //               before i, so that q*A = q*P*B_i (A: prefix product over the chunk).
 //   4. output:  rows of sub-block i: o = scale ((q*P*B_i) S + ((q*P)_i kA_{16i}^T) v_{<16i}
-//               + W_i v_i), on the tensor cores (W_i v_i in fp32 on the CUDA cores, s <= t only,
-//               when the warp's v_i holds a NaN or inf: 0 * NaN above the diagonal must not leak
-//               into o_t); staged through shared memory for coalesced 16-byte stores.
+//               + W_i v_i), on the tensor cores; staged through shared memory for coalesced
+//               16-byte stores.
 //   5. state:   S = diag(A_end) S + (k*D)^T v (tensor cores), in place in shared memory.
 // Every decay factor is a product of gates, never a quotient or a difference of logs, so gates
 // of 0, tiny, negative or above 1 stay exact (fla's chunk mode divides).
+// The guard: stages 2-5 run while the chunk's inputs and S are in range (|q|, |k|, |v|, |S| <=
+// GDA_VAL_MAX = 2^24, |g| <= GDA_GATE_MAX = sqrt 2: then nothing in them can overflow, or form
+// inf * 0, where the loop does not); a chunk outside it (NaN, inf, large gates: their products
+// over 64 steps leave float range) is stepped on the CUDA cores instead, the loop itself, so
+// every method gives the loop's result there. One barrier (__syncthreads_or) a key tile.
 // Key tiles: every term above is a sum over the key columns and S's rows are independent, so
 // K > KT runs stages 1-5 once per tile of KT columns (q, k, g of the tile staged; v once, with
 // the first): the tiles add their scores (2, 4b) into the scores tile and their (q*A) S into
@@ -37,8 +41,9 @@
 // Segments: with P > 1, gda_chunk_state first runs segments 0..P-2 from S = 0 (stages 1, 3 and
 //   5 only) and leaves each one's S and gate product in a workspace; then gda_chunk_fwd's block
 //   for segment p starts from h0 carried through those of segments 0..p-1, so the sequence's
-//   chunks run P at a time. The workspace is (P - 1) * (K * V + K) floats per sequence-head,
-//   every element written by gda_chunk_state before gda_chunk_fwd reads it.
+//   chunks run P at a time. The workspace is (P - 1) * (K * V + 2 K) floats per sequence-head
+//   (the gate products as m 2^e: common.cuh gda_carry), every element written by
+//   gda_chunk_state before gda_chunk_fwd reads it.
 // Loads: with ASYNC_COPY (float32 inputs, multiplicative gate, K and V multiples of 4) and
 //   16-byte aligned pointers, stage 1 copies by cp.async (with DBUF, into the other of two sets
 //   while this chunk is computed); otherwise through registers (converted, exp of log gates).
@@ -99,6 +104,8 @@
 #define MR ((MT + NW / 2 - 1) / (NW / 2))      // stage 5 row tiles per warp
 #define KJ ((KP + 31) / 32)                    // columns per lane in stage 2
 #define LB 4                                   // stage 1: loads of each tensor in flight a thread
+#define GDA_VAL_MAX 0x1p24f                    // the guard: |q|, |k|, |v|, |S| at most this, and
+#define GDA_GATE_MAX 1.41421356f               //   |g| at most this (64 gates: at most 2^32)
 static_assert(K_DIM >= 1 && K_DIM <= 256, "K_DIM must be 1..256");
 static_assert(KT % 16 == 0 && KT <= NT / 2, "KT must be a multiple of 16, at most 128 (one scan thread per column and direction)");
 static_assert(NKT == 1 || KT < K_DIM, "KT must cover K_DIM in whole tiles");
@@ -131,12 +138,14 @@ static_assert(!WGMMA || (KT % 64 == 0 && BV % 16 == 0 && !DBUF),
 #endif
 #define SM_KA (SM_SET * (1 + DBUF))            // [96][QS]  kA for anchors 16 (rows 0..15),
                                                //           32 (16..47), 48 (48..95)
+                                               //           (a stepped chunk: o's partial sums)
 #define SM_S (SM_KA + 96 * QS)                 // [KR][VS]  S at the chunk start, every key tile
 #define SM_W (SM_S + KR * VS)                  // [BT][WS]  scores of the sub-block rows
 #define SM_E (SM_W + BT * WS)                  // [KP]      A_end: the chunk's gate product
 #define SM_B (SM_E + KP)                       // [4][KP]   B_i: product of sub-blocks 0..i-1
 #define SM_O (SM_B + 4 * KP)                   // [BT][VS]  o's sums between key tiles (NKT > 1)
 #define SM_FLOATS (SM_O + (NKT > 1 ? BT * VS : 0))
+static_assert(2 * NT <= 96 * QS, "a stepped chunk's partial sums of o fit in kA");
 static_assert(SMEM_BYTES == SM_FLOATS * 4,
               "SMEM_BYTES (cupy_gda/chunk.py smem) differs from this kernel's layout");
 #if WGMMA
@@ -430,14 +439,14 @@ __device__ __forceinline__ void gda_chunk_scores(const float* b_q, const float* 
 
 // 3. decays of the key tile, one thread per column: from the end (threads 0..KP-1: k*D in
 //    place, the anchored keys kA (not in the state pass), A_end into b_e, and the segment's
-//    product dseg[kt] of the column), from the start (threads NT/2 ..: q*P in place, B_i into
+//    product dm[kt] 2^de[kt] of the column), from the start (threads NT/2 ..: q*P in place, B_i into
 //    b_b); both read the gates, they write disjoint tiles. A sub-block's 16 rows are loaded
 //    into registers before its first store: the stores may alias the next loads for the
 //    compiler, which would otherwise wait on each
 template <bool STATE>
 __device__ __forceinline__ void gda_chunk_decays(float* b_q, float* b_k, const float* b_a, float* b_ka,
-                                                 float* b_e, float* b_b, int tid, float (&dseg)[NKT],
-                                                 int kt) {
+                                                 float* b_e, float* b_b, int tid, float (&dm)[NKT],
+                                                 float (&de)[NKT], int kt) {
     if (tid < KP) {
         const int kk = tid;
         float d = 1.f, e1 = 1.f, e2 = 1.f, e3 = 1.f;     // suffix products (to end, to anchors)
@@ -464,7 +473,7 @@ __device__ __forceinline__ void gda_chunk_decays(float* b_q, float* b_k, const f
         b_e[kk] = d;
         #pragma unroll
         for (int j = 0; j < NKT; ++j)            // (registers: no dynamically indexed array)
-            if (j == kt) dseg[j] *= d;
+            if (j == kt) gda_scaled_mul(dm[j], de[j], d);
     } else if (!STATE && tid >= NT / 2 && tid < NT / 2 + KP) {
         const int kk = tid - NT / 2;
         float a = 1.f;                                    // prefix over the chunk
@@ -581,66 +590,29 @@ __device__ __forceinline__ void gda_chunk_output_keys(const float* b_q, const fl
             for (int r = 0; r < 4; ++r) b_os[gda_o_at(wp, n, r, VS)] = b_o[n][r];
 }
 
-//    The values' part (4c, 4d), after the last key tile's: b_o += scores v, then o scaled into
-//    o (rows t0 + r0.. up to s1 from bos, head i_h, columns from v0)
-__device__ __forceinline__ void gda_chunk_output_values(const float* b_v, float* b_w,
+//    The values' part (4c, 4d), after the last key tile's: b_o += scores v (when w_live: some
+//    key tile took the fast path), then o scaled into o (rows t0 + r0.. up to s1 from bos,
+//    head i_h, columns from v0)
+__device__ __forceinline__ void gda_chunk_output_values(const float* b_v, float* b_w, bool w_live,
                                                         const gda_chunk_warp& wp, float (&b_o)[NTH][4],
                                                         io::t* __restrict__ o, bool vec_o, long long t0,
                                                         long long s1, long long bos, long long sv,
                                                         int i_h, int v0, float scale) {
-    const int lane = wp.lane, lg = wp.lg, lt = wp.lt, i_s = wp.i_s, r0 = wp.r0, nb = wp.nb, nn = wp.nn;
-    // whether this warp's v rows of the sub-block are all finite: then the diagonal
-    // block's zeros above the diagonal times v are exact zeros, and W v can go to the
-    // tensor cores; otherwise 0 * NaN (or inf) would leak a later step into o_t
-    bool fin = true;
-    #pragma unroll
-    for (int e = lane; e < BS * 8 * NTH; e += 32) {
-        const int t = e / (8 * NTH), c = e % (8 * NTH);
-        if (c < 8 * nn) fin = fin && isfinite(b_v[(r0 + t) * VS + 8 * nb + c]);
-    }
-    fin = __all_sync(GDA_FULL_MASK, fin);
+    const int lane = wp.lane, i_s = wp.i_s, r0 = wp.r0, nb = wp.nb, nn = wp.nn;
     gda_pair_sync(1 + i_s);             // the pair's scores are in b_w
-    // 4c. + scores v over the earlier sub-blocks' steps 0..r0-1, and the sub-block's own
-    //     when finite (tensor cores)
-    #pragma unroll
-    for (int kb = 0; kb < BT; kb += KSTEP)
-        if (kb < r0 + (fin ? BS : 0)) {
-            unsigned ah[4], al[4];
-            const float* pw = b_w + r0 * WS + kb;
-            gda_frag_a([&](int r, int c) { return pw[r * WS + c]; }, lane, ah, al);
-            gda_mma_tiles<NTH, true>(b_o, ah, al, b_v + kb * VS + 8 * nb, VS, nn, lane);
-        }
-    // 4c'. otherwise + W v over the sub-block's own steps s <= t only, in fp32 on the
-    //      CUDA cores
-    if (!fin) {
+    // 4c. + scores v over the steps 0..r0+15 (tensor cores; the scores above the diagonal are
+    //     exact zeros and v is finite: the guard), unless no key tile's scores are in b_w
+    if (w_live)
         #pragma unroll
-        for (int h = 0; h < 2; ++h) {               // rows lg, then lg + 8
-            const int t = lg + 8 * h;
-            const float* wt = b_w + (r0 + t) * WS + r0;
-            const float* vt = b_v + r0 * VS + 8 * nb + 2 * lt;
-            float acc[NTH][2];
-            #pragma unroll
-            for (int n = 0; n < NTH; ++n) acc[n][0] = acc[n][1] = 0.f;
-            #pragma unroll 1
-            for (int s = 0; s <= t; ++s) {
-                const float ws = wt[s];
-                #pragma unroll
-                for (int n = 0; n < NTH; ++n)
-                    if (n < nn) {
-                        const float2 vv = *reinterpret_cast<const float2*>(vt + s * VS + 8 * n);
-                        acc[n][0] = fmaf(ws, vv.x, acc[n][0]);
-                        acc[n][1] = fmaf(ws, vv.y, acc[n][1]);
-                    }
+        for (int kb = 0; kb < BT; kb += KSTEP)
+            if (kb < r0 + BS) {
+                unsigned ah[4], al[4];
+                const float* pw = b_w + r0 * WS + kb;
+                gda_frag_a([&](int r, int c) { return pw[r * WS + c]; }, lane, ah, al);
+                gda_mma_tiles<NTH, true>(b_o, ah, al, b_v + kb * VS + 8 * nb, VS, nn, lane);
             }
-            #pragma unroll
-            for (int n = 0; n < NTH; ++n) {
-                b_o[n][2 * h] += acc[n][0];
-                b_o[n][2 * h + 1] += acc[n][1];
-            }
-        }
-    }
     // 4d. o through this warp's columns of the sub-block's rows of b_w (free once both
-    //     warps are past 4c'), then coalesced stores
+    //     warps are past 4c), then coalesced stores
     gda_pair_sync(1 + i_s);
     #pragma unroll
     for (int n = 0; n < NTH; ++n)
@@ -680,8 +652,9 @@ __device__ __forceinline__ void gda_chunk_output_values(const float* b_v, float*
 //    split once into the scratch b_x (free: stage 4 is done, or stage 3 in the state pass),
 //    then warpgroup g the value half g of every m64 block mb of rows, warp w & 3 its rows
 //    64 mb + 16 (w & 3) (tile element r at row + lg + 8*(r>>1), column 8n + 2*lt + (r&1)),
-//    each warp reading and writing only its own elements of S; called by every thread
-__device__ __forceinline__ void gda_chunk_update(float* b_s, const float* b_k, const float* b_v,
+//    each warp reading and writing only its own elements of S; called by every thread. Returns
+//    whether this thread's elements of S end within GDA_VAL_MAX (the next chunk's guard)
+__device__ __forceinline__ bool gda_chunk_update(float* b_s, const float* b_k, const float* b_v,
                                                  const float* b_e, float* b_x, const gda_chunk_warp& wp) {
     constexpr int MB = KP / 64;
     const int w = wp.w, lane = wp.lane, lg = wp.lg, lt = wp.lt, n5 = NTH * (w >> 2);
@@ -708,22 +681,27 @@ __device__ __forceinline__ void gda_chunk_update(float* b_s, const float* b_k, c
             const float* pk = b_k + KSTEP * s * KS + 64 * mb + 16 * (w & 3);     // (k*D)^T
             gda_wg_frag_a([&](int r, int c) { return pk[c * KS + r]; }, lane, ah, al);
         }, v_hi, v_hi + GDA_WG_BYTES(BV, BT), GDA_WG_SBO(BT));
+    bool ok = true;
     #pragma unroll
     for (int mb = 0; mb < MB; ++mb) {
         const int m0 = 64 * mb + 16 * (w & 3);
         #pragma unroll
         for (int n = 0; n < NTH; ++n)
             #pragma unroll
-            for (int r = 0; r < 4; ++r)
+            for (int r = 0; r < 4; ++r) {
                 b_s[(m0 + lg + 8 * (r >> 1)) * VS + 8 * (n5 + n) + 2 * lt + (r & 1)] = b_sr[mb][n][r];
+                ok &= fabsf(b_sr[mb][n][r]) <= GDA_VAL_MAX;
+            }
     }
+    return ok;
 }
 #else
 // 5. state of the key tile (b_s: its rows of S): S = diag(A_end) S + (k*D)^T v; warp w owns
 //    value half w & 1 of the row tiles
 //    m = w / 2 + (NW / 2) i (tile element r at row 16m + lg + 8*(r>>1), column
-//    8n + 2*lt + (r&1)), each warp reading and writing only its own tiles of S
-__device__ __forceinline__ void gda_chunk_update(float* b_s, const float* b_k, const float* b_v,
+//    8n + 2*lt + (r&1)), each warp reading and writing only its own tiles of S. Returns whether
+//    this thread's elements of S end within GDA_VAL_MAX (the next chunk's guard)
+__device__ __forceinline__ bool gda_chunk_update(float* b_s, const float* b_k, const float* b_v,
                                                  const float* b_e, const gda_chunk_warp& wp) {
     const int w = wp.w, lane = wp.lane, lg = wp.lg, lt = wp.lt;
     const int n5 = NTH * (w & 1), nn5 = EVEN ? NTH : NTV - n5 < NTH ? NTV - n5 : NTH;
@@ -762,6 +740,7 @@ __device__ __forceinline__ void gda_chunk_update(float* b_s, const float* b_k, c
             }
         }
     }
+    bool ok = true;
     #pragma unroll
     for (int i = 0; i < MR; ++i) {
         const int m0 = 16 * ((w >> 1) + (NW / 2) * i);
@@ -770,12 +749,96 @@ __device__ __forceinline__ void gda_chunk_update(float* b_s, const float* b_k, c
             for (int n = 0; n < NTH; ++n)
                 if (n < nn5)
                     #pragma unroll
-                    for (int r = 0; r < 4; ++r)
+                    for (int r = 0; r < 4; ++r) {
                         b_s[(m0 + lg + 8 * (r >> 1)) * VS + 8 * (n5 + n) + 2 * lt + (r & 1)] = b_sr[i][n][r];
+                        ok &= fabsf(b_sr[i][n][r]) <= GDA_VAL_MAX;
+                    }
     }
+    return ok;
 }
 
 #endif
+
+// Whether 4 staged elements all have |x| <= m (NaN fails)
+__device__ __forceinline__ bool gda_in(float4 x, float m) {
+    return (fabsf(x.x) <= m) & (fabsf(x.y) <= m) & (fabsf(x.z) <= m) & (fabsf(x.w) <= m);
+}
+
+// The fast path's guard for key tile kt of the chunk, this thread's share of the staged inputs:
+// |q|, |k| (and with_v, |v|) at most GDA_VAL_MAX, |g| at most GDA_GATE_MAX. With S also within
+// GDA_VAL_MAX, no product or sum of the chunked form exceeds 2^118 (gate products of BT steps
+// 2^32, sums of 256 key columns and BT steps), so it cannot overflow where the loop does not,
+// nor form inf * 0; a chunk outside the range is stepped (gda_chunk_step) instead.
+template <bool STATE>
+__device__ __forceinline__ bool gda_chunk_in_range(const float* b_q, const float* b_k, const float* b_a,
+                                                   const float* b_v, bool with_v, int tid) {
+    constexpr int PK = KP / 4, PV = BV / 4;
+    bool ok = true;
+    #pragma unroll 1
+    for (int e = tid; e < BT * PK; e += NT) {
+        const int t = e / PK, c = 4 * (e % PK);
+        ok &= gda_in(*reinterpret_cast<const float4*>(b_k + t * KS + c), GDA_VAL_MAX)
+            & gda_in(*reinterpret_cast<const float4*>(b_a + t * QS + c), GDA_GATE_MAX);
+        if (!STATE) ok &= gda_in(*reinterpret_cast<const float4*>(b_q + t * QS + c), GDA_VAL_MAX);
+    }
+    if (with_v)
+        #pragma unroll 1
+        for (int e = tid; e < BT * PV; e += NT)
+            ok &= gda_in(*reinterpret_cast<const float4*>(b_v + (e / PV) * VS + 4 * (e % PV)), GDA_VAL_MAX);
+    return ok;
+}
+
+// Key tile kt of a chunk that fails the guard, stepped: the loop itself over its BT steps,
+// S_t = diag(g_t) S_{t-1} + k_t v_t^T on the tile's rows of S (b_st, in place) and o_t's partial
+// sums q_t^T S_t over them, in fp32 on the CUDA cores from the raw staged inputs (stage 1's), so
+// every gate, NaN and inf acts as in the loop. Thread (j, c): value column c < BV, rows j,
+// j + RG, ...; o_t[c]'s RG partial sums meet in b_red (two buffers: one barrier a step), and the
+// thread with j = 0 adds them in order into b_ob[t * os + c] (written at the first key tile).
+// STATE: no o; threads kk < KP carry the column's gate product dm[kt] 2^de[kt]. Returns whether
+// this thread's elements of S end within GDA_VAL_MAX (the next chunk's guard).
+template <bool STATE>
+__device__ __forceinline__ bool gda_chunk_step(const float* b_q, const float* b_k, const float* b_a,
+                                               const float* b_v, float* b_st, float* b_red, float* b_ob,
+                                               int os, float (&dm)[NKT], float (&de)[NKT], int kt, int tid) {
+    constexpr int CP = BV <= 8 ? 8 : BV <= 16 ? 16 : BV <= 32 ? 32 : 64;   // BV up to a power of 2
+    constexpr int RG = NT / CP;                                              // row groups
+    const int c = tid % CP, j = tid / CP;
+    const int nr = K_DIM - kt * KT < KP ? K_DIM - kt * KT : KP;   // rows in K (the rest: k = 0,
+                                                                  //   so 0 * inf in S; not used)
+    #pragma unroll 1
+    for (int t = 0; t < BT; ++t) {
+        float acc = 0.f;
+        if (c < BV) {
+            const float vt = b_v[t * VS + c];
+            #pragma unroll 4
+            for (int r = j; r < nr; r += RG) {
+                const float x = fmaf(b_a[t * QS + r], b_st[r * VS + c], b_k[t * KS + r] * vt);
+                b_st[r * VS + c] = x;
+                if (!STATE) acc = fmaf(b_q[t * QS + r], x, acc);
+            }
+        }
+        if constexpr (!STATE) {
+            float* const red = b_red + (t & 1) * NT;        // [RG][CP]
+            red[tid] = acc;
+            __syncthreads();
+            if (j == 0 && c < BV) {
+                float sum = 0.f;
+                for (int i = 0; i < RG; ++i) sum += red[i * CP + c];
+                b_ob[t * os + c] = kt == 0 ? sum : b_ob[t * os + c] + sum;
+            }
+        }
+    }
+    if (STATE && tid < KP)
+        #pragma unroll
+        for (int i = 0; i < NKT; ++i)            // (registers: no dynamically indexed array)
+            if (i == kt)
+                #pragma unroll 1
+                for (int t = 0; t < BT; ++t) gda_scaled_mul(dm[i], de[i], b_a[t * QS + tid]);
+    bool ok = true;
+    if (c < BV)
+        for (int r = j; r < nr; r += RG) ok &= fabsf(b_st[r * VS + c]) <= GDA_VAL_MAX;
+    return ok;
+}
 
 // The chunk loop of one block over segment i_p of its sequence (rows [s0, s1): P segments of
 // whole chunks, the last one short or empty), each chunk a pass of the stages per key tile
@@ -817,6 +880,7 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
     const long long o_h = ((i_n * H + i_h) * (long long)K_DIM) * V_DIM + v0;   // state [n, h, 0, v0]
 
     // S [KR][BV] lives in shared memory (b_s): read by stage 4, updated in place by stage 5
+    bool s_ok = true;                          // this thread's elements of S within GDA_VAL_MAX
     for (int e = tid; e < KR * BV; e += NT) {
         const int row = e / BV, col = e % BV;
         float s = 0.f;
@@ -825,10 +889,11 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
             s = gda_carry(ws_s, ws_d, w_0, i_p, K_DIM, V_DIM, row, v0 + col, s);
         }
         b_s[row * VS + col] = s;
+        s_ok &= fabsf(s) <= GDA_VAL_MAX;
     }
-    float dseg[NKT];                           // thread kk < KP: the segment's gate product of
-    #pragma unroll                             //   column kt * KT + kk
-    for (int kt = 0; kt < NKT; ++kt) dseg[kt] = 1.f;
+    float dm[NKT], de[NKT];                    // thread kk < KP: the segment's gate product of
+    #pragma unroll                             //   column kt * KT + kk, dm 2^de (gda_scaled_mul)
+    for (int kt = 0; kt < NKT; ++kt) { dm[kt] = 1.f; de[kt] = 0.f; }
 
     // padding columns K_DIM..KP-1 of a single key tile: q = k = 0 (the gate there is never used
     // but must be finite); stage 1 writes only the first K_DIM columns, and stage 3 keeps these
@@ -864,6 +929,8 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
         float* const b_a = b_sm + set + SM_A;
         float* const b_k = b_sm + set + SM_K;
         float* const b_v = b_sm + set + SM_V;
+        bool fast = true, w_live = false;      // this key tile's path; whether b_w holds scores
+        bool s_next = true;                    // s_ok at the next chunk
         #pragma unroll
         for (int kt = 0; kt < NKT; ++kt) {
             float* const b_st = b_s + kt * KT * VS;     // the key tile's rows of S
@@ -871,31 +938,53 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
             gda_chunk_load<STATE>(q, k, g, v, b_sm, set, b_q, b_k, b_a, b_v, t0, s1, bos, sk, sv, i_h,
                                   v0, kt, vec_qkg, vec_v, tid);
             __syncthreads();
+            // the guard: the fast path while inputs and S are in range (v checked with the
+            // first tile; once a tile is stepped, so are the chunk's later ones, so b_w holds
+            // exactly the scores of the tiles before)
+            fast = !__syncthreads_or(!(fast && s_ok && gda_chunk_in_range<STATE>(b_q, b_k, b_a, b_v, kt == 0, tid)));
+            w_live |= fast;
             GDA_PROF(1);
-            if constexpr (!STATE) {
-                gda_chunk_scores(b_q, b_k, b_a, b_w, wp, kt);
+            float b_o[NTH][4];                  // this warp's output tiles (stage 4)
+            // o's sums of the stepped tiles: between tiles where the fast ones leave theirs
+            // (NKT > 1), else in b_w (no tile's scores there)
+            float* const b_ob = NKT > 1 ? b_sm + SM_O : b_w;
+            constexpr int OS = NKT > 1 ? VS : WS;
+            if (fast) {
+                if constexpr (!STATE) {
+                    gda_chunk_scores(b_q, b_k, b_a, b_w, wp, kt);
+                    __syncthreads();
+                }
+                GDA_PROF(2);
+                gda_chunk_decays<STATE>(b_q, b_k, b_a, b_ka, b_e, b_b, tid, dm, de, kt);
                 __syncthreads();
+                GDA_PROF(3);
+                if constexpr (!STATE)
+                    gda_chunk_output_keys(b_q, b_ka, b_st, b_w, b_b, b_sm + SM_O, b_x, wp, b_o, kt);
+            } else {
+                s_next &= gda_chunk_step<STATE>(b_q, b_k, b_a, b_v, b_st, b_ka, b_ob, OS, dm, de, kt, tid);
+                __syncthreads();
+                if (!STATE && kt == NKT - 1)
+                    #pragma unroll
+                    for (int n = 0; n < NTH; ++n)
+                        #pragma unroll
+                        for (int r = 0; r < 4; ++r) b_o[n][r] = b_ob[gda_o_at(wp, n, r, OS)];
             }
-            GDA_PROF(2);
-            gda_chunk_decays<STATE>(b_q, b_k, b_a, b_ka, b_e, b_b, tid, dseg, kt);
-            __syncthreads();
-            GDA_PROF(3);
-            if constexpr (!STATE) {
-                float b_o[NTH][4];              // this warp's output tiles
-                gda_chunk_output_keys(b_q, b_ka, b_st, b_w, b_b, b_sm + SM_O, b_x, wp, b_o, kt);
-                if (kt == NKT - 1)
-                    gda_chunk_output_values(b_v, b_w, wp, b_o, o, vec_o, t0, s1, bos, sv, i_h, v0, scale);
+            if (!STATE && kt == NKT - 1) {
+                gda_chunk_output_values(b_v, b_w, w_live, wp, b_o, o, vec_o, t0, s1, bos, sv, i_h, v0, scale);
                 __syncthreads();                // stage 4's reads of S are done
             }
             GDA_PROF(4);
+            if (fast) {
 #if WGMMA
-            gda_chunk_update(b_st, b_k, b_v, b_e, b_x, wp);
+                s_next &= gda_chunk_update(b_st, b_k, b_v, b_e, b_x, wp);
 #else
-            gda_chunk_update(b_st, b_k, b_v, b_e, wp);
+                s_next &= gda_chunk_update(b_st, b_k, b_v, b_e, wp);
 #endif
-            __syncthreads();                    // this tile's shared reads are done
+                __syncthreads();                // this tile's shared reads are done
+            }
             GDA_PROF(5);
         }
+        s_ok = s_next;
         if (DBUF) set = SM_SET - set;
     }
 #ifdef GDA_PROFILE
@@ -910,7 +999,10 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
     if (STATE && i_v == 0 && tid < KP)
         #pragma unroll
         for (int kt = 0; kt < NKT; ++kt)
-            if (kt * KT + tid < K_DIM) ws_d[(w_0 + i_p) * K_DIM + kt * KT + tid] = dseg[kt];
+            if (kt * KT + tid < K_DIM) {
+                ws_d[(w_0 + i_p) * 2 * K_DIM + kt * KT + tid] = dm[kt];
+                ws_d[(w_0 + i_p) * 2 * K_DIM + K_DIM + kt * KT + tid] = de[kt];
+            }
     if (dst) {
         __syncthreads();                        // (no chunks: b_s was written by other threads)
         for (int e = tid; e < KR * BV; e += NT) {

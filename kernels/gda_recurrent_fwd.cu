@@ -9,7 +9,9 @@
 //   q, no o), and leaves each one's S and gate product in a workspace laid out as
 //   gda_chunk_fwd's; then gda_recurrent_fwd's block for segment p starts from h0 carried
 //   through segments 0..p-1 (S = diag(d_j) S + S_j: products, no division, so gates of 0,
-//   negative or above 1 stay exact). Two launches on one stream, no flags, no host syncs.
+//   negative or above 1 stay exact; d_j kept as m * 2^e, brought back to [0.5, 1) every TC
+//   steps, so no length of segment overflows it, only TC gates with a product above 2^127).
+//   Two launches on one stream, no flags, no host syncs.
 //   Block: BV columns x KT lanes, lane = c * KT + kt. The lane holds
 //   S[k][v0 + c] in registers for the rows k = i_g*R*KT + R*kt + j (j < R, i_g < KG): R
 //   consecutive rows, so each step's q, k, g for them are single R*4-byte shared loads.
@@ -109,7 +111,9 @@ __device__ __forceinline__ void gda_recurrent(GDA_FORWARD_PARAMS)
     }
 #endif
 
-    float b_s[R * KG], b_d[R * KG];            // S rows of this lane; their gate product (STATE)
+    float b_s[R * KG];                         // S rows of this lane
+    float b_d[R * KG];                         // STATE: their gate product b_d 2^e (the lanes of
+    __shared__ float b_de[STATE ? KP : 1];     //   column 0 keep e in b_de)
     const long long o_s = ((i_n * H + i_h) * (long long)K_DIM) * V_DIM + v0 + c;
     const bool col = v0 + c < V_DIM;
     #pragma unroll
@@ -122,6 +126,7 @@ __device__ __forceinline__ void gda_recurrent(GDA_FORWARD_PARAMS)
         }
         b_s[i] = s;
         b_d[i] = 1.f;
+        if (STATE && c == 0) b_de[kk] = 0.f;
     }
 
     const long long sk = (long long)H * K_DIM, sv = (long long)H * V_DIM;   // row strides
@@ -252,12 +257,22 @@ __device__ __forceinline__ void gda_recurrent(GDA_FORWARD_PARAMS)
                     float& s = b_s[R * i_g + j];
                     s = fmaf(b_gt.f[j], s, b_kt.f[j] * b_vt);
                     if constexpr (STATE) b_d[R * i_g + j] *= b_gt.f[j];
-                    else b_ot = fmaf(s, b_qt.f[j], b_ot);
+                    // (rows past K: k = 0, so an inf in v makes their S NaN; left out of o)
+                    if (!STATE && (KP == K_DIM || i_g < KG - 1 || kk + j < K_DIM))
+                        b_ot = fmaf(s, b_qt.f[j], b_ot);
                 }
             }
             if (!STATE) b_p[(t * BV + c) * KT1 + kt] = b_ot;
         }
-        if constexpr (STATE) continue;          // no o: the next chunk's first barrier suffices
+        if constexpr (STATE) {
+            // column 0's lanes bring the gate product to [0.5, 1) once a chunk, its power of 2
+            // to e (exact): only a product of TC gates above 2^127 (gates averaging over
+            // 2^(127/TC)) leaves float range
+            if (c == 0)
+                #pragma unroll
+                for (int i = 0; i < R * KG; ++i) b_d[i] = gda_mantissa(b_d[i], b_de[(i / R) * R * KT + R * kt + i % R]);
+            continue;                           // no o: the next chunk's first barrier suffices
+        }
         __syncthreads();
         for (int e = tid; e < TC * BV; e += NT) {
             const int t = e / BV, cc = e % BV;
@@ -279,9 +294,17 @@ __device__ __forceinline__ void gda_recurrent(GDA_FORWARD_PARAMS)
         for (int i = 0; i < R * KG; ++i) {
             const int kk = (i / R) * R * KT + R * kt + i % R;
             if (kk < K_DIM && col) dst[(long long)kk * V_DIM] = b_s[i];
-            if (STATE && kk < K_DIM && i_v == 0 && c == 0) ws_d[(w_0 + i_p) * K_DIM + kk] = b_d[i];
         }
     }
+    if (STATE && i_v == 0 && c == 0)
+        #pragma unroll
+        for (int i = 0; i < R * KG; ++i) {
+            const int kk = (i / R) * R * KT + R * kt + i % R;
+            if (kk < K_DIM) {
+                ws_d[(w_0 + i_p) * 2 * K_DIM + kk] = b_d[i];
+                ws_d[(w_0 + i_p) * 2 * K_DIM + K_DIM + kk] = b_de[kk];
+            }
+        }
 }
 
 // Grid: one block per (sequence n, head h, segment p < P, value tile iv), block id

@@ -8,11 +8,14 @@
 #            sweep with a plot
 #   fla:     install, fla's rows of the same shapes (needs its package folder in .baselines/;
 #            its autotuning at a new shape can take minutes, so it runs apart and cannot cost ours)
+#   sanitize: install, compute-sanitizer's memcheck, racecheck and synccheck over `cupy-gda
+#            verify` with each forward family (every define set of its sweep; the step kernel
+#            with each), and memcheck over tests/test_edges.py (forced segments, stepped chunks)
 #   compare: `cupy-gda bench --shapes SHAPES --impl ours` of an older tree (its files in .old/,
 #            e.g. `git archive <commit> | tar -x -C .old`) and of this one, in one run, ROUNDS
 #            times each, interleaved (old, new, old, new, ...), and the ratios of the best times
 # Usage (device tool; carry [".baselines"] for fla, [".old"] for compare):
-#   bash scripts/device_run.sh <commit> suite-a|suite-b|bench|fla
+#   bash scripts/device_run.sh <commit> suite-a|suite-b|sanitize|bench|fla
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
 commit="${1:-unknown}"
@@ -21,7 +24,7 @@ out="${OUT:-/tmp/out}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 CUPY_GDA_COMMIT="$commit"
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARNING | tail -3
-SUITE_A="dispatch interop packaging reference scripts segments validation chunk"
+SUITE_A="dispatch interop packaging reference scripts segments validation chunk edges"
 if [ "$phase" = "suite-a" ]; then
     timeout 540 python3 -m pytest -q $(for f in $SUITE_A; do echo "tests/test_$f.py"; done) \
         > "$out/pytest-a.txt" 2>&1; tail -3 "$out/pytest-a.txt"
@@ -31,6 +34,21 @@ if [ "$phase" = "suite-b" ]; then
     timeout 450 python3 -m pytest -q tests $(for f in $SUITE_A; do echo "--ignore=tests/test_$f.py"; done) \
         > "$out/pytest-b.txt" 2>&1; tail -3 "$out/pytest-b.txt"
     timeout 90 cupy-gda verify > "$out/verify.txt" 2>&1; tail -1 "$out/verify.txt"
+    exit 0
+fi
+if [ "$phase" = "sanitize" ]; then
+    for tool in memcheck racecheck synccheck; do
+        for method in chunk recurrent; do
+            f="$out/sanitize-$tool-$method.txt"
+            timeout 170 compute-sanitizer --tool "$tool" --error-exitcode 3 cupy-gda verify --method "$method" \
+                > "$f" 2>&1
+            echo "$tool $method: rc $? | $(grep -E 'ERROR SUMMARY|cases,' "$f" | tr '\n' ' ')"
+        done
+    done
+    f="$out/sanitize-memcheck-edges.txt"
+    timeout 170 compute-sanitizer --tool memcheck --error-exitcode 3 python3 -m pytest -q -p no:cacheprovider \
+        tests/test_edges.py > "$f" 2>&1
+    echo "memcheck test_edges: rc $? | $(grep -E 'ERROR SUMMARY|passed|failed' "$f" | tr '\n' ' ')"
     exit 0
 fi
 if [ "$phase" = "compare" ]; then

@@ -46,7 +46,7 @@ CASES += [
     Case(2, 200, 2, 256, 64), Case(2, 150, 2, 129, 40), Case(2, 130, 2, 255, 24, dtype="float16"),
     Case(1, 300, 2, 200, 72, dtype="bfloat16", log=True), Case(2, 100, 3, 144, 9, init=False),
     *(Case(2, 200, 2, 256, 64, gate=g) for g in _verify.GATES),
-    *(Case(2, 200, 2, 192, 64, dtype="bfloat16", gate=g) for g in ("zeros", "tiny", "neg", "grow")),
+    *(Case(2, 200, 2, 192, 64, dtype="bfloat16", gate=g) for g in ("zeros", "tiny", "neg", "grow", "big")),
     Case(1, 2000, 2, 256, 128, gate="unif"), Case(1, 1500, 1, 256, 64, dtype="bfloat16"),
     varlen_case((1, 17, 64, 300, 65, 0, 129), K=256, V=48),
     # any V: value tiles up to 1024 columns, odd V, with one and several key tiles

@@ -238,7 +238,7 @@ def _chunk_violations(K, V, NH, L, itemsize, sms, smem_max):
         bad.append(f"key tile {KT}: not K in whole tiles of a multiple of 16 up to {chunk.MAX_KT}")
     if P < 1 or (P > 1 and -(-L // 64) < P * chunk.SEGMENT_CHUNKS):
         bad.append(f"P={P} segments of {-(-L // 64)} chunks")
-    if (P - 1) * (K * V + K) * 4 > L * K * itemsize:
+    if (P - 1) * (K * V + 2 * K) * 4 > L * K * itemsize:
         bad.append("the workspace is larger than q")
     if P > 1 and NH * -(-V // 64) * P > sms:
         bad.append("segments make more than one block per SM at BV=64")
@@ -388,7 +388,7 @@ def _recurrent_split_violations(K, V, NH, L, itemsize, sms, staged):
     bad = [] if type(P) is int and P >= 1 else ["P is not an int >= 1"]
     if P > 1 and int(L) < P * recurrent.SEGMENT_STEPS:
         bad.append(f"segments shorter than {recurrent.SEGMENT_STEPS} steps")
-    if (P - 1) * (K * V + K) * 4 > int(L) * K * itemsize:
+    if (P - 1) * (K * V + 2 * K) * 4 > int(L) * K * itemsize:
         bad.append("the workspace is larger than q")
     if P > 1 and warps * P > max(recurrent.SEGMENT_WARPS, KT * BV // 32) * sms:
         bad.append(f"more than {recurrent.SEGMENT_WARPS} warps (or one block) a SM")

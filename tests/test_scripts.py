@@ -53,7 +53,7 @@ def test_ncu_stages_finds_every_stage_function():
                             chunk.FAMILY.headers).split("\n")
     cat = ncu_stages.categories(lines)
     for stage in ("1 load", "2 scores", "3 decays", "4 output", "5 state", "split", "mma",
-                  "fragments"):
+                  "fragments", "guard", "stepped"):
         assert stage in cat, stage
     body = next(i for i, t in enumerate(lines) if "void gda_chunk_output_keys(" in t)
     assert cat[body + 1] == "4 output"

@@ -1,0 +1,148 @@
+"""Edge inputs on every method, on the CPU (NumPy) and on the GPU (CuPy), against the loop:
+size-0 dimensions, gate products beyond float32's range (the chunked forms step such chunks:
+the loop itself), inf and NaN that propagate as the loop says, and, on the GPU, sequence
+segments whose gate product leaves float range (carried as m 2^e)."""
+import numpy as np
+import pytest
+
+import cupy_gda
+from cupy_gda import reference as R
+from cupy_gda._interop import host_array
+from conftest import to_backend
+
+METHODS = ("auto", "chunk", "recurrent")
+
+
+def _methods(q, k, v, g, backend, **kw):
+    """(o, final state) of every method on the same float32 inputs, as NumPy arrays."""
+    x = [to_backend(a, backend) for a in (q, k, v, g)]
+    out = {}
+    for m in METHODS:
+        o, s = cupy_gda.gated_attention(*x, output_final_state=True, method=m, **kw)
+        out[m] = host_array(o), host_array(s)
+    return out
+
+
+@pytest.mark.parametrize("shape", [(0, 5, 2, 4, 3), (2, 0, 2, 4, 3), (2, 5, 0, 4, 3)],
+                         ids=["B0", "T0", "H0"])
+def test_size_zero_dims_on_every_method(shape, backend):
+    """A size-0 B, T or H gives empty results of the right shapes on every method (the CPU
+    chunked path raised IndexError at B = 0)."""
+    B, T, H, K, V = shape
+    q = np.ones((B, T, H, K), np.float32)
+    v = np.ones((B, T, H, V), np.float32)
+    for m, (o, s) in _methods(q, q, v, q, backend).items():
+        assert o.shape == (B, T, H, V) and o.dtype == np.float32, m
+        assert s.shape == (B, H, K, V) and not s.any(), m
+    if backend == "numpy":
+        for fn in (R.gated_attention_ref, R.gated_attention_chunked, R.gated_attention_recurrent):
+            o, s = fn(q, q, v, q, output_final_state=True)
+            assert o.shape == (B, T, H, V) and s.shape == (B, H, K, V), fn.__name__
+
+
+def test_gate_products_out_of_float32_range(backend):
+    """Gates whose products in one chunk leave float32's range: the chunked form would make
+    inf * 0 = NaN and spread it to every later chunk; every method gives the loop's finite
+    result (the issue's example, then 40 and 300 steps of random inputs with huge gates)."""
+    q = k = v = np.ones((1, 3, 1, 1), np.float32)
+    g = np.array([1e20, 1e20, .5], np.float32).reshape(1, 3, 1, 1)
+    for m, (o, _) in _methods(q, k, v, g, backend).items():
+        np.testing.assert_allclose(o.ravel(), [1, 1e20, 5e19], rtol=1e-6, err_msg=m)
+    rng = np.random.default_rng(11)
+    for T, K, V in ((40, 4, 6), (300, 64, 64)):
+        q, k = (rng.standard_normal((2, T, 3, K)).astype(np.float32) for _ in range(2))
+        v = rng.standard_normal((2, T, 3, V)).astype(np.float32)
+        g = rng.uniform(0.5, 1, q.shape).astype(np.float32)
+        g[:, 7::9] = 1e20                 # products of 1e20s overflow; each step's stays finite
+        g[:, 8::9] = 1e-25
+        want, want_s = R.gated_attention_ref(q, k, v, g, output_final_state=True)
+        loop32, _ = R.gated_attention_ref(q, k, v, g, output_final_state=True, dtype=np.float32)
+        assert np.isfinite(loop32).all()
+        bound = 2 * np.abs(loop32 - want).max() + 1e-6 * np.abs(want).max()
+        for m, (o, s) in _methods(q, k, v, g, backend).items():
+            assert np.isfinite(o).all() and np.isfinite(s).all(), (T, m)
+            assert np.abs(o - want).max() <= bound, (T, m, np.abs(o - want).max(), bound)
+        if backend == "numpy":
+            o, _ = R.gated_attention_chunked(q, k, v, g, output_final_state=True, BT=16)
+            assert np.isfinite(o).all() and np.abs(o - want).max() <= bound
+
+
+@pytest.mark.parametrize("where", ["k", "v", "q", "gate", "state"])
+def test_inf_propagates_like_the_loop_on_every_method(where, backend):
+    """Tiny gates and one inf (in k, v, q, a gate or the initial state): every method has the
+    loop's inf and NaN elements (the chunked forms made NaN of most of the loop's infs), and
+    its finite values."""
+    rng = np.random.default_rng(12)
+    q, k = (rng.standard_normal((1, 150, 1, 3)).astype(np.float32) for _ in range(2))
+    v = rng.standard_normal((1, 150, 1, 4)).astype(np.float32)
+    g = np.full(q.shape, 1e-30, np.float32)
+    h0 = rng.standard_normal((1, 1, 3, 4)).astype(np.float32)
+    x = dict(k=k, v=v, q=q, gate=g)
+    if where == "state":
+        h0[0, 0, 1, 2] = np.inf
+    else:
+        x[where][0, 70, 0, 1] = np.inf
+    want, _ = R.gated_attention_ref(q, k, v, g, initial_state=h0, output_final_state=True,
+                                    dtype=np.float32)
+    assert np.isinf(want).any() and np.isfinite(want).any()
+    fin = np.isfinite(want)
+    for m, (o, _) in _methods(q, k, v, g, backend, initial_state=to_backend(h0, backend)).items():
+        np.testing.assert_array_equal(np.isnan(o), np.isnan(want), err_msg=m)
+        np.testing.assert_array_equal(np.isinf(o), np.isinf(want), err_msg=m)
+        np.testing.assert_allclose(o[fin], want[fin], rtol=1e-5, atol=1e-6, err_msg=m)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family, split", [("chunk", (64, 4)), ("recurrent", 4)])
+def test_segment_gate_product_beyond_float_range(family, split):
+    """Forced segments: a zero state through the first half (k = 0) under gates of 1.3, whose
+    product over a segment overflows float32, then gates of 0.5. The loop stays finite; a
+    carry by that product as a float would be inf * 0 = NaN."""
+    import cupy
+    from cupy_gda import _checks, _launch, chunk, recurrent
+    rng = np.random.default_rng(13)
+    B, T, H, K, V = 1, 2048, 2, 64, 64
+    q, k = (rng.standard_normal((B, T, H, K)).astype(np.float32) / 8 for _ in range(2))
+    v = rng.standard_normal((B, T, H, V)).astype(np.float32)
+    k[:, :T // 2] = 0
+    g = np.where(np.arange(T)[None, :, None, None] < T // 2, 1.3, 0.5).astype(np.float32)
+    g = np.broadcast_to(g, q.shape).copy()
+    want, want_s = R.gated_attention_ref(q, k, v, g, output_final_state=True)
+    emu, emu_s = R.gated_attention_ref(q, k, v, g, output_final_state=True, dtype=np.float32)
+    dev = [cupy.asarray(a) for a in (q, k, v, g)]
+    p = _checks.check_forward("t", *dev, None, None, None, cpu=False)
+    limits = _launch.device_limits()
+    if family == "chunk":
+        plan = chunk.ChunkPlan(p, False, chunk.config(p, *limits, BV=split[0], P=split[1]))
+    else:
+        plan = recurrent.RecurrentPlan(p, False, recurrent.custom(p, *limits, P=split))
+    assert plan.state_launch is not None
+    o, s = plan(*dev, 1.0, None, None, True, None)
+    from cupy_gda._verify import compare
+    for r in (compare("o", host_array(o), want, emu), compare("state", host_array(s), want_s, emu_s)):
+        assert r.ok, f"{family} {r.name}: err {r.err:.3e} > bound {r.bound:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cols", [slice(128, 256), slice(0, 128), slice(100, 140)],
+                         ids=["tile1", "tile0", "both"])
+def test_chunk_steps_a_key_tile_out_of_range(cols):
+    """K = 256 in two key tiles: gates of 2 and 4 in some columns of one chunk only. The tiles
+    out of the guard's range are stepped, the others take the tensor cores (a fast first tile
+    leaves its scores for the last one's output), within the accuracy contract."""
+    import cupy
+    from cupy_gda._verify import compare
+    rng = np.random.default_rng(14)
+    B, T, H, K, V = 2, 200, 2, 256, 64
+    q, k = (rng.standard_normal((B, T, H, K)).astype(np.float32) / 16 for _ in range(2))
+    v = rng.standard_normal((B, T, H, V)).astype(np.float32)
+    g = rng.uniform(0.9, 1, (B, T, H, K)).astype(np.float32)
+    g[:, 64:128, :, cols] = rng.choice(np.float32([0, 2, 4]), (B, 64, H, cols.stop - cols.start))
+    h0 = rng.standard_normal((B, H, K, V)).astype(np.float32)
+    want = R.gated_attention_ref(q, k, v, g, initial_state=h0, output_final_state=True)
+    emu = R.gated_attention_ref(q, k, v, g, initial_state=h0, output_final_state=True, dtype=np.float32)
+    got = cupy_gda.gated_attention(*(cupy.asarray(x) for x in (q, k, v, g)), initial_state=cupy.asarray(h0),
+                                   output_final_state=True, method="chunk")
+    for name, a, w, e in zip(("o", "state"), got, want, emu):
+        r = compare(name, host_array(a), w, e)
+        assert r.ok, f"{name}: err {r.err:.3e} > bound {r.bound:.3e}"
