@@ -129,8 +129,9 @@ def address(x):
 class SegmentedPlan:
     """A forward family in P sequence segments: with P > 1 a call allocates the workspace
     ((P - 1)(K V + 2K) floats a sequence-head: each segment's S and its gate product, as m 2^e)
-    and launches the state pass first, on the same stream; with P = 1, one launch. The subclass names its two entries (``family``, ``entry``,
-    ``state_entry``) and calls _setup with its defines and sizes."""
+    and launches the state pass first, on the same stream; with P = 1, one launch. The subclass
+    names its two entries (``family``, ``entry``, ``state_entry``) and calls _setup with its
+    defines and sizes."""
 
     def _setup(self, p, defines, smem, NV, P, threads):
         self.grid, self.block = (p.N * p.H * P * NV,), (threads,)

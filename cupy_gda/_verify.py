@@ -122,6 +122,60 @@ def standard_cases():
     return cs
 
 
+def gate_dtype(case):
+    """The gate's dtype name: case.g_dtype, else q's for half dtypes (float32 for tiny gates:
+    1e-30 is 0 in float16), else float32."""
+    return case.g_dtype or (case.dtype if case.dtype != "float32" and case.gate != "tiny"
+                            else "float32")
+
+
+H200 = (132, 227 * 1024)      # (SMs, opt-in shared memory bytes a block): the tiles' default GPU
+
+
+def kernel_defines(case, limits=H200):
+    """What a forward case compiles on a GPU of ``limits`` (SMs, opt-in shared memory bytes a
+    block): for each family (chunk, recurrent), its defines and whether it runs in sequence
+    segments (their state pass first), or None where it cannot run the case."""
+    from cupy_gda import chunk, recurrent
+    from cupy_gda._checks import Problem
+    T, N = (sum(case.lengths), len(case.lengths)) if case.lengths else (case.T, case.B)
+    p = Problem(case.B, T, case.H, case.K, case.V, N, case.dtype, gate_dtype(case), case.log)
+    out = []
+    for family in (chunk, recurrent):
+        cfg = family.config(p, *limits)
+        out.append(None if cfg is None else (family.defines(p, cfg, False), cfg.P > 1))
+    return out
+
+
+def _cut(n, m):
+    """Length n cut to n mod 64 plus m (a multiple of 64), in at least two chunks; n if not
+    shorter."""
+    t = n % 64 + m + (64 if n % 64 + m <= 64 else 0)
+    return min(n, t)
+
+
+def shortened(case, max_t, limits=H200):
+    """``case`` with each sequence (varlen: each segment) longer than about ``max_t`` steps cut
+    to its length mod 64 plus m, in at least two chunks of 64 steps: m the first of max_t in
+    whole chunks, twice that, four times, ... at which both families compile the same defines
+    and run in sequence segments or not as at the case's own lengths (kernel_defines). So the
+    partial last chunk and the carry from chunk to chunk stay. The case itself where no shorter
+    length keeps them, and for step cases. For runs under compute-sanitizer: every define set
+    of the sweep, in fewer steps."""
+    if case.step:
+        return case
+    want, lens = kernel_defines(case, limits), case.lengths or (case.T,)
+    m = max(1, -(-max_t // 64)) * 64
+    while True:
+        cut = tuple(_cut(n, m) for n in lens)
+        if cut == lens:
+            return case
+        c = case._replace(T=sum(cut), lengths=cut) if case.lengths else case._replace(T=cut[0])
+        if kernel_defines(c, limits) == want:
+            return c
+        m *= 2
+
+
 def make_inputs(case, seed=0, xp=np):
     """The case's arguments as arrays of ``xp`` (NumPy, or CuPy: drawn on the device), from
     ``seed`` (an int, or a Generator of ``xp`` to draw on from): q, k ~ N(0, 1/K), v ~ N(0, 1)
@@ -139,7 +193,7 @@ def make_inputs(case, seed=0, xp=np):
     if c.log:
         with np.errstate(divide="ignore"):
             g = xp.log(g)
-    g_dt = c.g_dtype or (c.dtype if c.dtype != "float32" and c.gate != "tiny" else "float32")
+    g_dt = gate_dtype(c)
     args = dict(q=_cast(q, dt, xp), k=_cast(k, dt, xp), v=_cast(v, dt, xp))
     args["log_gate" if c.log else "gate"] = _cast(g, _dtype(g_dt), xp)
     N = c.B + 3 if c.step and c.indices else len(c.lengths) if c.lengths else c.B

@@ -11,7 +11,7 @@ import sys
 import click
 
 import cupy_gda
-from cupy_gda import _compile, _dispatch, _interop, _verify
+from cupy_gda import _compile, _dispatch, _interop, _launch, _verify
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 WIDTH = 100                     # verify's lines fit this many columns
@@ -74,10 +74,14 @@ def _line(name, max_abs, rel_rms, err, bound, verdict):
               show_default=True, help="Kernel family for the forward cases.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--quick", is_flag=True, help="Only the first case of each API (fwd, varlen, step).")
+@click.option("--max-t", "max_t", type=click.IntRange(min=1), metavar="N",
+              help="Cut each sequence (varlen: segment) longer than about N steps, keeping its "
+              "partial last chunk and the define sets and sequence segments of the kernels it "
+              "runs (runs under compute-sanitizer).")
 @click.option("--require-gpu", is_flag=True, help="Fail (exit 1) without a usable GPU instead of "
               "verifying the CPU path.")
 @click.option("--cpu", is_flag=True, help="Verify the CPU (NumPy) path even where a GPU is.")
-def verify(B, T, H, K, V, dtype, gate, log, method, seed, quick, require_gpu, cpu):
+def verify(B, T, H, K, V, dtype, gate, log, method, seed, quick, max_t, require_gpu, cpu):
     """Check random cases against the float64 NumPy reference.
 
     Without shape options, runs the standard sweep (awkward T and head dims, gates, half dtypes,
@@ -102,6 +106,10 @@ def verify(B, T, H, K, V, dtype, gate, log, method, seed, quick, require_gpu, cp
         click.echo(f"no usable GPU: {gpu}\nverifying the CPU path instead")
 
     cases = _selected_cases(dict(B=B, T=T, H=H, K=K, V=V, dtype=dtype, gate=gate), quick, log)
+    if max_t:
+        # the tiles are the GPU's own where it runs, else the default GPU's (H200)
+        limits = _launch.device_limits() if backend == "cupy" else _verify.H200
+        cases = [_verify.shortened(c, max_t, limits) for c in cases]
     # lines are collected and printed after the bar, so the bar (on stderr) never splits them
     lines = [_line("tensor", "max_abs", "rel_rms", "err", "bound", "result")]
     checks = failed = 0

@@ -98,13 +98,21 @@ __device__ __forceinline__ void gda_segment_rows(long long len, int P, int p, in
     s1 = min(len, (p + 1) * per);
 }
 
+// x * 2^e (e an integer in a float), exact where the result is a normal float: four power-of-2
+// factors (e clamped to +-400, beyond which no float x * 2^e is finite and nonzero), each in
+// the float exponent range; the partial products lie between x and the result
+__device__ __forceinline__ float gda_pow2_mul(float x, float e) {
+    const int ei = max(-400, min(400, (int)e)), e1 = ei / 4, e4 = ei - 3 * e1;
+    const float f1 = __int_as_float((e1 + 127) << 23);
+    return x * f1 * f1 * f1 * __int_as_float((e4 + 127) << 23);
+}
+
 // Their workspace, written by the state passes: entry w = (n * H + h) * (P - 1) + j holds segment
 // j's end state S_j [K][V] at ws_s + w * K * V and its gate product d_j = m * 2^e [K] at
 // ws_d + w * 2K (m [K], then e [K] as floats: a segment's product of any length keeps its range,
 // see gda_scaled_mul). Element (row, col) of S carried from s through entries w_0 .. w_0 + p - 1:
 // S = 2^e (m S) + S_j, the loop's value wherever the loop's is finite (d_j * S with d_j out of
 // float range would be inf * 0 = NaN for a zero S).
-__device__ __forceinline__ float gda_pow2_mul(float x, float e);
 __device__ __forceinline__ float gda_carry(const float* __restrict__ ws_s,
                                            const float* __restrict__ ws_d, long long w_0, int p,
                                            int K, int V, int row, int col, float s) {
@@ -114,15 +122,6 @@ __device__ __forceinline__ float gda_carry(const float* __restrict__ ws_s,
         s = e == 0.f ? fmaf(m, s, sj) : gda_pow2_mul(m * s, e) + sj;
     }
     return s;
-}
-
-// x * 2^e (e an integer in a float), exact where the result is a normal float: four power-of-2
-// factors (e clamped to +-400, beyond which no float x * 2^e is finite and nonzero), each in
-// the float exponent range; the partial products lie between x and the result
-__device__ __forceinline__ float gda_pow2_mul(float x, float e) {
-    const int ei = max(-400, min(400, (int)e)), e1 = ei / 4, e4 = ei - 3 * e1;
-    const float f1 = __int_as_float((e1 + 127) << 23);
-    return x * f1 * f1 * f1 * __int_as_float((e4 + 127) << 23);
 }
 
 // x as m * 2^d with m in [0.5, 1), d added to e (a float); 0, subnormals, inf and NaN as they are

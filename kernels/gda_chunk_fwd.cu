@@ -25,7 +25,9 @@
 // GDA_VAL_MAX = 2^24, |g| <= GDA_GATE_MAX = sqrt 2: then nothing in them can overflow, or form
 // inf * 0, where the loop does not); a chunk outside it (NaN, inf, large gates: their products
 // over 64 steps leave float range) is stepped on the CUDA cores instead, the loop itself, so
-// every method gives the loop's result there. One barrier (__syncthreads_or) a key tile.
+// every method gives the loop's result there. Inputs loaded through registers are checked
+// there; cp.async copies by a pass over shared memory. The verdict (__syncthreads_or) is stage
+// 2's barrier: stage 2's scores wait in registers and are stored only on the fast path.
 // Key tiles: every term above is a sum over the key columns and S's rows are independent, so
 // K > KT runs stages 1-5 once per tile of KT columns (q, k, g of the tile staged; v once, with
 // the first): the tiles add their scores (2, 4b) into the scores tile and their (q*A) S into
@@ -203,18 +205,24 @@ template <int W> __device__ __forceinline__ void gda_st(float* p, const gda_pack
     else p[0] = x.e[0];
 }
 
+// m = max(m, |x|); a NaN propagates (max.NaN), so it fails the guard's range check that follows
+__device__ __forceinline__ void gda_absmax(float& m, float x) {
+    asm("max.NaN.f32 %0, %0, %1;" : "+f"(m) : "f"(fabsf(x)));
+}
+
 // Stage 1 through registers (half inputs, log gates, unaligned pointers) into the set at b_set:
 // q (when Q), k, g in packs of W (PR packs a row, key columns c < nk of the tile), v (when
 // load_v) in packs of WV (PRV a row, tile columns c < nc), rows t < n of the chunk starting at
 // row r0 (the rest: q = k = v = 0, gate 1), converted to fp32. Up to LB loads of each tensor in
-// flight per thread, every tensor's issued before the first store.
+// flight per thread, every tensor's issued before the first store. The guard's share, on the
+// values in registers: the maxima of |q|, |k|, |v| into mv, of |g| into mg.
 template <int PR, int W, int PRV, int WV, bool Q>
 __device__ __forceinline__ void gda_stage(const io::t* __restrict__ q, const io::t* __restrict__ k,
                                           const gt::t* __restrict__ g, const io::t* __restrict__ v,
                                           float* b_q, float* b_k, float* b_a, float* b_v,
                                           long long r0, long long n, long long sk, long long sv,
                                           long long colk, long long colv, int nk, int nc, bool load_v,
-                                          int tid) {
+                                          int tid, float& mv, float& mg) {
     constexpr int NP = BT * PR, EP = (NP + NT - 1) / NT, LK = EP < LB ? EP : LB;
     constexpr int NPV = BT * PRV, EPV = (NPV + NT - 1) / NT, LV = EPV < LB ? EPV : LB;
     constexpr int RK = (EP + LK - 1) / LK, RV = (EPV + LV - 1) / LV, ROUNDS = RK > RV ? RK : RV;
@@ -250,6 +258,9 @@ __device__ __forceinline__ void gda_stage(const io::t* __restrict__ q, const io:
                     fq.e[i] = m ? io::load(rq[j].e[i]) : 0.f;
                     fk.e[i] = m ? io::load(rk[j].e[i]) : 0.f;
                     fa.e[i] = m ? gda_gate(rg[j].e[i]) : 1.f;
+                    if (Q) gda_absmax(mv, fq.e[i]);
+                    gda_absmax(mv, fk.e[i]);
+                    gda_absmax(mg, fa.e[i]);
                 }
                 if (Q) gda_st(b_q + t * QS + W * c, fq);
                 gda_st(b_k + t * KS + W * c, fk);
@@ -263,7 +274,10 @@ __device__ __forceinline__ void gda_stage(const io::t* __restrict__ q, const io:
                 const bool m = t < n && WV * c < nc;
                 gda_pack<float, WV> fv;
                 #pragma unroll
-                for (int i = 0; i < WV; ++i) fv.e[i] = m ? io::load(rv[j].e[i]) : 0.f;
+                for (int i = 0; i < WV; ++i) {
+                    fv.e[i] = m ? io::load(rv[j].e[i]) : 0.f;
+                    gda_absmax(mv, fv.e[i]);
+                }
                 gda_st(b_v + t * VS + WV * c, fv);
             }
         }
@@ -323,14 +337,17 @@ __device__ __forceinline__ void gda_copy_chunk(const float* __restrict__ q, cons
 //    issued a chunk ago; the next chunk's are issued into the other set now), else through
 //    registers in 16- or 8-byte packs where K (V) and the pointers allow, else single elements.
 //    Rows from bos, head i_h, key columns from kt * KT, value columns from v0; v only with the
-//    first key tile (it stays for the others). The state pass (STATE) loads no q.
+//    first key tile (it stays for the others). The state pass (STATE) loads no q. Returns
+//    whether it checked the guard's range of what it loaded itself (through registers: then
+//    in_range holds this thread's verdict, gda_chunk_in_range's).
 template <bool STATE>
-__device__ __forceinline__ void gda_chunk_load(const io::t* __restrict__ q, const io::t* __restrict__ k,
+__device__ __forceinline__ bool gda_chunk_load(const io::t* __restrict__ q, const io::t* __restrict__ k,
                                                const gt::t* __restrict__ g, const io::t* __restrict__ v,
                                                float* b_sm, int set, float* b_q, float* b_k, float* b_a,
                                                float* b_v, long long t0, long long s1,
                                                long long bos, long long sk, long long sv, int i_h,
-                                               int v0, int kt, bool vec_qkg, bool vec_v, int tid) {
+                                               int v0, int kt, bool vec_qkg, bool vec_v, int tid,
+                                               bool& in_range) {
     const long long colk = (long long)i_h * K_DIM + kt * KT, colv = (long long)i_h * V_DIM + v0;
     const int nk = NKT == 1 ? K_DIM : K_DIM - kt * KT < KT ? K_DIM - kt * KT : KT;
     const bool load_v = kt == 0;
@@ -347,12 +364,14 @@ __device__ __forceinline__ void gda_chunk_load(const io::t* __restrict__ q, cons
         } else {
             gda_cp_wait<0>();
         }
-    } else
+        return false;
+    }
 #endif
     {
+        float mv = 0.f, mg = 0.f;
 #define GDA_STAGE(W, WV) gda_stage<KLOAD / (W), W, BV / (WV), WV, !STATE>(                         \
             q, k, g, v, b_q, b_k, b_a, b_v, bos + t0, s1 - t0, sk, sv, colk, colv, nk, V_DIM - v0,    \
-            load_v, tid)
+            load_v, tid, mv, mg)
         constexpr int PK4 = K_DIM % 4 == 0 ? 4 : 1, PV4 = V_DIM % 4 == 0 ? 4 : 1;
         if (vec_qkg) {
             if (vec_v) GDA_STAGE(PK4, PV4);
@@ -362,6 +381,8 @@ __device__ __forceinline__ void gda_chunk_load(const io::t* __restrict__ q, cons
             else GDA_STAGE(1, 1);
         }
 #undef GDA_STAGE
+        in_range = (mv <= GDA_VAL_MAX) & (mg <= GDA_GATE_MAX);     // (NaN fails)
+        return true;
     }
 }
 
@@ -379,16 +400,14 @@ __device__ __forceinline__ void gda_halve(float (&x)[BS], int lane) {
 }
 
 // Stage 2 for the rows t = PAR, PAR + 2, ... of the sub-block at row r0:
-// W[t][s] = sum_k q_t k_s prod_{s<r<=t} g_r, s <= t, over the tile's key columns, into b_w
-// (added to it with acc: the key tiles after the first). Lane l carries columns l + 32j and
-// their running products, advanced two rows at a time by g_{t-1} g_t; the K-sum is a
-// transposed shuffle reduction.
+// W[t][s] = sum_k q_t k_s prod_{s<r<=t} g_r, s <= t, over the tile's key columns, into b_res
+// (row t's at t / 2, in the lanes with bit 0 clear; gda_diag_store stores them). Lane l carries
+// columns l + 32j and their running products, advanced two rows at a time by g_{t-1} g_t; the
+// K-sum is a transposed shuffle reduction.
 template <int PAR>
 __device__ __forceinline__ void gda_diag(const float* b_q, const float* b_k, const float* b_a,
-                                         float* b_w, int r0, int lane, bool acc) {
+                                         int r0, int lane, float (&b_res)[BS / 2]) {
     float b_pr[KJ][BS];                         // running k_s prod_{s<r<=t} g_r, per column
-    float b_res[BS / 2];                        // the rows' sums, stored after the last row (a
-                                                //   store would hold the next row's loads back)
     #pragma unroll
     for (int t = PAR; t < BS; t += 2) {
         float b_part[BS];
@@ -421,6 +440,13 @@ __device__ __forceinline__ void gda_diag(const float* b_q, const float* b_k, con
         gda_halve<1, 2>(b_part, lane);
         b_res[t / 2] = b_part[0] + __shfl_xor_sync(GDA_FULL_MASK, b_part[0], 1);
     }
+}
+
+// Stage 2's sums b_res of the rows of parity PAR into b_w (added to it with acc: the key tiles
+// after the first)
+template <int PAR>
+__device__ __forceinline__ void gda_diag_store(float* b_w, int r0, int lane, bool acc,
+                                               const float (&b_res)[BS / 2]) {
     if ((lane & 1) == 0)
         #pragma unroll
         for (int t = PAR; t < BS; t += 2) {
@@ -430,17 +456,24 @@ __device__ __forceinline__ void gda_diag(const float* b_q, const float* b_k, con
 }
 
 // 2. scores of the warp's diagonal sub-block, the rows t of its parity (raw q, k and gates),
-//    of key tile kt (the tiles after the first add theirs)
+//    of the key tile into b_res, held there until the guard's verdict
 __device__ __forceinline__ void gda_chunk_scores(const float* b_q, const float* b_k, const float* b_a,
-                                                 float* b_w, const gda_chunk_warp& wp, int kt) {
-    if (wp.half) gda_diag<1>(b_q, b_k, b_a, b_w, wp.r0, wp.lane, kt > 0);
-    else gda_diag<0>(b_q, b_k, b_a, b_w, wp.r0, wp.lane, kt > 0);
+                                                 const gda_chunk_warp& wp, float (&b_res)[BS / 2]) {
+    if (wp.half) gda_diag<1>(b_q, b_k, b_a, wp.r0, wp.lane, b_res);
+    else gda_diag<0>(b_q, b_k, b_a, wp.r0, wp.lane, b_res);
+}
+
+// 2'. the scores b_res of key tile kt into b_w (the tiles after the first add theirs)
+__device__ __forceinline__ void gda_chunk_scores_store(float* b_w, const gda_chunk_warp& wp, int kt,
+                                                       const float (&b_res)[BS / 2]) {
+    if (wp.half) gda_diag_store<1>(b_w, wp.r0, wp.lane, kt > 0, b_res);
+    else gda_diag_store<0>(b_w, wp.r0, wp.lane, kt > 0, b_res);
 }
 
 // 3. decays of the key tile, one thread per column: from the end (threads 0..KP-1: k*D in
 //    place, the anchored keys kA (not in the state pass), A_end into b_e, and the segment's
-//    product dm[kt] 2^de[kt] of the column), from the start (threads NT/2 ..: q*P in place, B_i into
-//    b_b); both read the gates, they write disjoint tiles. A sub-block's 16 rows are loaded
+//    product dm[kt] 2^de[kt] of the column), from the start (threads NT/2 ..: q*P in place,
+//    B_i into b_b); both read the gates, they write disjoint tiles. A sub-block's 16 rows are loaded
 //    into registers before its first store: the stores may alias the next loads for the
 //    compiler, which would otherwise wait on each
 template <bool STATE>
@@ -759,33 +792,48 @@ __device__ __forceinline__ bool gda_chunk_update(float* b_s, const float* b_k, c
 
 #endif
 
-// Whether 4 staged elements all have |x| <= m (NaN fails)
-__device__ __forceinline__ bool gda_in(float4 x, float m) {
-    return (fabsf(x.x) <= m) & (fabsf(x.y) <= m) & (fabsf(x.z) <= m) & (fabsf(x.w) <= m);
+// m[i] = max(m[i], |x_i|) for the 4 elements of x (4 independent chains)
+__device__ __forceinline__ void gda_absmax(float (&m)[4], float4 x) {
+    gda_absmax(m[0], x.x); gda_absmax(m[1], x.y); gda_absmax(m[2], x.z); gda_absmax(m[3], x.w);
+}
+
+// Whether max.NaN(m) <= bound (NaN fails)
+__device__ __forceinline__ bool gda_absmax_in(const float (&m)[4], float bound) {
+    return (m[0] <= bound) & (m[1] <= bound) & (m[2] <= bound) & (m[3] <= bound);
 }
 
 // The fast path's guard for key tile kt of the chunk, this thread's share of the staged inputs:
 // |q|, |k| (and with_v, |v|) at most GDA_VAL_MAX, |g| at most GDA_GATE_MAX. With S also within
 // GDA_VAL_MAX, no product or sum of the chunked form exceeds 2^118 (gate products of BT steps
 // 2^32, sums of 256 key columns and BT steps), so it cannot overflow where the loop does not,
-// nor form inf * 0; a chunk outside the range is stepped (gda_chunk_step) instead.
+// nor form inf * 0; a chunk outside the range is stepped (gda_chunk_step) instead. Thread
+// (row group j, 4 columns c) reads rows j, j + RG, ... (fully unrolled, constant offsets) into
+// running maxima, one max.NaN an element, 4 independent chains a tensor.
 template <bool STATE>
 __device__ __forceinline__ bool gda_chunk_in_range(const float* b_q, const float* b_k, const float* b_a,
                                                    const float* b_v, bool with_v, int tid) {
-    constexpr int PK = KP / 4, PV = BV / 4;
-    bool ok = true;
-    #pragma unroll 1
-    for (int e = tid; e < BT * PK; e += NT) {
-        const int t = e / PK, c = 4 * (e % PK);
-        ok &= gda_in(*reinterpret_cast<const float4*>(b_k + t * KS + c), GDA_VAL_MAX)
-            & gda_in(*reinterpret_cast<const float4*>(b_a + t * QS + c), GDA_GATE_MAX);
-        if (!STATE) ok &= gda_in(*reinterpret_cast<const float4*>(b_q + t * QS + c), GDA_VAL_MAX);
+    constexpr int PK = KP / 4, RG = NT / PK, PV = BV / 4, RV = NT / PV;
+    float mv[4] = {0.f, 0.f, 0.f, 0.f}, mg[4] = {0.f, 0.f, 0.f, 0.f};
+    const int j = tid / PK, c = 4 * (tid % PK);
+    if (j < RG) {                               // (threads past RG * PK have no columns)
+        #pragma unroll
+        for (int i = 0; i < (BT + RG - 1) / RG; ++i) {
+            const int t = j + i * RG;
+            if (BT % RG == 0 || t < BT) {
+                gda_absmax(mv, *reinterpret_cast<const float4*>(b_k + t * KS + c));
+                gda_absmax(mg, *reinterpret_cast<const float4*>(b_a + t * QS + c));
+                if (!STATE) gda_absmax(mv, *reinterpret_cast<const float4*>(b_q + t * QS + c));
+            }
+        }
     }
-    if (with_v)
-        #pragma unroll 1
-        for (int e = tid; e < BT * PV; e += NT)
-            ok &= gda_in(*reinterpret_cast<const float4*>(b_v + (e / PV) * VS + 4 * (e % PV)), GDA_VAL_MAX);
-    return ok;
+    const int jv = tid / PV, cv = 4 * (tid % PV);
+    if (with_v && jv < RV)
+        #pragma unroll
+        for (int i = 0; i < (BT + RV - 1) / RV; ++i) {
+            const int t = jv + i * RV;
+            if (BT % RV == 0 || t < BT) gda_absmax(mv, *reinterpret_cast<const float4*>(b_v + t * VS + cv));
+        }
+    return gda_absmax_in(mv, GDA_VAL_MAX) & gda_absmax_in(mg, GDA_GATE_MAX);
 }
 
 // Key tile kt of a chunk that fails the guard, stepped: the loop itself over its BT steps,
@@ -844,8 +892,8 @@ __device__ __forceinline__ bool gda_chunk_step(const float* b_q, const float* b_
 // whole chunks, the last one short or empty), each chunk a pass of the stages per key tile
 // (the tiles' scores and 4a sums add up; 4c, 4d after the last tile). STATE (gda_chunk_state,
 // segments 0..P-2): stages 1 (k, g, v), 3 (k*D, A_end) and 5 only, from S = 0; it writes the
-// segment's S and its gate product to ws_s, ws_d. Otherwise (gda_chunk_fwd): every stage, from S = h0 carried through the
-// earlier segments' entries (S = diag(ws_d[j]) S + ws_s[j], j < i_p).
+// segment's S and its gate product to ws_s, ws_d. Otherwise (gda_chunk_fwd): every stage, from
+// S = h0 carried through the earlier segments' entries (S = diag(ws_d[j]) S + ws_s[j], j < i_p).
 template <bool STATE>
 __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
 {
@@ -935,26 +983,33 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
         for (int kt = 0; kt < NKT; ++kt) {
             float* const b_st = b_s + kt * KT * VS;     // the key tile's rows of S
             GDA_PROF(0);
-            gda_chunk_load<STATE>(q, k, g, v, b_sm, set, b_q, b_k, b_a, b_v, t0, s1, bos, sk, sv, i_h,
-                                  v0, kt, vec_qkg, vec_v, tid);
+            bool in_range;                      // the inputs' verdict, where the load checked them
+            const bool checked = gda_chunk_load<STATE>(q, k, g, v, b_sm, set, b_q, b_k, b_a, b_v, t0, s1,
+                                                       bos, sk, sv, i_h, v0, kt, vec_qkg, vec_v, tid,
+                                                       in_range);
             __syncthreads();
+            GDA_PROF(1);
             // the guard: the fast path while inputs and S are in range (v checked with the
             // first tile; once a tile is stepped, so are the chunk's later ones, so b_w holds
-            // exactly the scores of the tiles before)
-            fast = !__syncthreads_or(!(fast && s_ok && gda_chunk_in_range<STATE>(b_q, b_k, b_a, b_v, kt == 0, tid)));
+            // exactly the scores of the tiles before). Inputs loaded through registers were
+            // checked there, copied ones are read again here. Stage 2 runs before the verdict,
+            // its scores held in registers; the verdict's barrier is stage 2's.
+            float b_res[BS / 2];
+            if (fast) {                         // (the same in every thread)
+                const bool ok = s_ok && (checked ? in_range
+                                                 : gda_chunk_in_range<STATE>(b_q, b_k, b_a, b_v, kt == 0, tid));
+                if constexpr (!STATE) gda_chunk_scores(b_q, b_k, b_a, wp, b_res);
+                fast = !__syncthreads_or(!ok);
+            }
             w_live |= fast;
-            GDA_PROF(1);
+            GDA_PROF(2);
             float b_o[NTH][4];                  // this warp's output tiles (stage 4)
             // o's sums of the stepped tiles: between tiles where the fast ones leave theirs
             // (NKT > 1), else in b_w (no tile's scores there)
             float* const b_ob = NKT > 1 ? b_sm + SM_O : b_w;
             constexpr int OS = NKT > 1 ? VS : WS;
             if (fast) {
-                if constexpr (!STATE) {
-                    gda_chunk_scores(b_q, b_k, b_a, b_w, wp, kt);
-                    __syncthreads();
-                }
-                GDA_PROF(2);
+                if constexpr (!STATE) gda_chunk_scores_store(b_w, wp, kt, b_res);
                 gda_chunk_decays<STATE>(b_q, b_k, b_a, b_ka, b_e, b_b, tid, dm, de, kt);
                 __syncthreads();
                 GDA_PROF(3);

@@ -289,22 +289,17 @@ __device__ __forceinline__ void gda_recurrent(GDA_FORWARD_PARAMS)
     // the gate product from the lanes of column 0 of value tile 0
     float* const dst = STATE ? ws_s + (w_0 + i_p) * K_DIM * V_DIM + v0 + c
                              : ht && i_p == P - 1 ? ht + o_s : nullptr;
-    if (dst) {
+    if (dst) {                                 // (never null in the state pass)
         #pragma unroll
         for (int i = 0; i < R * KG; ++i) {
             const int kk = (i / R) * R * KT + R * kt + i % R;
             if (kk < K_DIM && col) dst[(long long)kk * V_DIM] = b_s[i];
-        }
-    }
-    if (STATE && i_v == 0 && c == 0)
-        #pragma unroll
-        for (int i = 0; i < R * KG; ++i) {
-            const int kk = (i / R) * R * KT + R * kt + i % R;
-            if (kk < K_DIM) {
+            if (STATE && kk < K_DIM && i_v == 0 && c == 0) {
                 ws_d[(w_0 + i_p) * 2 * K_DIM + kk] = b_d[i];
                 ws_d[(w_0 + i_p) * 2 * K_DIM + K_DIM + kk] = b_de[kk];
             }
         }
+    }
 }
 
 // Grid: one block per (sequence n, head h, segment p < P, value tile iv), block id

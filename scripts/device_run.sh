@@ -3,18 +3,24 @@
 # 10-minute limit; everything lands in $OUT.
 #   suite-a, suite-b: install, the test suite in two halves that each fit one call (a: the
 #            files in SUITE_A; b: every other file, so a new one is never left out), then (b)
-#            cupy-gda verify
+#            cupy-gda verify. The property tests (tests/test_properties.py, in a: their GPU
+#            draws compile some 70 kernels) need hypothesis, which the device may lack: carry
+#            [".vendor"] from scripts/vendor_hypothesis.sh
 #   bench:   install, the benchmark of ours and the textbook kernel (table shapes), then the T
 #            sweep with a plot
 #   fla:     install, fla's rows of the same shapes (needs its package folder in .baselines/;
 #            its autotuning at a new shape can take minutes, so it runs apart and cannot cost ours)
 #   sanitize: install, compute-sanitizer's memcheck, racecheck and synccheck over `cupy-gda
-#            verify` with each forward family (every define set of its sweep; the step kernel
-#            with each), and memcheck over tests/test_edges.py (forced segments, stepped chunks)
+#            verify --max-t 64` with each forward family (every define set of its sweep, state
+#            passes included, in fewer steps; the step kernel with each), memcheck over
+#            tests/test_edges.py (forced segments, stepped chunks) and a few forced splits of
+#            tests/test_segments.py, memcheck and racecheck over a few cases of the Hopper wgmma
+#            variant (tests/test_chunk.py); each run within its cap and what is left of the
+#            call's first 530 s (a run cut off says so in its rc, 124; one not begun, "skipped")
 #   compare: `cupy-gda bench --shapes SHAPES --impl ours` of an older tree (its files in .old/,
 #            e.g. `git archive <commit> | tar -x -C .old`) and of this one, in one run, ROUNDS
 #            times each, interleaved (old, new, old, new, ...), and the ratios of the best times
-# Usage (device tool; carry [".baselines"] for fla, [".old"] for compare):
+# Usage (device tool; carry [".vendor"] for suite-a, [".baselines"] for fla, [".old"] for compare):
 #   bash scripts/device_run.sh <commit> suite-a|suite-b|sanitize|bench|fla
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
@@ -24,7 +30,13 @@ out="${OUT:-/tmp/out}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 CUPY_GDA_COMMIT="$commit"
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARNING | tail -3
-SUITE_A="dispatch interop packaging reference scripts segments validation chunk edges"
+# hypothesis from .vendor where it imports from there (built for this Python), else the
+# device's own, if any; the line says which, as without one the property tests skip
+if [ -d .vendor ] && PYTHONPATH="$PWD/.vendor" python3 -c "import hypothesis" 2>/dev/null; then
+    export PYTHONPATH="$PWD/.vendor${PYTHONPATH:+:$PYTHONPATH}"
+fi
+echo "hypothesis: $(python3 -c 'import hypothesis as h; print(h.__version__, "at", h.__file__)' 2>&1 | tail -1)"
+SUITE_A="dispatch interop packaging reference scripts segments validation chunk edges properties"
 if [ "$phase" = "suite-a" ]; then
     timeout 540 python3 -m pytest -q $(for f in $SUITE_A; do echo "tests/test_$f.py"; done) \
         > "$out/pytest-a.txt" 2>&1; tail -3 "$out/pytest-a.txt"
@@ -37,18 +49,47 @@ if [ "$phase" = "suite-b" ]; then
     exit 0
 fi
 if [ "$phase" = "sanitize" ]; then
+    # CuPy's memory pool off, so memcheck sees each array's own bounds rather than the pool's
+    nopool="import cupy, sys; cupy.cuda.set_allocator(None)"
+    verify=(python3 -c "$nopool; from cupy_gda.cli import main; main()" verify --max-t 64)
+    pytest=(python3 -c "$nopool; import pytest; sys.exit(pytest.main())" -q -p no:cacheprovider)
+    # only our kernels (gda_*) instrumented, not CuPy's copies and fills, where the option exists
+    only=()
+    compute-sanitizer --kernel-name kns=gda_ true > /dev/null 2>&1 && only=(--kernel-name kns=gda_)
+    echo "compute-sanitizer: $(compute-sanitizer --version 2>&1 | grep -i version | head -1); ${only[*]:-every kernel}"
+    end=530                  # s since the call began: the call's 600 s less transfers and slack
+    said='ERROR SUMMARY|RACECHECK SUMMARY|^verify: |[0-9]+ (passed|failed|skipped|error)|Error: '
+    # san TOOL TARGET CAP COMMAND...: COMMAND under TOOL for at most CAP s; one line, and its
+    # log appended to $out/sanitize-TOOL.txt (one file a tool: the call brings back 8 files)
+    san() {
+        local tool="$1" target="$2" cap="$3" left=$((end - SECONDS)) t0=$SECONDS rc f
+        shift 3
+        if [ "$left" -lt 20 ]; then echo "$tool $target: skipped, no time left"; return; fi
+        f="$(mktemp)"
+        timeout -k 10 $((left < cap ? left : cap)) compute-sanitizer --tool "$tool" \
+            --error-exitcode 3 "${only[@]}" "$@" > "$f" 2>&1
+        rc=$?
+        echo "$tool $target: rc $rc in $((SECONDS - t0)) s | $(grep -E "$said" "$f" | tail -3 | tr '\n' ' ')"
+        { echo "== $tool $target: rc $rc"; cat "$f"; } >> "$out/sanitize-$tool.txt"
+        rm -f "$f"
+    }
     for tool in memcheck racecheck synccheck; do
         for method in chunk recurrent; do
-            f="$out/sanitize-$tool-$method.txt"
-            timeout 170 compute-sanitizer --tool "$tool" --error-exitcode 3 cupy-gda verify --method "$method" \
-                > "$f" 2>&1
-            echo "$tool $method: rc $? | $(grep -E 'ERROR SUMMARY|cases,' "$f" | tr '\n' ' ')"
+            san "$tool" "verify-$method" 150 "${verify[@]}" --method "$method"
         done
     done
-    f="$out/sanitize-memcheck-edges.txt"
-    timeout 170 compute-sanitizer --tool memcheck --error-exitcode 3 python3 -m pytest -q -p no:cacheprovider \
-        tests/test_edges.py > "$f" 2>&1
-    echo "memcheck test_edges: rc $? | $(grep -E 'ERROR SUMMARY|passed|failed' "$f" | tr '\n' ' ')"
+    san memcheck test_edges 90 "${pytest[@]}" tests/test_edges.py
+    # forced splits: the chunk kernel's value tiles of 8 in 3 segments and varlen (an empty
+    # sequence) in 3; the recurrent one's a step a segment, K = 256, and varlen with sequences
+    # shorter than the segments
+    san memcheck test_segments 90 "${pytest[@]}" tests/test_segments.py -k \
+        "BV8-P3 or L1_17_64_300_65_0_129_700 or P128 or L1_17_64_300_0_3 or K256-V256"
+    # the wgmma variant: value tiles of 32, K padded inside a tile, bfloat16 in segments, two
+    # key tiles under the 'big' gates, varlen with an empty sequence, float16 with K = 255
+    for tool in memcheck racecheck; do
+        san "$tool" wgmma 90 "${pytest[@]}" tests/test_chunk.py -k "wgmma and (K64-V1024 or \
+K120-V48 or K50-V32 or K256-V64-float32-gate_big or L200_0_3 or K255-V24)"
+    done
     exit 0
 fi
 if [ "$phase" = "compare" ]; then

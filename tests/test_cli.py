@@ -135,6 +135,46 @@ def test_verify_quick_runs_one_case_per_api(monkeypatch):
     assert seen[0] == _verify.standard_cases()[0]
 
 
+def test_verify_max_t_keeps_each_cases_kernels(monkeypatch):
+    """--max-t N (runs under compute-sanitizer): each sequence (varlen: segment) longer than
+    about N steps is cut, keeping its length mod 64 (the partial last chunk), two chunks at
+    least, and both families' defines and sequence segments (on the CPU path those of the
+    default GPU); nothing else of a case changes."""
+    seen = []
+    monkeypatch.setattr(_verify, "run_case", lambda case, **kw: seen.append(case) or [])
+    r = invoke("verify", "--max-t", "64", "--cpu")
+    assert r.exit_code == 0, r.output
+    sweep = _verify.standard_cases()
+    assert len(seen) == len(sweep)
+    cut = {}
+    for c, s in zip(sweep, seen):
+        assert s._replace(T=c.T, lengths=c.lengths) == c
+        assert _verify.kernel_defines(s) == _verify.kernel_defines(c), c.id
+        for n, m in zip(c.lengths or (c.T,), s.lengths or (s.T,)):
+            assert m == n or (m < n and m % 64 == n % 64 and m > 64), (c.id, n, m)
+        if s != c:
+            cut[c.id] = s.lengths or s.T
+    assert cut.items() >= {
+        "fwd-B2-T1000-H4-K24-V24-float32-gate_logsig": 296,
+        "varlen-B1-T382-H4-K24-V24-L1_17_64_300-float32-gate_logsig": (1, 17, 64, 108),
+        "varlen-B1-T382-H4-K24-V24-L1_17_64_300-bfloat16-gate_logsig": (1, 17, 64, 108),
+        "fwd-B2-T130-H2-K256-V512-float32-gate_logsig": 66,
+        "fwd-B2-T130-H2-K256-V512-bfloat16-gate_logsig": 66,
+        "fwd-B1-T200-H2-K200-V1000-float16-log_logsig": 72}.items()
+    long = next(s for s in seen if s.id == "fwd-B2-T296-H4-K24-V24-float32-gate_logsig")
+    assert all(segments for _, segments in _verify.kernel_defines(long))   # state passes stay
+
+
+def test_verify_max_t_runs_the_cut_cases():
+    r = invoke("verify", "--quick", "--max-t", "64", "--cpu")
+    assert r.exit_code == 0, r.output
+    ids = [ln.split()[0] for ln in result_lines(r.output, "PASS")]
+    assert ids == [i for i in ("fwd-B2-T128-H4-K24-V24-float32-gate_logsig",
+                               "varlen-B1-T190-H4-K24-V24-L1_17_64_108-float32-gate_logsig",
+                               "step-B8-T1-H4-K24-V24-float32-gate_logsig") for _ in range(2)]
+    assert "verify: 3 cases, 6 checks, 0 failed (CPU path (--cpu), backend numpy)" in r.output
+
+
 def test_verify_rejects_bad_options():
     r = invoke("verify", "-K", "0")
     assert r.exit_code == 2 and "-K" in r.output
@@ -142,6 +182,8 @@ def test_verify_rejects_bad_options():
     assert r.exit_code == 2 and "int8" in r.output
     r = invoke("verify", "--cpu", "--require-gpu")
     assert r.exit_code == 2 and "contradict" in r.output
+    r = invoke("verify", "--max-t", "0")
+    assert r.exit_code == 2 and "--max-t" in r.output
 
 
 def test_bare_command_prints_help():

@@ -119,35 +119,52 @@ def _cases():
         out.append(_case("gda_step", arch, 128, 64, VARIANTS[a], align=8))
         out.append(_case("gda_step", arch, 100, 100, VARIANTS[a + 2], align=4))
         out.append(_case("gda_step", arch, 24, 5, VARIANTS[a + 4]))
-    return list({c.id: c for c in out if c is not None}.values())   # K=V=256 may be in both lists
+    # one case per compile (kernel, arch, defines): K = V = 256 may be in both lists, and where the
+    # inputs are not staged the recurrent tiles do not depend on the sequence-heads
+    return list({c.values: c for c in out if c is not None}.values())
 
 
 def _build(kernel, items, arch):
     return FAMILIES[kernel].cubin(dict(items), arch)
 
 
-@pytest.fixture(scope="module")
-def compiled(request):
-    """compile_cubin of every selected (kernel, defines, arch) of this module, each once, run
-    on all CPU cores at once (NVRTC compiles on one core; fresh processes, no CUDA context);
-    the tests take their results as they come."""
+# the kernels by the time a compile takes (chunk 1.5-6 s of CPU, recurrent 0.5-1, step 0.1)
+_COST = {"gda_chunk_fwd": 2, "gda_recurrent_fwd": 1, "gda_step": 0}
+_jobs = {}          # (kernel, items, arch) -> its compile's Future
+
+
+def start_compiles(session):
+    """Start the compile of every selected test of this module that takes (kernel, items, arch),
+    each once, slowest first, on all CPU cores (NVRTC compiles on one; fresh processes, no CUDA
+    context). conftest.py calls this when collection ends and runs this module's tests last, so
+    the compiles run while the other modules' tests do and these tests only take the results."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     wanted = dict.fromkeys(tuple(item.callspec.params[n] for n in ("kernel", "items", "arch"))
-                           for item in request.session.items
-                           if item.module is request.module and hasattr(item, "callspec")
+                           for item in session.items
+                           if hasattr(item, "callspec") and item.module.__name__ == __name__
                            and {"kernel", "items", "arch"} <= set(item.callspec.params))
     workers = min(len(wanted), os.cpu_count() or 1)
-    if workers < 2:
-        yield functools.lru_cache(maxsize=None)(_build)
+    if workers < 2:             # nothing to overlap: the tests compile as they go
         return
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        jobs = {key: pool.submit(_build, *key) for key in wanted}
-        yield lambda kernel, items, arch: (jobs[(kernel, items, arch)].result()
-                                           if (kernel, items, arch) in jobs
-                                           else _build(kernel, items, arch))
-        for job in jobs.values():
-            job.cancel()
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    session.config.add_cleanup(lambda: pool.shutdown(cancel_futures=True))
+    for key in sorted(wanted, key=lambda key: (_COST[key[0]], dict(key[1])["K_DIM"]), reverse=True):
+        _jobs[key] = pool.submit(_build, *key)
+
+
+_build_here = functools.lru_cache(maxsize=None)(_build)
+
+
+def _compiled(kernel, items, arch):
+    job = _jobs.get((kernel, items, arch))
+    return job.result() if job else _build_here(kernel, items, arch)
+
+
+@pytest.fixture
+def compiled():
+    """compile_cubin of (kernel, items, arch): start_compiles' result, or compiled here (once)."""
+    return _compiled
 
 
 @pytest.mark.parametrize("kernel, arch, items", _cases())
@@ -232,29 +249,39 @@ def test_bad_tunable_fails_its_static_assert(kernel, change, expect):
     assert f"kernels/{kernel}.cu" in str(e.value) and "sm_80" in str(e.value)
 
 
-def test_chunk_compiles_at_MAX_K():
+def _chunk_build(cid, p, wgmma=False, **extra):
+    """gda_chunk_fwd's sm_90 build for Problem ``p`` as its launcher configures it, with ``extra``
+    defines, as (kernel, arch, items) parameters: start_compiles compiles it with the rest."""
+    defines = dict(chunk.defines(p, chunk.config(p, wgmma=wgmma), False), **extra)
+    return pytest.param("gda_chunk_fwd", "sm_90", tuple(sorted(defines.items())), id=cid)
+
+
+@pytest.mark.parametrize("kernel, arch, items", [_chunk_build(
+    "K256-V64", Problem(B=1, T=64, H=1, K=chunk.MAX_K, V=64, N=1, dtype="float32",
+                        g_dtype="float32", log_gate=False))])
+def test_chunk_compiles_at_MAX_K(compiled, kernel, arch, items):
     """chunk.MAX_K is the kernel's own limit: it compiles there (and not one above)."""
-    p = Problem(B=1, T=64, H=1, K=chunk.MAX_K, V=64, N=1, dtype="float32", g_dtype="float32",
-                log_gate=False)
-    cubin, _ = chunk.FAMILY.cubin(chunk.defines(p, chunk.config(p), False), "sm_90")
+    cubin, _ = compiled(kernel, items, arch)
     assert cubin[:4] == b"\x7fELF"
 
 
-def test_profiling_build_compiles():
+@pytest.mark.parametrize("kernel, arch, items", [_chunk_build(
+    "K64-V64-profile", Problem(B=1, T=64, H=1, K=64, V=64, N=1, dtype="float32", g_dtype="float32",
+                               log_gate=False), GDA_PROFILE=1)])
+def test_profiling_build_compiles(compiled, kernel, arch, items):
     """scripts/profile_chunk.py's build: gda_chunk_fwd with -DGDA_PROFILE (a clock per stage)."""
-    p = Problem(B=1, T=64, H=1, K=64, V=64, N=1, dtype="float32", g_dtype="float32", log_gate=False)
-    defines = dict(chunk.defines(p, chunk.config(p), False), GDA_PROFILE=1)
-    cubin, res = chunk.FAMILY.cubin(defines, "sm_90")
+    cubin, res = compiled(kernel, items, arch)
     assert cubin[:4] == b"\x7fELF" and "warning" not in res["log"].lower(), res["log"]
 
 
-def test_wgmma_stage5_only_build_compiles():
+@pytest.mark.parametrize("kernel, arch, items", [_chunk_build(
+    "K256-V512-bf16-wgmma-WG_4A0", Problem(B=8, T=4096, H=4, K=256, V=512, N=8, dtype="bfloat16",
+                                           g_dtype="bfloat16", log_gate=False),
+    wgmma=True, WG_4A=0)])
+def test_wgmma_stage5_only_build_compiles(compiled, kernel, arch, items):
     """The Hopper variant with WG_4A = 0 (stage 5 by wgmma, 4a by mma.sync; scripts/sweep.py
     WG_4A=0,1 compares them) builds for sm_90a without local memory."""
-    p = Problem(B=8, T=4096, H=4, K=256, V=512, N=8, dtype="bfloat16", g_dtype="bfloat16",
-                log_gate=False)
-    defines = dict(chunk.defines(p, chunk.config(p, wgmma=True), False), WG_4A=0)
-    cubin, res = chunk.FAMILY.cubin(defines, "sm_90")
+    cubin, res = compiled(kernel, items, arch)
     assert cubin[:4] == b"\x7fELF" and "warning" not in res["log"].lower(), res["log"]
     assert res["stack"] == 0 and "wgmma.mma_async" in res["ptx"], res["log"]
 

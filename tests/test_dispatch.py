@@ -139,6 +139,59 @@ LENS = ((1, 4), (64, 4), (200, 2), (1537.5, 4), (2048, 4), (2048, 2), (65536, 4)
 # (SM count, opt-in shared memory): H100/H200, A100, sm_86/89
 DEVICES = ((132, 227 * 1024), (108, 163 * 1024), (84, 99 * 1024))
 
+# The split tests run every V but only the K at both ends of each class of K that the rules
+# treat alike (every K of the product takes a minute): the chunk's key tiles pad K to 16 or
+# split it evenly rounded up to 16, so they change only between 16 m and 16 m + 1; the recurrent
+# rule's K thresholds (16, 32, 64) and lanes (a power of 2 times R rows) change only at powers
+# of 2, and staged inputs take multiples of 4. test_split_rules_read_K_by_class checks this
+# over every K.
+CHUNK_KS = [k for m in range(MAX_DIM // 16) for k in (16 * m + 1, 16 * m + 16)]
+RECURRENT_KS = {staged: sorted({k for j in range(9) for k in (2**j - step, 2**j, 2**j + step)
+                                if 1 <= k <= MAX_DIM and k % step == 0})
+                for staged, step in ((False, 1), (True, 4))}
+
+
+def _chunk_class(K):
+    return -(-K // 16) * 16
+
+
+def _recurrent_class(K, staged):
+    """K itself where a power of 2, else the last K (multiple of 4 where staged) before the next."""
+    top = 1 << (K - 1).bit_length()
+    return K if top == K else top - (4 if staged else 1)
+
+
+@pytest.mark.parametrize("sms, smem_max", [pytest.param(*d, id=f"SM{d[0]}") for d in DEVICES])
+def test_split_rules_read_K_by_class(sms, smem_max):
+    """The premise of CHUNK_KS and RECURRENT_KS, over every K: its key tiles, and over a sample of
+    the other arguments the chunk's split and the recurrent tiles and segments (all but TC, which
+    the split tests do not read), are those of the end of its class."""
+    sample = [(V, NH, L, size) for V in (1, 7, 24, 100, 129, 256) for NH in (8, 99, 4096)
+              for L, size in LENS]
+
+    def chunk_rule(K):
+        return ([chunk.key_tile(K, BV, smem_max) for BV in range(8, 65, 8)]
+                + [chunk.split(K, V, NH, L, size, sms, smem_max) for V, NH, L, size in sample])
+
+    def recurrent_rule(K, staged):
+        tiles = [recurrent.tiles(K, V, NH, L, size, sms, staged=staged)
+                 for V, NH, L, size in sample if not staged or V % 4 == 0]
+        return [t[:3] + t[4:] for t in tiles]
+
+    ends = {K: chunk_rule(K) for K in CHUNK_KS}
+    bad = [f"chunk K={K}" for K in DIMS if chunk_rule(K) != ends[_chunk_class(K)]]
+    for staged in (False, True):
+        ends = {}
+        for K in DIMS:
+            if staged and K % 4:
+                continue
+            end = _recurrent_class(K, staged)
+            if end not in ends:
+                ends[end] = recurrent_rule(end, staged)
+            if recurrent_rule(K, staged) != ends[end]:
+                bad.append(f"recurrent K={K} staged={staged}")
+    assert not bad, f"{len(bad)} K read apart from the end of their class: " + "; ".join(bad[:10])
+
 
 def _recurrent_violations(K, V, NH=None, L=None, sms=132, smem_max=SMEM_MAX, staged=False):
     R, KT, BV, TC, _ = recurrent.tiles(K, V, NH, L, 4, sms, smem_max, staged)
@@ -215,14 +268,32 @@ def test_recurrent_async_only_where_the_kernel_allows():
     assert not bad, f"{len(bad)} violations, first: " + "; ".join(bad[:10])
 
 
+def _key_tile_violations(K, BV, smem_max):
+    KT = chunk.key_tile(K, BV, smem_max)
+    bad = []
+    if chunk.smem(K, BV, 0, KT) > smem_max:
+        bad.append(f"shared memory over {smem_max}")
+    if (KT % 16 or KT > chunk.MAX_KT or (K > chunk.MAX_KT and KT < chunk.MIN_KT)
+            or (K <= chunk.MAX_KT) != (KT >= K) or -(-K // KT) * KT - K >= KT):
+        bad.append(f"not K in whole tiles of a multiple of 16 up to {chunk.MAX_KT}")
+    return [f"K={K} BV={BV} smem_max={smem_max} key tile {KT}: {b}" for b in bad]
+
+
+@pytest.mark.parametrize("smem_max", [pytest.param(d[1], id=f"SM{d[0]}") for d in DEVICES])
+def test_chunk_key_tiles_all_dims(smem_max):
+    """Every K and every value tile split may pick (a multiple of 8 up to 64) that has a key tile:
+    K in whole tiles that fit (that split picks only those: test_chunk_split_all_dims)."""
+    bad = [b for K in DIMS for BV in range(8, 65, 8) if chunk.key_tile(K, BV, smem_max)
+           for b in _key_tile_violations(K, BV, smem_max)]
+    assert not bad, f"{len(bad)} violations, first: " + "; ".join(bad[:10])
 
 
 def _chunk_violations(K, V, NH, L, itemsize, sms, smem_max):
     split = chunk.split(K, V, NH, L, itemsize, sms, smem_max)
-    where = f"K={K} V={V} NH={NH} L={L} itemsize={itemsize} smem_max={smem_max} split={split}"
     if split is None:
         return [] if K > chunk.MAX_K or not chunk.key_tile(K, 8, smem_max) else [
-            f"{where}: refused although BV=8 fits"]
+            f"K={K} V={V} NH={NH} L={L} itemsize={itemsize} smem_max={smem_max}: refused "
+            f"although BV=8 fits"]
     BV, P = split
     NV = -(-V // BV)
     bad = [] if type(BV) is int and type(P) is int else ["BV and P are not ints"]
@@ -231,11 +302,8 @@ def _chunk_violations(K, V, NH, L, itemsize, sms, smem_max):
         bad.append("BV is not a multiple of 8 in 8..64")
     if BV > -(-V // 8) * 8:
         bad.append("BV is wider than V rounded up to 8")
-    KT = chunk.key_tile(K, BV, smem_max)
-    if KT is None or chunk.smem(K, BV, 0, KT) > smem_max:
-        bad.append(f"key tile {KT}: shared memory over {smem_max}")
-    elif KT % 16 or KT > chunk.MAX_KT or (K > chunk.MAX_KT and KT < chunk.MIN_KT) or (K <= chunk.MAX_KT) != (KT >= K) or -(-K // KT) * KT - K >= KT:
-        bad.append(f"key tile {KT}: not K in whole tiles of a multiple of 16 up to {chunk.MAX_KT}")
+    if chunk.key_tile(K, BV, smem_max) is None:
+        bad.append("no key tile fits")
     if P < 1 or (P > 1 and -(-L // 64) < P * chunk.SEGMENT_CHUNKS):
         bad.append(f"P={P} segments of {-(-L // 64)} chunks")
     if (P - 1) * (K * V + 2 * K) * 4 > L * K * itemsize:
@@ -244,13 +312,17 @@ def _chunk_violations(K, V, NH, L, itemsize, sms, smem_max):
         bad.append("segments make more than one block per SM at BV=64")
     if P > 1 and BV < min(64, -(-V // 8) * 8) and NH * NV * P // 2 >= 0.75 * sms:
         bad.append("value tiles narrowed although the segments fill the GPU")
+    if not bad:             # the message only where something failed: most of the test's time
+        return []
+    where = f"K={K} V={V} NH={NH} L={L} itemsize={itemsize} smem_max={smem_max} split={split}"
     return [f"{where}: {b}" for b in bad]
 
 
 @pytest.mark.parametrize("sms, smem_max", [pytest.param(*d, id=f"SM{d[0]}") for d in DEVICES])
 @pytest.mark.parametrize("NH", [pytest.param(nh, id=f"NH{nh}") for nh in NHS])
 def test_chunk_split_all_dims(NH, sms, smem_max):
-    bad = [b for K in DIMS for V in DIMS for L, size in LENS
+    """Every V, and K by class (CHUNK_KS; the key tiles of every K: test_chunk_key_tiles_all_dims)."""
+    bad = [b for K in CHUNK_KS for V in DIMS for L, size in LENS
            for b in _chunk_violations(K, V, NH, L, size, sms, smem_max)]
     assert not bad, f"{len(bad)} violations, first: " + "; ".join(bad[:10])
 
@@ -383,7 +455,6 @@ def test_step_uses_16_byte_accesses_where_allowed(V, want):
 
 def _recurrent_split_violations(K, V, NH, L, itemsize, sms, staged):
     R, KT, BV, TC, P = recurrent.tiles(K, V, NH, L, itemsize, sms, staged=staged)
-    where = f"K={K} V={V} NH={NH} L={L} itemsize={itemsize} sms={sms} staged={staged} P={P}"
     warps = NH * -(-V // BV) * KT * BV // 32
     bad = [] if type(P) is int and P >= 1 else ["P is not an int >= 1"]
     if P > 1 and int(L) < P * recurrent.SEGMENT_STEPS:
@@ -394,14 +465,18 @@ def _recurrent_split_violations(K, V, NH, L, itemsize, sms, staged):
         bad.append(f"more than {recurrent.SEGMENT_WARPS} warps (or one block) a SM")
     if P == 2:
         bad.append("two segments")
+    if not bad:
+        return []
+    where = f"K={K} V={V} NH={NH} L={L} itemsize={itemsize} sms={sms} staged={staged} P={P}"
     return [f"{where}: {b}" for b in bad]
 
 
 @pytest.mark.parametrize("sms", [pytest.param(d[0], id=f"SM{d[0]}") for d in DEVICES])
 @pytest.mark.parametrize("NH", [pytest.param(nh, id=f"NH{nh}") for nh in NHS])
 def test_recurrent_split_all_dims(NH, sms):
-    bad = [b for K in DIMS for V in DIMS for L, size in LENS for staged in (False, True)
-           if not staged or K % 4 == V % 4 == 0
+    """Every V, and K by class (RECURRENT_KS)."""
+    bad = [b for staged in (False, True) for K in RECURRENT_KS[staged] for V in DIMS
+           if not staged or V % 4 == 0 for L, size in LENS
            for b in _recurrent_split_violations(K, V, NH, L, size, sms, staged)]
     assert not bad, f"{len(bad)} violations, first: " + "; ".join(bad[:10])
 

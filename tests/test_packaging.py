@@ -23,7 +23,8 @@ for _mod in ("setuptools", "wheel", "pip"):
 
 # what a clean checkout would not have, or the build writes
 _IGNORE = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__",
-                                 ".pytest_cache", ".baselines", ".whl", ".venv*")
+                                 ".pytest_cache", ".baselines", ".whl", ".venv*", ".vendor", ".old*",
+                                 ".devrun")
 
 
 def _run(cmd, **kw):
