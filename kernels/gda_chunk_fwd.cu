@@ -1024,10 +1024,11 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
                         #pragma unroll
                         for (int r = 0; r < 4; ++r) b_o[n][r] = b_ob[gda_o_at(wp, n, r, OS)];
             }
-            if (!STATE && kt == NKT - 1) {
+            if (!STATE && kt == NKT - 1)
                 gda_chunk_output_values(b_v, b_w, w_live, wp, b_o, o, vec_o, t0, s1, bos, sv, i_h, v0, scale);
-                __syncthreads();                // stage 4's reads of S are done
-            }
+            if (!STATE)
+                __syncthreads();                // stage 4's reads of S are done: stage 5 writes the
+                                                //   tile's S in place (every key tile, not only the last)
             GDA_PROF(4);
             if (fast) {
 #if WGMMA
