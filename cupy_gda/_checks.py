@@ -152,6 +152,21 @@ def check_forward(fn, q, k, v, gate, log_gate, initial_state, cu_seqlens, cpu):
     return Problem(B, T, H, K, V, N, dt, g.dtype.name, log_gate is not None)
 
 
+def check_backward(fn, q, k, v, gate, log_gate, do, initial_state, d_final_state, cu_seqlens, cpu):
+    """Shapes and dtypes of a gated_attention_backward call: the forward's, and do (o's
+    gradient: v's shape and dtype) and d_final_state (the final state's: [N, H, K, V]).
+    Returns a Problem."""
+    p = check_forward(fn, q, k, v, gate, log_gate, initial_state, cu_seqlens, cpu)
+    _required(fn, do=do)
+    _rank(fn, "do", do, "[B, T, H, V]")
+    _shape(fn, "do", do, "[B, T, H, V]", (p.B, p.T, p.H, p.V))
+    if do.dtype.name != p.dtype:
+        raise TypeError(f"{fn}: do must have q's dtype {p.dtype}, got {do.dtype.name}")
+    if d_final_state is not None:
+        _state(fn, "d_final_state", d_final_state, (p.N, p.H, p.K, p.V), cpu)
+    return p
+
+
 def check_step(fn, q, k, v, gate, log_gate, state, state_indices, cpu):
     """Shapes and dtypes of a gated_attention_step call. Returns a Problem with T = 1."""
     _required(fn, q=q, k=k, v=v)

@@ -25,17 +25,29 @@ Shape legend::
   (a result that is not finite), is run by the loop instead, so every method gives the loop's
   result there.
 - :func:`gated_attention_step_ref` is the one-token decode form (updates ``state`` in place).
+- :func:`gated_attention_backward_ref` is the gradients' contract: the reverse loop, float64.
+  :func:`gated_attention_backward_recurrent` is the same loop over every sequence at once,
+  recomputing each chunk's states from its boundary state (memory O(N·H·K·V·T/C)).
+
+Gradients: with G_t the whole gradient reaching S_t (G_T = scale·q_T do_Tᵀ + d_final_state,
+G_t = scale·q_t do_tᵀ + diag(g_{t+1}) G_{t+1}): dq_t = scale·S_t do_t, dk_t = G_t v_t,
+dv_t = G_tᵀ k_t, dgate_t = rowsum(G_t ⊙ S_{t-1}), dlog_gate_t = gate_t ⊙ dgate_t,
+dinitial_state = diag(g_1) G_1. No division and no difference of logs, so gates of exactly 0
+(log gate -inf: its gradient is exactly 0), negative, tiny or above 1 stay exact.
 
 NaN and inf in the inputs propagate exactly as the arithmetic above says (a NaN in k_t poisons
 S from step t on; a gate of 0 after it does *not* clear it, since 0 · NaN = NaN); NumPy's
 floating-point warnings are not raised for them (they are results, not errors).
 """
+from typing import NamedTuple, Optional
+
 import numpy as np
 
 from cupy_gda import _checks
 
 __all__ = ["gated_attention_ref", "gated_attention_recurrent", "gated_attention_chunked",
-           "gated_attention_step_ref"]
+           "gated_attention_step_ref", "gated_attention_backward_ref",
+           "gated_attention_backward_recurrent", "Gradients"]
 _QUIET = dict(over="ignore", under="ignore", invalid="ignore", divide="ignore")
 STATE_BYTES = 1 << 20       # gated_attention_recurrent: the states of a group of sequences it
                             #   advances together (docs/perf-notes.md, "CPU paths")
@@ -137,15 +149,7 @@ def gated_attention_recurrent(q, k, v, gate=None, *, log_gate=None, scale=1.0, i
             x4[4][i:i + per] = ob.swapaxes(0, 1)
             ht[ns] = S
         return _finish(p, o, ht, output_final_state)
-    segs = sorted(_segments(p, cu_seqlens), key=lambda s: s[1] - s[2])    # longest first
-    for i in range(0, len(segs), per):
-        group = segs[i:i + per]
-        ns = [n for n, _, _ in group]
-        lens = np.array([eos - bos for _, bos, eos in group])
-        L = int(lens[0])
-        # rows [L, b], time-major; past a sequence's end its last row (never used)
-        rows = (np.array([bos for _, bos, _ in group])[None, :]
-                + np.minimum(np.arange(L)[:, None], lens[None, :] - 1))
+    for group, ns, lens, rows in _groups(p, cu_seqlens, per):
         S = np.zeros((len(ns), p.H, p.K, p.V), dt) if h0 is None else h0[ns].astype(dt)
         with np.errstate(**_QUIET):
             ob = _loop_core(q[rows], k[rows], v[rows], g[rows], S, scale, lens)
@@ -153,6 +157,19 @@ def gated_attention_recurrent(q, k, v, gate=None, *, log_gate=None, scale=1.0, i
             o[bos:eos] = ob[:eos - bos, j]
         ht[ns] = S
     return _finish(p, o, ht, output_final_state)
+
+
+def _groups(p, cu_seqlens, per):
+    """The sequences in groups of ``per``, the longest first (so that at step t the sequences
+    longer than t are a prefix): (group [(n, bos, eos)], ns, lens, rows [L, b]: each step's row
+    of each sequence, time-major; past a sequence's end its last row, never used)."""
+    segs = sorted(_segments(p, cu_seqlens), key=lambda s: s[1] - s[2])
+    for i in range(0, len(segs), per):
+        group = segs[i:i + per]
+        lens = np.array([eos - bos for _, bos, eos in group])
+        rows = (np.array([bos for _, bos, _ in group])[None, :]
+                + np.minimum(np.arange(int(lens[0]))[:, None], lens[None, :] - 1))
+        yield group, [n for n, _, _ in group], lens, rows
 
 
 def _loop_core(q, k, v, g, S, scale, lens):
@@ -266,3 +283,156 @@ def gated_attention_step_ref(q, k, v, gate=None, *, log_gate=None, state, scale=
         o = dt.type(scale) * np.matmul(np.asarray(q, dt)[:, :, None, :], S)[:, :, 0, :]
     state[idx] = S
     return o
+
+
+class Gradients(NamedTuple):
+    """The gradients of a gated_attention call's loss: of q, k, v, of the gate argument it was
+    given (gate or log_gate) and of initial_state (None where it was not given)."""
+    dq: object
+    dk: object
+    dv: object
+    dgate: object
+    dinitial_state: Optional[object]
+
+
+def _prepare_backward(fn, q, k, v, gate, log_gate, do, initial_state, d_final_state, cu_seqlens,
+                      dtype, scale):
+    """_prepare's arrays, and do [B*T, H, V] and d_final_state (or None) in the math dtype."""
+    scale = _check_numpy(fn, scale, dtype, q=q, k=k, v=v, gate=gate, log_gate=log_gate, do=do,
+                         initial_state=initial_state, d_final_state=d_final_state,
+                         cu_seqlens=cu_seqlens)
+    _checks.check_backward(fn, q, k, v, gate, log_gate, do, initial_state, d_final_state,
+                           cu_seqlens, cpu=True)
+    p, dt, scale, q, k, v, g, h0 = _prepare(fn, q, k, v, gate, log_gate, initial_state,
+                                            cu_seqlens, dtype, scale)
+    do = np.asarray(do).astype(dt, copy=False).reshape(p.B * p.T, p.H, p.V)
+    dht = None if d_final_state is None else np.asarray(d_final_state).astype(dt)
+    return p, dt, scale, q, k, v, g, h0, do, dht
+
+
+def _gradient_buffers(p, dt):
+    """Zeroed dq, dk [B*T, H, K], dv [B*T, H, V], dgate [B*T, H, K], dinitial_state [N, H, K, V]."""
+    rows = p.B * p.T
+    return (np.zeros((rows, p.H, p.K), dt), np.zeros((rows, p.H, p.K), dt),
+            np.zeros((rows, p.H, p.V), dt), np.zeros((rows, p.H, p.K), dt),
+            np.zeros((p.N, p.H, p.K, p.V), dt))
+
+
+def _gradients(p, dq, dk, dv, dg, g, log_gate, dh0, initial_state):
+    """Gradients in [B, T, H, *]; dgate of log_gate is gate ⊙ dgate (exactly 0 where gate is)."""
+    if log_gate is not None:
+        with np.errstate(**_QUIET):
+            dg = np.where(g == 0, 0, g * dg)    # (0 * inf is no gradient: the loop never used it)
+    shape = (p.B, p.T, p.H)
+    return Gradients(dq.reshape(*shape, p.K), dk.reshape(*shape, p.K), dv.reshape(*shape, p.V),
+                     dg.reshape(*shape, p.K), None if initial_state is None else dh0)
+
+
+def gated_attention_backward_ref(q, k, v, gate=None, *, do, log_gate=None, scale=1.0,
+                                 initial_state=None, d_final_state=None, cu_seqlens=None,
+                                 method="auto", dtype=np.float64):
+    """The gradients' contract: the forward loop keeping every state, then the reverse loop
+    (module docstring), in ``dtype`` (float64 by default; float32 gives the "same computation
+    in float32 NumPy" of the accuracy bounds). ``do`` is o's gradient, ``d_final_state`` the
+    final state's (if the loss used it). ``method`` is accepted and ignored.
+
+    Returns :class:`Gradients` in ``dtype``; dgate is of whichever gate argument was passed.
+    """
+    fn = "gated_attention_backward_ref"
+    p, dt, scale, q, k, v, g, h0, do, dht = _prepare_backward(
+        fn, q, k, v, gate, log_gate, do, initial_state, d_final_state, cu_seqlens, dtype, scale)
+    dq, dk, dv, dg, dh0 = _gradient_buffers(p, dt)
+    with np.errstate(**_QUIET):
+        for n, bos, eos in _segments(p, cu_seqlens):
+            S = [np.zeros((p.H, p.K, p.V), dt) if h0 is None else h0[n].copy()]
+            for t in range(bos, eos):
+                S.append(g[t][:, :, None] * S[-1] + k[t][:, :, None] * v[t][:, None, :])
+            G = np.zeros((p.H, p.K, p.V), dt) if dht is None else dht[n].copy()
+            for t in range(eos - 1, bos - 1, -1):
+                G = G + scale * q[t][:, :, None] * do[t][:, None, :]
+                dq[t] = scale * np.matmul(S[t - bos + 1], do[t][:, :, None])[:, :, 0]
+                dk[t] = np.matmul(G, v[t][:, :, None])[:, :, 0]
+                dv[t] = np.matmul(k[t][:, None, :], G)[:, 0, :]
+                dg[t] = (G * S[t - bos]).sum(axis=2)
+                G = g[t][:, :, None] * G
+            dh0[n] = G
+    return _gradients(p, dq, dk, dv, dg, g, log_gate, dh0, initial_state)
+
+
+def gated_attention_backward_recurrent(q, k, v, gate=None, *, do, log_gate=None, scale=1.0,
+                                       initial_state=None, d_final_state=None, cu_seqlens=None,
+                                       method="auto", dtype=None, BT=64):
+    """CPU gradients: gated_attention_backward_ref's loops over a group of sequences at once
+    (as gated_attention_recurrent groups them), keeping only the state at every ``BT``-th step
+    and recomputing a chunk's states from it in the reverse pass (the same operations, so the
+    same states). Extra memory: the boundary states, N·H·K·V·(T/BT + BT + 1) floats.
+
+    Math in float64 for float64 inputs, else float32 (``dtype`` overrides); output in ``dtype``.
+    """
+    fn = "gated_attention_backward_recurrent"
+    p, dt, scale, q, k, v, g, h0, do, dht = _prepare_backward(
+        fn, q, k, v, gate, log_gate, do, initial_state, d_final_state, cu_seqlens, dtype, scale)
+    dq, dk, dv, dg, dh0 = _gradient_buffers(p, dt)
+    per = max(1, STATE_BYTES // max(1, p.H * p.K * p.V * dt.itemsize))
+    for group, ns, lens, rows in _groups(p, cu_seqlens, per):
+        if lens[0] == 0:
+            continue                    # (dh0 of empty sequences: d_final_state, below)
+        S = np.zeros((len(ns), p.H, p.K, p.V), dt) if h0 is None else h0[ns].astype(dt)
+        G = np.zeros_like(S) if dht is None else dht[ns].astype(dt)
+        with np.errstate(**_QUIET):
+            grads = _backward_core(q[rows], k[rows], v[rows], g[rows], scale * do[rows], S, G,
+                                   lens, BT)
+        for x, dx in zip(grads, (dq, dk, dv, dg)):
+            for j, (n, bos, eos) in enumerate(group):
+                dx[bos:eos] = x[:eos - bos, j]
+        dh0[ns] = G
+    for n, bos, eos in _segments(p, cu_seqlens):    # an empty sequence: S_T is S_0
+        if eos == bos:
+            dh0[n] = 0 if dht is None else dht[n]
+    return _gradients(p, dq, dk, dv, dg, g, log_gate, dh0, initial_state)
+
+
+def _backward_core(q, k, v, g, do, S, G, lens, BT):
+    """The reverse loop for b sequences at once, time-major: q, k, g [L, b, H, K]; v and do
+    (times scale) [L, b, H, V]; S, G [b, H, K, V]: the initial state and d_final_state (G
+    becomes dinitial_state, in place); lens [b] non-increasing. Returns dq, dk, dv, dg
+    [L, b, H, *]. dq_t = S_t do_t comes with the forward pass; the reverse pass needs S_{t-1}
+    only, recomputed a chunk at a time into one buffer, every update in place."""
+    L, b = q.shape[:2]
+    active = np.count_nonzero(np.asarray(lens)[None, :] > np.arange(L)[:, None], axis=1).tolist()
+    dq, dk, dg = (np.zeros(q.shape, q.dtype) for _ in range(3))
+    dv = np.zeros(v.shape, q.dtype)
+    kv = np.empty_like(S)                       # k_t v_tᵀ, q_t do_tᵀ, G ⊙ S (scratch)
+    states = np.empty((min(BT, L) + 1,) + S.shape, S.dtype)     # S before step t of a chunk
+
+    def step(dst, src, t, m):                   # dst = S after step t from src, first m sequences
+        np.multiply(src[:m], g[t, :m, ..., None], out=dst[:m])
+        np.multiply(k[t, :m, ..., None], v[t, :m, ..., None, :], out=kv[:m])
+        dst[:m] += kv[:m]
+
+    starts = list(range(0, L, BT))
+    bound = []                                  # the state at each chunk's first step
+    for c0 in starts:
+        bound.append(S.copy())
+        for t in range(c0, min(L, c0 + BT)):
+            m = active[t]
+            step(S, S, t, m)
+            np.matmul(S[:m], do[t, :m, ..., None], out=dq[t, :m, ..., None])
+    for c0, S0 in zip(reversed(starts), reversed(bound)):
+        c1 = min(L, c0 + BT)
+        states[0] = S0
+        for t in range(c0, c1 - 1):             # (the chunk's last state is never read)
+            m = active[t]
+            states[t - c0 + 1] = states[t - c0]
+            step(states[t - c0 + 1], states[t - c0], t, m)
+        for t in range(c1 - 1, c0 - 1, -1):
+            m = active[t]
+            Gm, Sp = G[:m], states[t - c0][:m]
+            np.multiply(q[t, :m, ..., None], do[t, :m, ..., None, :], out=kv[:m])
+            Gm += kv[:m]
+            np.matmul(Gm, v[t, :m, ..., None], out=dk[t, :m, ..., None])
+            np.matmul(k[t, :m, ..., None, :], Gm, out=dv[t, :m, ..., None, :])
+            np.multiply(Gm, Sp, out=kv[:m])
+            kv[:m].sum(axis=-1, out=dg[t, :m])
+            Gm *= g[t, :m, ..., None]
+    return dq, dk, dv, dg

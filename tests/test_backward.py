@@ -1,0 +1,207 @@
+"""Issue 15, CPU part: the gradients' reference (the reverse loop) against central finite
+differences of the float64 forward, and the CPU backward (the same loop over every sequence at
+once, states recomputed per chunk) against the reference, within the accuracy contract, for
+every gate the recurrence takes; its arguments checked like the forward's."""
+import numpy as np
+import pytest
+
+from cupy_gda import reference as R
+from cupy_gda._verify import compare
+
+# gate regimes: exact 0s and 1s, negative, tiny, above 1 (and, as log gates, -inf)
+REGIMES = ("zeros", "ones", "neg", "tiny", "grow")
+
+
+def _gate(regime, rng, shape):
+    u = rng.uniform(0.3, 1, shape)
+    if regime == "zeros":
+        return np.where(rng.random(shape) < 0.3, 0.0, u)
+    if regime == "ones":
+        return np.where(rng.random(shape) < 0.5, 1.0, u)
+    if regime == "neg":
+        return rng.uniform(-1, 1, shape)
+    if regime == "tiny":
+        return np.where(rng.random(shape) < 0.3, 1e-30, u)
+    return rng.uniform(1, 1.5, shape)
+
+
+def _problem(rng, B, T, H, K, V, regime, init=True, lens=None):
+    N = len(lens) if lens is not None else B
+    if lens is not None:
+        B, T = 1, sum(lens)
+    kw = dict(q=rng.standard_normal((B, T, H, K)), k=rng.standard_normal((B, T, H, K)),
+              v=rng.standard_normal((B, T, H, V)), gate=_gate(regime, rng, (B, T, H, K)))
+    if init:
+        kw["initial_state"] = rng.standard_normal((N, H, K, V))
+    if lens is not None:
+        kw["cu_seqlens"] = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    return kw
+
+
+def _loss(kw, W, Wf, scale):
+    o, s = R.gated_attention_ref(**kw, scale=scale, output_final_state=True)
+    return float((o * W).sum() + (s * Wf).sum())
+
+
+def _fd_check(kw, scale, rng, names):
+    """Every element of each input in ``names``: the reference's gradient against the central
+    difference of the float64 loss sum(o W) + sum(S_T Wf)."""
+    o, s = R.gated_attention_ref(**kw, scale=scale, output_final_state=True)
+    W, Wf = rng.standard_normal(o.shape), rng.standard_normal(s.shape)
+    grads = R.gated_attention_backward_ref(**kw, do=W, d_final_state=Wf, scale=scale)
+    which = dict(q="dq", k="dk", v="dv", gate="dgate", log_gate="dgate",
+                 initial_state="dinitial_state")
+    for name in names:
+        x, got = kw[name], getattr(grads, which[name])
+        assert got.shape == x.shape and got.dtype == np.float64, name
+        for i in np.ndindex(x.shape):
+            if not np.isfinite(x[i]):               # a log gate of -inf: no gradient at all
+                assert got[i] == 0, (name, i, got[i])
+                continue
+            h = 1e-6 * max(1.0, abs(x[i]))
+            x0 = x[i]
+            x[i] = x0 + h
+            up = _loss(kw, W, Wf, scale)
+            x[i] = x0 - h
+            dn = _loss(kw, W, Wf, scale)
+            x[i] = x0
+            fd = (up - dn) / (2 * h)
+            assert abs(got[i] - fd) <= 1e-6 * max(1.0, abs(fd)), (name, i, got[i], fd)
+
+
+@pytest.mark.parametrize("regime", REGIMES)
+def test_reference_gradients_are_the_finite_differences(regime):
+    rng = np.random.default_rng(1)
+    kw = _problem(rng, 2, 5, 2, 3, 2, regime)
+    if regime == "tiny":             # (a difference step of 1e-6 at a gate of 1e-30 is not local)
+        kw["gate"] = np.where(kw["gate"] < 1e-20, 0.5, kw["gate"])
+    _fd_check(kw, 0.7, rng, ("q", "k", "v", "gate", "initial_state"))
+
+
+def test_reference_gradients_of_log_gates_with_minus_inf():
+    """log gates with -inf (gate 0): their gradient is exactly 0, every other one finite and the
+    finite difference's."""
+    rng = np.random.default_rng(2)
+    kw = _problem(rng, 1, 6, 2, 3, 2, "zeros")
+    with np.errstate(divide="ignore"):
+        kw["log_gate"] = np.log(kw.pop("gate"))
+    assert np.isinf(kw["log_gate"]).any()
+    _fd_check(kw, 1.0, rng, ("q", "k", "log_gate", "initial_state"))
+
+
+def test_reference_gradients_per_packed_sequence():
+    """cu_seqlens (an empty sequence among them): each sequence's gradients are its own, the
+    finite differences' too."""
+    rng = np.random.default_rng(3)
+    kw = _problem(rng, 1, 0, 1, 2, 3, "neg", lens=(3, 0, 4))
+    _fd_check(kw, 1.0, rng, ("q", "k", "v", "gate", "initial_state"))
+    alone = dict(q=kw["q"][:, 3:], k=kw["k"][:, 3:], v=kw["v"][:, 3:], gate=kw["gate"][:, 3:],
+                 initial_state=kw["initial_state"][2:])
+    do = rng.standard_normal(kw["v"].shape)
+    both = R.gated_attention_backward_ref(**kw, do=do)
+    one = R.gated_attention_backward_ref(**alone, do=do[:, 3:])
+    np.testing.assert_array_equal(both.dq[:, 3:], one.dq)
+    np.testing.assert_array_equal(both.dinitial_state[2:], one.dinitial_state)
+    np.testing.assert_array_equal(both.dinitial_state[1], 0)     # empty, no d_final_state
+
+
+def _contract(name, got, ref, emu):
+    r = compare(name, np.asarray(got, np.float64), ref, np.asarray(emu, np.float64))
+    assert r.ok, f"{name}: err {r.err:.3e} > bound {r.bound:.3e}"
+
+
+@pytest.mark.parametrize("regime, log", [(r, log) for r in REGIMES + ("unif",)
+                                         for log in (False, True) if not (log and r == "neg")],
+                         ids=lambda x: str(x))      # (a log gate is a positive gate's log)
+@pytest.mark.parametrize("lens", [None, (37, 0, 5, 64, 1)], ids=["batch", "varlen"])
+def test_cpu_backward_meets_the_contract(regime, log, lens):
+    """gated_attention_backward_recurrent (chunks of BT = 16 steps recomputed) in float32
+    against the float64 reference, within 2x the float32 reference's error + 1e-6 max|ref|; in
+    float64, the reference's own values."""
+    rng = np.random.default_rng(4)
+    kw = _problem(rng, 3, 50, 2, 5, 7, regime if regime != "unif" else "ones", lens=lens)
+    if regime == "unif":
+        kw["gate"] = rng.uniform(0, 1, kw["gate"].shape)
+    if log:
+        with np.errstate(divide="ignore"):
+            kw["log_gate"] = np.log(kw.pop("gate"))
+    do = rng.standard_normal(kw["v"].shape)
+    dht = rng.standard_normal(kw["initial_state"].shape)
+    ref = R.gated_attention_backward_ref(**kw, do=do, d_final_state=dht, scale=0.5)
+    got64 = R.gated_attention_backward_recurrent(**kw, do=do, d_final_state=dht, scale=0.5, BT=16)
+    f32 = {n: x.astype(np.float32) if n != "cu_seqlens" else x for n, x in kw.items()}
+    do32, dht32 = do.astype(np.float32), dht.astype(np.float32)
+    emu = R.gated_attention_backward_ref(**f32, do=do32, d_final_state=dht32, scale=0.5,
+                                         dtype=np.float32)
+    got = R.gated_attention_backward_recurrent(**f32, do=do32, d_final_state=dht32, scale=0.5,
+                                               BT=16)
+    for i, name in enumerate(R.Gradients._fields):
+        np.testing.assert_allclose(got64[i], ref[i], rtol=1e-10, atol=1e-12, err_msg=name)
+        assert got[i].dtype == np.float32, name
+        _contract(name, got[i], ref[i], emu[i])
+
+
+def test_gradients_of_a_zero_gate_are_finite():
+    """A gate of exactly 0 (a reset): every gradient finite; the gate's own is generally not 0
+    (it is rowsum(G ⊙ S_{t-1}), never recovered by dividing by the gate)."""
+    rng = np.random.default_rng(5)
+    kw = _problem(rng, 1, 8, 1, 3, 2, "unif")
+    kw["gate"][:, 4] = 0.0
+    do = rng.standard_normal(kw["v"].shape)
+    for fn in (R.gated_attention_backward_ref, R.gated_attention_backward_recurrent):
+        g = fn(**kw, do=do)
+        for name, x in zip(g._fields, g):
+            assert np.isfinite(x).all(), (fn.__name__, name)
+        assert (g.dgate[:, 4] != 0).all(), fn.__name__
+
+
+def test_no_initial_state_gives_no_gradient_for_it():
+    rng = np.random.default_rng(6)
+    kw = _problem(rng, 2, 4, 1, 2, 2, "unif", init=False)
+    do = rng.standard_normal(kw["v"].shape)
+    for fn in (R.gated_attention_backward_ref, R.gated_attention_backward_recurrent):
+        assert fn(**kw, do=do).dinitial_state is None
+
+
+@pytest.mark.parametrize("shape", [(0, 5, 2, 3, 2), (2, 0, 2, 3, 2), (2, 5, 0, 3, 2)],
+                         ids=["B0", "T0", "H0"])
+def test_size_zero_dims(shape):
+    B, T, H, K, V = shape
+    rng = np.random.default_rng(7)
+    kw = _problem(rng, B, T, H, K, V, "unif")
+    do = np.zeros((B, T, H, V))
+    dht = rng.standard_normal(kw["initial_state"].shape)
+    for fn in (R.gated_attention_backward_ref, R.gated_attention_backward_recurrent):
+        g = fn(**kw, do=do, d_final_state=dht)
+        assert g.dq.shape == (B, T, H, K) and g.dv.shape == (B, T, H, V), fn.__name__
+        if T == 0:              # no steps: the final state is the initial one
+            np.testing.assert_array_equal(g.dinitial_state, dht)
+
+
+# a change to valid arguments, the exception and words of its message
+BAD = [
+    (lambda a: dict(do=None), TypeError, "do must be an array"),
+    (lambda a: dict(do=a["do"][..., :-1]), ValueError, r"do must have shape \[B, T, H, V\]"),
+    (lambda a: dict(do=a["do"].astype(np.float32)), TypeError, "do must have q's dtype"),
+    (lambda a: dict(d_final_state=np.zeros((3, 1, 2, 2))), ValueError, "d_final_state must have"),
+    (lambda a: dict(d_final_state=np.zeros((2, 1, 2, 2), np.int32)), TypeError,
+     "d_final_state must have dtype"),
+    (lambda a: dict(do=list(a["do"])), TypeError, "do must be a NumPy array"),
+    (lambda a: dict(gate=None), ValueError, "exactly one of gate"),
+]
+
+
+@pytest.mark.parametrize("fn", [R.gated_attention_backward_ref,
+                                R.gated_attention_backward_recurrent], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("which", range(len(BAD)))
+def test_bad_arguments_raise_before_any_work(fn, which):
+    rng = np.random.default_rng(8)
+    a = _problem(rng, 2, 4, 1, 2, 2, "unif", init=False)
+    a["do"] = rng.standard_normal(a["v"].shape)
+    edit, exc, words = BAD[which]
+    kw = {**a, **edit(a)}
+    before = {n: x.copy() for n, x in kw.items() if isinstance(x, np.ndarray)}
+    with pytest.raises(exc, match=words):
+        fn(**kw)
+    for n, x in before.items():
+        assert kw[n].tobytes() == x.tobytes(), n
