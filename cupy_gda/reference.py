@@ -172,13 +172,18 @@ def _groups(p, cu_seqlens, per):
         yield group, [n for n, _, _ in group], lens, rows
 
 
+def _active(lens, L):
+    """For each step t < L, how many of the sequences of lengths ``lens`` (non-increasing) run it."""
+    return np.count_nonzero(np.asarray(lens)[None, :] > np.arange(L)[:, None], axis=1).tolist()
+
+
 def _loop_core(q, k, v, g, S, scale, lens):
     """The loop over t of gated_attention_ref for b sequences at once, time-major: q, k, g
     [L, b, H, K]; v [L, b, H, V]; S [b, H, K, V] (updated in place); lens [b], non-increasing
     (sequence j runs steps t < lens[j]; its rows after are not written). Returns o [L, b, H, V]."""
     L, b = q.shape[:2]
     o = np.empty(v.shape, q.dtype)
-    active = np.count_nonzero(np.asarray(lens)[None, :] > np.arange(L)[:, None], axis=1).tolist()
+    active = _active(lens, L)
     for t in range(L):
         m = active[t]
         qt, kt, vt, gt, ot = q[t], k[t], v[t], g[t], o[t]
@@ -375,8 +380,6 @@ def gated_attention_backward_recurrent(q, k, v, gate=None, *, do, log_gate=None,
     dq, dk, dv, dg, dh0 = _gradient_buffers(p, dt)
     per = max(1, STATE_BYTES // max(1, p.H * p.K * p.V * dt.itemsize))
     for group, ns, lens, rows in _groups(p, cu_seqlens, per):
-        if lens[0] == 0:
-            continue                    # (dh0 of empty sequences: d_final_state, below)
         S = np.zeros((len(ns), p.H, p.K, p.V), dt) if h0 is None else h0[ns].astype(dt)
         G = np.zeros_like(S) if dht is None else dht[ns].astype(dt)
         with np.errstate(**_QUIET):
@@ -385,10 +388,7 @@ def gated_attention_backward_recurrent(q, k, v, gate=None, *, do, log_gate=None,
         for x, dx in zip(grads, (dq, dk, dv, dg)):
             for j, (n, bos, eos) in enumerate(group):
                 dx[bos:eos] = x[:eos - bos, j]
-        dh0[ns] = G
-    for n, bos, eos in _segments(p, cu_seqlens):    # an empty sequence: S_T is S_0
-        if eos == bos:
-            dh0[n] = 0 if dht is None else dht[n]
+        dh0[ns] = G                             # (an empty sequence's: d_final_state's, as S_T = S_0)
     return _gradients(p, dq, dk, dv, dg, g, log_gate, dh0, initial_state)
 
 
@@ -398,8 +398,8 @@ def _backward_core(q, k, v, g, do, S, G, lens, BT):
     becomes dinitial_state, in place); lens [b] non-increasing. Returns dq, dk, dv, dg
     [L, b, H, *]. dq_t = S_t do_t comes with the forward pass; the reverse pass needs S_{t-1}
     only, recomputed a chunk at a time into one buffer, every update in place."""
-    L, b = q.shape[:2]
-    active = np.count_nonzero(np.asarray(lens)[None, :] > np.arange(L)[:, None], axis=1).tolist()
+    L = q.shape[0]
+    active = _active(lens, L)
     dq, dk, dg = (np.zeros(q.shape, q.dtype) for _ in range(3))
     dv = np.zeros(v.shape, q.dtype)
     kv = np.empty_like(S)                       # k_t v_tᵀ, q_t do_tᵀ, G ⊙ S (scratch)
@@ -420,11 +420,9 @@ def _backward_core(q, k, v, g, do, S, G, lens, BT):
             np.matmul(S[:m], do[t, :m, ..., None], out=dq[t, :m, ..., None])
     for c0, S0 in zip(reversed(starts), reversed(bound)):
         c1 = min(L, c0 + BT)
-        states[0] = S0
-        for t in range(c0, c1 - 1):             # (the chunk's last state is never read)
-            m = active[t]
-            states[t - c0 + 1] = states[t - c0]
-            step(states[t - c0 + 1], states[t - c0], t, m)
+        states[0] = S0                          # the chunk's states (its last one is never
+        for t in range(c0, c1 - 1):             #   read, nor a row past active[t])
+            step(states[t - c0 + 1], states[t - c0], t, active[t])
         for t in range(c1 - 1, c0 - 1, -1):
             m = active[t]
             Gm, Sp = G[:m], states[t - c0][:m]

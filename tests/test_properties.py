@@ -137,6 +137,16 @@ def _check(name, got, emu, ref, ulps=0):
         assert r.err <= bound, f"{name}: err {r.err:.3e} > bound {bound:.3e}"
 
 
+def _check_results(what, o, s, v, emu, ref, ulps):
+    """A method's o (v's dtype and shape) and final state against the loops' (emu: in the same
+    math precision; ref: float64), by _check with ``ulps``."""
+    assert o.dtype == v.dtype and o.shape == v.shape, what
+    with np.errstate(over="ignore"):                # (float16 o beyond its range: inf)
+        o_emu = emu[0].astype(v.dtype)
+    _check(f"{what} o", o, o_emu, ref[0], ulps)
+    _check(f"{what} state", s, emu[1], ref[1], ulps)
+
+
 @SETTINGS
 @given(problems())
 def test_every_cpu_method_is_the_loop(drawn):
@@ -147,12 +157,7 @@ def test_every_cpu_method_is_the_loop(drawn):
     ref = reference.gated_attention_ref(**kw, output_final_state=True)
     for m in METHODS:
         o, s = cupy_gda.gated_attention(**kw, output_final_state=True, method=m)
-        assert o.dtype == kw["v"].dtype and o.shape == kw["v"].shape, (what, m)
-        with np.errstate(over="ignore"):            # (float16 o beyond its range: inf)
-            o_emu = emu[0].astype(kw["v"].dtype)
-        ulps = 16 if m == "chunk" else 0
-        _check(f"{what} {m} o", o, o_emu, ref[0], ulps)
-        _check(f"{what} {m} state", s, emu[1], ref[1], ulps)
+        _check_results(f"{what} {m}", o, s, kw["v"], emu, ref, 16 if m == "chunk" else 0)
     for k, v in before.items():          # (bytes: NaN == NaN, and bfloat16 too)
         assert kw[k].tobytes() == v.tobytes(), f"{what}: {k} was modified"
 
@@ -196,13 +201,9 @@ def test_every_gpu_method_is_the_loop(gpu, data):
     for m in METHODS:
         o, s = cupy_gda.gated_attention(**dev, output_final_state=True, method=m)
         assert isinstance(o, cupy.ndarray) and isinstance(s, cupy.ndarray), (what, m)
-        assert o.dtype == kw["v"].dtype and o.shape == kw["v"].shape, (what, m)
         assert s.dtype == np.float32, (what, m)
-        with np.errstate(over="ignore"):            # (float16 o beyond its range: inf)
-            o_emu = emu[0].astype(kw["v"].dtype)
-        ulps = 16 if _family(dev, m) == "chunk" else 0
-        _check(f"{what} {m} o", cupy.asnumpy(o), o_emu, ref[0], ulps)
-        _check(f"{what} {m} state", cupy.asnumpy(s), emu[1], ref[1], ulps)
+        _check_results(f"{what} {m}", cupy.asnumpy(o), cupy.asnumpy(s), kw["v"], emu, ref,
+                       16 if _family(dev, m) == "chunk" else 0)
     for k, x in before.items():
         assert cupy.asnumpy(whole[k]).tobytes() == x.tobytes(), f"{what}: {k} was modified"
 
