@@ -2,12 +2,15 @@
 
     S_t = diag(g_t) · S_{t-1} + k_t v_tᵀ,    o_t = scale · S_tᵀ q_t
 
-See :func:`gated_attention`, :func:`gated_attention_step` and :mod:`cupy_gda.reference`.
+See :func:`gated_attention`, :func:`gated_attention_backward`, :func:`gated_attention_step` and
+:mod:`cupy_gda.reference`.
 """
 from cupy_gda import reference
-from cupy_gda._api import gated_attention, gated_attention_step
+from cupy_gda._api import gated_attention, gated_attention_backward, gated_attention_step
 from cupy_gda._checks import MAX_DIM
 from cupy_gda._compile import KernelCompileError
+from cupy_gda.reference import Gradients
 
 __version__ = "0.1.0"
-__all__ = ["gated_attention", "gated_attention_step", "reference", "MAX_DIM", "KernelCompileError"]
+__all__ = ["gated_attention", "gated_attention_backward", "gated_attention_step", "Gradients",
+           "reference", "MAX_DIM", "KernelCompileError"]

@@ -1,7 +1,7 @@
 """The public functions: argument checks, then the one dispatch point, then a kernel."""
 import numpy as np
 
-from cupy_gda import _checks, _dispatch, chunk, recurrent, reference, step
+from cupy_gda import _checks, _dispatch, chunk, recurrent, recurrent_bwd, reference, step
 from cupy_gda._interop import Bridge, host_array
 
 
@@ -125,6 +125,62 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
         if output_final_state:
             return br.back(o), br.back(ht)
         return br.back(o)
+
+
+def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0,
+                             initial_state=None, d_final_state=None, cu_seqlens=None,
+                             method="auto", check_indices=True):
+    """The gradients of a gated_attention call's loss (the GLA backward pass).
+
+    With dS_t the whole gradient reaching S_t (dS_T also gets ``d_final_state``)::
+
+        dS_t = scale · q_t do_tᵀ + diag(g_{t+1}) · dS_{t+1}
+        dq_t = scale · S_t do_t    dk_t = dS_t v_t    dv_t = dS_tᵀ k_t
+        dgate_t = rowsum(dS_t ⊙ S_{t-1})           (dlog_gate_t = gate_t ⊙ dgate_t)
+        dinitial_state = diag(g_1) · dS_1
+
+    each as the reverse loop computes it: no division by a gate, so gates of 0 (log gates of
+    -inf), negative, tiny or above 1 give exact, finite gradients.
+
+    Args:
+        q, k, v, gate / log_gate, scale, initial_state, cu_seqlens: the forward call's.
+        do: [B, T, H, V] the gradient of o, v's dtype.
+        d_final_state: [N, H, K, V] the gradient of the final state (if the loss used it).
+        method: "auto" or "recurrent" (GPU and CPU; the states are recomputed from one kept
+            every recurrent_bwd.TS steps: extra memory O(N·H·K·V·T / 64)).
+        check_indices: as in gated_attention.
+
+    Returns :class:`Gradients` (dq, dk, dv, dgate, dinitial_state): dq, dk, dv in q's dtype,
+    dgate of whichever gate argument was given in its dtype, dinitial_state (None without an
+    initial state) float32 (float64 for float64 NumPy inputs). Math in float32 (float64 for
+    float64 NumPy inputs). Arrays as in gated_attention: NumPy in, NumPy out; CuPy in, CuPy out;
+    a framework's CUDA array in, the same framework's out.
+    """
+    fn = "gated_attention_backward"
+    br = Bridge(fn, dict(q=q, k=k, v=v, gate=gate, log_gate=log_gate, do=do,
+                         initial_state=initial_state, d_final_state=d_final_state,
+                         cu_seqlens=cu_seqlens))
+    with br.context():
+        q, k, v, gate, log_gate, do, h0, dht, cu = (br.native(x) for x in (
+            q, k, v, gate, log_gate, do, initial_state, d_final_state, cu_seqlens))
+        p = _checks.check_backward(fn, q, k, v, gate, log_gate, do, h0, dht, cu, cpu=not br.gpu)
+        scale = _checks.check_scale(fn, scale)
+        _dispatch.pick_backward(fn, method, br.gpu)
+        if cu is not None and (check_indices or not br.gpu):
+            _checks.check_cu_seqlens_values(fn, host_array(cu), p.T)
+        g = gate if gate is not None else log_gate
+        if br.gpu:
+            q, k, v, g, do, h0, dht, cu = _contiguous((q, k, v, g, do, h0, dht, cu))
+            plan = recurrent_bwd.plan(p, cu is not None and cu.dtype == np.int64)
+            grads = plan(q, k, v, g, do, scale, h0, dht, cu)
+        else:
+            r = reference.gated_attention_backward_recurrent(
+                q, k, v, gate, do=do, log_gate=log_gate, scale=scale, initial_state=h0,
+                d_final_state=dht, cu_seqlens=cu, dtype=p.cpu_dtype)
+            grads = (r.dq.astype(q.dtype, copy=False), r.dk.astype(q.dtype, copy=False),
+                     r.dv.astype(q.dtype, copy=False), r.dgate.astype(g.dtype, copy=False),
+                     None if h0 is None else r.dinitial_state.astype(p.cpu_dtype, copy=False))
+        return reference.Gradients(*(br.back(x) for x in grads))
 
 
 def gated_attention_step(q, k, v, gate=None, *, log_gate=None, state, scale=1.0,

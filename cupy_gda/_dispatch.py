@@ -13,6 +13,11 @@ METHODS = {
     "chunk": ("cpu", "gpu"),       # GPU: cupy_gda/chunk.py (K <= chunk.MAX_K);
 }                                  # CPU: reference.gated_attention_chunked (numbered steps)
 
+# the backward's families (gated_attention_backward): the reverse loop only, so far
+BACKWARD_METHODS = {
+    "recurrent": ("cpu", "gpu"),   # GPU: cupy_gda/recurrent_bwd.py; CPU:
+}                                  #   reference.gated_attention_backward_recurrent
+
 # CPU: method="auto" runs the loop (reference.gated_attention_recurrent): it measured faster than
 # the chunked NumPy form at every shape tried (docs/perf-notes.md, "CPU paths")
 CPU_AUTO = "recurrent"
@@ -36,18 +41,29 @@ def _chunk_wins(p):
     return any(p.K >= k0 and nh >= nh0 and L >= l0 for k0, nh0, l0 in CHUNK_FROM)
 
 
+def _check_method(fn, method, methods, where, what=""):
+    if method != "auto" and (not isinstance(method, str) or method not in methods):
+        names = ", ".join(repr(m) for m in ("auto", *methods))
+        raise ValueError(f"{fn}: method must be one of {names}{what}, got {method!r}")
+    if method != "auto" and where not in methods[method]:
+        here = ", ".join(repr(m) for m in ("auto", *methods) if m == "auto" or where in methods[m])
+        raise ValueError(f"{fn}: method {method!r} has no {where.upper()} implementation; "
+                         f"{where.upper()} methods are {here}")
+
+
+def pick_backward(fn, method, gpu):
+    """The family of a gated_attention_backward call: 'recurrent' (the only one so far; a
+    forward family without a backward is named as such)."""
+    what = " (the chunked form has no backward yet)" if method == "chunk" else ""
+    _check_method(fn, method, BACKWARD_METHODS, "gpu" if gpu else "cpu", what)
+    return "recurrent"
+
+
 def pick(fn, method, p, gpu, limits=None):
     """The family for Problem ``p`` on the GPU (``gpu``; ``limits``: its (SM count, opt-in shared
     memory bytes a block), the current device's if None) or the CPU; errors for unknown names
     and for shapes the named family cannot take there."""
-    where = "gpu" if gpu else "cpu"
-    if method != "auto" and (not isinstance(method, str) or method not in METHODS):
-        names = ", ".join(repr(m) for m in ("auto", *METHODS))
-        raise ValueError(f"{fn}: method must be one of {names}, got {method!r}")
-    if method != "auto" and where not in METHODS[method]:
-        here = ", ".join(repr(m) for m in ("auto", *METHODS) if m == "auto" or where in METHODS[m])
-        raise ValueError(f"{fn}: method {method!r} has no {where.upper()} implementation; "
-                         f"{where.upper()} methods are {here}")
+    _check_method(fn, method, METHODS, "gpu" if gpu else "cpu")
     if not gpu:
         return CPU_AUTO if method == "auto" else method
     if method == "recurrent":

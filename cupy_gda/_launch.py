@@ -27,6 +27,13 @@ _CTYPES = {I32: ctypes.c_int32, I64: ctypes.c_int64, F32: ctypes.c_float}
 FORWARD = (("q", PTR), ("k", PTR), ("v", PTR), ("g", PTR), ("o", PTR), ("h0", PTR), ("ht", PTR),
            ("cu_seqlens", PTR), ("ws_s", PTR), ("ws_d", PTR),
            ("T", I64), ("H", I32), ("NV", I32), ("P", I32), ("scale", F32))
+# gda_recurrent_bwd (its GDA_BACKWARD_PARAMS) and gda_recurrent_bwd_sum
+BACKWARD = (("q", PTR), ("k", PTR), ("v", PTR), ("g", PTR), ("do", PTR), ("h0", PTR), ("dht", PTR),
+            ("cu_seqlens", PTR), ("ws_h", PTR), ("ws_s", PTR), ("ws_p", PTR), ("dq", PTR),
+            ("dk", PTR), ("dv", PTR), ("dg", PTR), ("dh0", PTR),
+            ("T", I64), ("H", I32), ("NV", I32), ("NG", I32), ("scale", F32))
+BACKWARD_SUM = (("ws_p", PTR), ("g", PTR), ("dq", PTR), ("dk", PTR), ("dg", PTR), ("n", I64),
+                ("NG", I32))
 # gda_step
 STEP = (("q", PTR), ("k", PTR), ("v", PTR), ("g", PTR), ("o", PTR), ("state", PTR),
         ("state_indices", PTR), ("H", I32), ("N", I64), ("NV", I32), ("scale", F32))

@@ -78,10 +78,12 @@ class Case(NamedTuple):
                                             #   choice of B of them; else N = B, no indices
     g_dtype: Optional[str] = None           # the gate's dtype: q's for half dtypes (float32 for
                                             #   tiny gates: 1e-30 is 0 in float16), else float32
+    backward: bool = False                  # gated_attention_backward (do, d_final_state drawn)
 
     @property
     def id(self):
         api = "step" if self.step else "varlen" if self.lengths else "fwd"
+        api = "bwd-" + api if self.backward else api
         dims = f"B{self.B}-T{self.T}-H{self.H}-K{self.K}-V{self.V}"
         lens = "-L" + "_".join(map(str, self.lengths)) if self.lengths else ""
         gate = ("log_" if self.log else "gate_") + self.gate
@@ -115,10 +117,28 @@ def standard_cases():
     # model shapes: GLA-1.3B's heads (K = 256 in key tiles, V = 512), V = 1024
     cs += [Case(2, 130, 2, 256, 512), Case(2, 130, 2, 256, 512, dtype="bfloat16"),
            Case(2, 70, 2, 64, 1024), Case(1, 200, 2, 200, 1000, dtype="float16", log=True)]
+    cs += backward_cases()
     cs += [step_case(8, 4, 24, 24), step_case(64, 4, 128, 128), step_case(5, 3, 100, 36),
            step_case(4, 2, 256, 256, gate="zeros"), step_case(8, 4, 64, 64, dtype="bfloat16"),
            step_case(8, 4, 24, 24, dtype="float16", gate="logsig", log=True),
            step_case(4, 2, 256, 512), step_case(4, 2, 64, 1024, dtype="bfloat16")]
+    return cs
+
+
+def backward_cases():
+    """The gradients' part of the sweep: T across the kept states (every 64 steps), head dims of
+    each tile layout (odd, K > V, K = 256 with V = 512, V = 1024), every gate regime, log gates
+    with 0s, half dtypes, packed sequences with empty ones."""
+    b = dict(backward=True)
+    cs = [Case(2, T, 4, 24, 24, **b) for T in (1, 63, 65, 200)]
+    cs += [Case(2, 65, 2, K, V, **b) for K, V in ((1, 7), (5, 1), (40, 40), (64, 64), (100, 100),
+                                                  (128, 64), (160, 160), (256, 256))]
+    cs += [Case(2, 70, 2, 256, 512, **b), Case(1, 70, 2, 64, 1024, dtype="bfloat16", **b)]
+    cs += [Case(2, 128, 4, 24, 24, gate=g, **b) for g in GATES if g != "logsig"]
+    cs += [Case(2, 128, 4, 24, 24, gate=g, log=True, **b) for g in ("logsig", "zeros")]
+    cs += [Case(2, 128, 4, 64, 64, dtype=dt, gate="neg", **b) for dt in ("float16", "bfloat16")]
+    cs += [Case(2, 65, 2, 100, 100, dtype="bfloat16", log=True, **b)]
+    cs += [varlen_case((1, 17, 64, 300), **b), varlen_case((0, 5, 0, 40), init=False, **b)]
     return cs
 
 
@@ -234,15 +254,19 @@ class Result(NamedTuple):
 
 
 def compare(name, got, ref, emu):
+    """The path's ``got`` against the float64 ``ref`` and the emulation ``emu``: the same
+    elements finite (NaN and inf alike), and the RMS error over the finite ones within the
+    bound (the emulation's, over the elements finite in both)."""
     got, ref, emu = _f64(got), _f64(ref), _f64(emu)
-    bound = 2 * rms(emu - ref) + ATOL * (float(np.max(np.abs(ref))) if ref.size else 0.0)
-    if got.shape != ref.shape:
-        return Result(name, np.inf, np.inf, np.inf, bound, False)
-    diff = got - ref
-    finite = np.isfinite(got) == np.isfinite(ref)
-    if not finite.all():
-        return Result(name, np.inf, np.inf, np.inf, bound, False)
-    diff = np.where(np.isfinite(ref), diff, 0.0)
+    fin = np.isfinite(ref)
+    with np.errstate(invalid="ignore"):
+        e = np.where(fin & np.isfinite(emu), emu - ref, 0.0)
+        bound = 2 * rms(e) + ATOL * (float(np.max(np.abs(ref[fin]))) if fin.any() else 0.0)
+        if got.shape != ref.shape:
+            return Result(name, np.inf, np.inf, np.inf, bound, False)
+        if not (np.isfinite(got) == fin).all():
+            return Result(name, np.inf, np.inf, np.inf, bound, False)
+        diff = np.where(fin, got - ref, 0.0)
     err = rms(diff)
     rr = err / max(rms(np.where(np.isfinite(ref), ref, 0.0)), 1e-300)
     return Result(name, float(np.max(np.abs(diff))) if diff.size else 0.0, rr, err, bound,
@@ -268,18 +292,63 @@ def references(case, args):
     return out["ref"], (o_emu, out["emu"][1])
 
 
+def backward_inputs(case, args, seed=0):
+    """(do, d_final_state) for a backward case: N(0, 1), do in q's dtype, the state's float32."""
+    rng = np.random.default_rng([seed, 1])
+    N = len(case.lengths) if case.lengths else case.B
+    do = rng.standard_normal(args["v"].shape, dtype=np.float32).astype(_dtype(case.dtype))
+    return do, rng.standard_normal((N, case.H, case.K, case.V), dtype=np.float32)
+
+
+def backward_references(case, args, do, dht):
+    """(ref, emu) Gradients: the reverse loop in float64, and in float32 NumPy (for half dtypes
+    each gradient then rounded to its argument's dtype), as the CPU backward runs it (the
+    reference's operations, every sequence at once)."""
+    grads = [reference.gated_attention_backward_recurrent(**args, do=do, d_final_state=dht,
+                                                          dtype=mdt)
+             for mdt in (np.float64, np.float32)]
+    emu = grads[1]
+    if case.dtype != "float32":
+        dt, g_dt = _dtype(case.dtype), _dtype(gate_dtype(case))
+        emu = emu._replace(dq=emu.dq.astype(dt), dk=emu.dk.astype(dt), dv=emu.dv.astype(dt),
+                           dgate=emu.dgate.astype(g_dt))
+    return grads[0], emu
+
+
+def _run_backward(case, args, to_dev, to_host, seed):
+    import cupy_gda
+    do, dht = backward_inputs(case, args, seed)
+    ref, emu = backward_references(case, args, do, dht)
+    got = cupy_gda.gated_attention_backward(**{k: to_dev(v) for k, v in args.items()},
+                                            do=to_dev(do), d_final_state=to_dev(dht))
+    g = args["gate"] if "gate" in args else args["log_gate"]
+    want = dict(dq=args["q"].dtype, dk=args["q"].dtype, dv=args["q"].dtype, dgate=g.dtype,
+                dinitial_state=np.dtype(np.float64 if case.dtype == "float64" else np.float32))
+    out = []
+    for name, x, r, e in zip(ref._fields, got, ref, emu):
+        if r is None or x is None:
+            out.append(Result(name, 0.0, 0.0, 0.0, 0.0, x is None and r is None))
+        elif x.dtype != want[name]:
+            out.append(Result(f"{name} dtype", np.inf, np.inf, np.inf, 0.0, False))
+        else:
+            out.append(compare(name, to_host(x), r, e))
+    return out
+
+
 def run_case(case, backend="numpy", seed=0, method="auto"):
-    """Run the public API on ``backend`` ("numpy" or "cupy") and compare; returns [Result]."""
+    """Run the public API on ``backend`` ("numpy" or "cupy") and compare; returns [Result].
+    ``method``: the forward's (a backward case runs "auto")."""
     import cupy_gda
     args = make_inputs(case, seed)
-    (o_ref, s_ref), (o_emu, s_emu) = references(case, args)
     if backend == "cupy":
         import cupy
-        dev = {k: cupy.asarray(v) for k, v in args.items()}
-        to_host = cupy.asnumpy
+        to_dev, to_host = cupy.asarray, cupy.asnumpy
     else:
-        dev = {k: v.copy() for k, v in args.items()}
-        to_host = np.asarray
+        to_dev, to_host = np.copy, np.asarray
+    if case.backward:
+        return _run_backward(case, args, to_dev, to_host, seed)
+    dev = {k: to_dev(v) for k, v in args.items()}
+    (o_ref, s_ref), (o_emu, s_emu) = references(case, args)
     if case.step:
         o = cupy_gda.gated_attention_step(**dev)
         s = dev["state"]

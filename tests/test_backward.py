@@ -1,11 +1,13 @@
-"""Issue 15, CPU part: the gradients' reference (the reverse loop) against central finite
-differences of the float64 forward, and the CPU backward (the same loop over every sequence at
-once, states recomputed per chunk) against the reference, within the accuracy contract, for
-every gate the recurrence takes; its arguments checked like the forward's."""
+"""Issue 15: the gradients' reference (the reverse loop) against central finite differences of the
+float64 forward; the CPU backward (the same loop over every sequence at once, states recomputed
+per chunk) and the GPU kernel (gda_recurrent_bwd) through the public gated_attention_backward
+against the reference, within the accuracy contract, for every gate the recurrence takes; their
+arguments checked like the forward's."""
 import numpy as np
 import pytest
 
-from cupy_gda import reference as R
+import cupy_gda
+from cupy_gda import _verify, reference as R
 from cupy_gda._verify import compare
 
 # gate regimes: exact 0s and 1s, negative, tiny, above 1 (and, as log gates, -inf)
@@ -205,3 +207,102 @@ def test_bad_arguments_raise_before_any_work(fn, which):
         fn(**kw)
     for n, x in before.items():
         assert kw[n].tobytes() == x.tobytes(), n
+
+
+# ---- the public gated_attention_backward: NumPy (the CPU backward) and CuPy (gda_recurrent_bwd)
+
+# beyond verify's sweep, for the GPU kernel's tiles and groups of them (recurrent_bwd.groups): K padded inside a thread row group (33, 200),
+# V not a multiple of the value tile (5, 1000), several kept states (T > 64) and chunks, spans
+# ending mid-chunk, float16 with a float32 gate, a log gate of -inf at K = 256
+GPU_EXTRA = [
+    _verify.Case(2, 300, 2, 33, 5, gate="big", backward=True),
+    _verify.Case(1, 150, 2, 200, 1000, dtype="float16", log=True, backward=True),
+    _verify.Case(3, 129, 2, 96, 48, gate="grow", init=False, backward=True),
+    _verify.Case(2, 77, 3, 64, 64, dtype="float16", g_dtype="float32", gate="tiny", backward=True),
+    _verify.Case(2, 64, 1, 256, 130, gate="zeros", log=True, backward=True),
+    _verify.varlen_case((130, 0, 1, 64, 65), K=128, V=128, dtype="bfloat16", backward=True),
+    _verify.Case(34, 70, 4, 64, 64, backward=True),     # one group of 4 value tiles (136 heads)
+]
+
+
+@pytest.mark.parametrize("case", _verify.backward_cases(), ids=lambda c: c.id)
+def test_public_backward_on_numpy_meets_the_contract(case):
+    bad = [r for r in _verify.run_case(case, "numpy") if not r.ok]
+    assert not bad, bad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", _verify.backward_cases() + GPU_EXTRA, ids=lambda c: c.id)
+def test_gpu_backward_meets_the_contract(case):
+    """Every gradient (poisoned outputs: an unwritten element is NaN) within the contract."""
+    bad = [r for r in _verify.run_case(case, "cupy") if not r.ok]
+    assert not bad, bad
+
+
+def _gpu_problem(rng, B, T, H, K, V, regime="unif", init=True, lens=None):
+    import cupy
+    kw = _problem(rng, B, T, H, K, V, regime, init, lens)
+    kw = {n: cupy.asarray(x.astype(np.float32) if x.dtype == np.float64 else x)
+          for n, x in kw.items()}
+    kw["do"] = cupy.asarray(rng.standard_normal(kw["v"].shape), np.float32)
+    return kw
+
+
+@pytest.mark.gpu
+def test_gpu_backward_leaves_the_inputs_alone():
+    import cupy
+    rng = np.random.default_rng(9)
+    kw = _gpu_problem(rng, 2, 70, 2, 24, 40, lens=None)
+    kw["d_final_state"] = cupy.asarray(rng.standard_normal((2, 2, 24, 40)), np.float32)
+    before = {n: cupy.asnumpy(x) for n, x in kw.items()}
+    g = cupy_gda.gated_attention_backward(**kw)
+    cupy.cuda.get_current_stream().synchronize()
+    for n, x in before.items():
+        assert cupy.asnumpy(kw[n]).tobytes() == x.tobytes(), n
+    assert isinstance(g.dq, cupy.ndarray) and g.dinitial_state.dtype == np.float32
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(0, 5, 2, 3, 2), (2, 0, 2, 3, 2), (2, 5, 0, 3, 2)],
+                         ids=["B0", "T0", "H0"])
+def test_gpu_size_zero_dims(shape):
+    import cupy
+    B, T, H, K, V = shape
+    rng = np.random.default_rng(10)
+    kw = _gpu_problem(rng, B, T, H, K, V)
+    dht = cupy.asarray(rng.standard_normal(kw["initial_state"].shape), np.float32)
+    g = cupy_gda.gated_attention_backward(**kw, d_final_state=dht)
+    assert g.dq.shape == (B, T, H, K) and g.dv.shape == (B, T, H, V)
+    assert g.dgate.shape == (B, T, H, K) and g.dinitial_state.shape == (B, H, K, V)
+    if T == 0:                  # no steps: the final state is the initial one
+        np.testing.assert_array_equal(cupy.asnumpy(g.dinitial_state), cupy.asnumpy(dht))
+
+
+@pytest.mark.gpu
+def test_gpu_non_finite_inputs_propagate_as_the_loop_says():
+    """An inf in v and a NaN in q: the same NaN/inf pattern as the float64 loop's, and the
+    finite elements within the contract."""
+    import cupy
+    rng = np.random.default_rng(11)
+    kw = _problem(rng, 2, 40, 2, 20, 6, "unif")         # V = 6: a partial value tile
+    kw["v"][0, 30, 1, 2] = np.inf
+    kw["q"][1, 10, 0, 3] = np.nan
+    f32 = {n: x.astype(np.float32) for n, x in kw.items()}
+    do = rng.standard_normal(kw["v"].shape).astype(np.float32)
+    ref = R.gated_attention_backward_ref(**f32, do=do)
+    emu = R.gated_attention_backward_ref(**f32, do=do, dtype=np.float32)
+    got = cupy_gda.gated_attention_backward(**{n: cupy.asarray(x) for n, x in f32.items()},
+                                            do=cupy.asarray(do))
+    for name, x, r, e in zip(ref._fields, got, ref, emu):
+        _contract(name, cupy.asnumpy(x), r, e)
+
+
+@pytest.mark.gpu
+def test_gpu_backward_errors_name_the_argument():
+    rng = np.random.default_rng(12)
+    kw = _gpu_problem(rng, 1, 4, 1, 300, 2)
+    with pytest.raises(ValueError, match="head dimension K must be between 1 and 256 on the GPU"):
+        cupy_gda.gated_attention_backward(**kw)
+    kw = _gpu_problem(rng, 1, 4, 1, 3, 2)
+    with pytest.raises(ValueError, match="the chunked form has no backward yet"):
+        cupy_gda.gated_attention_backward(**kw, method="chunk")
