@@ -7,8 +7,15 @@ Rows per shape (``--impl`` selects by family or by name):
   ``decode``. ``... (host)`` rows (seed, decode): host wall time per call of back-to-back calls.
 - ``cpu-auto``, ``cpu-recurrent``, ``cpu-chunk`` (decode: ``cpu-step``), with ``--cpu``: the
   public API on NumPy inputs, host wall time per call, T cut to CPU_T_MAX (run_cpu; no GPU).
+- ``ours-auto-fwd+bwd`` (only when named, or with the selector ``fwd+bwd``): a forward call
+  then gated_attention_backward with a random ``do``, as one training step runs them; rel_err is
+  the worst of dq, dk, dv, dgate (the float64 reverse loop on the forward rows' slice).
 - ``floor``: the bytes that must move (q, k, v, g read once, o written once; decode: + the state
-  read and written once) over the device-to-device copy bandwidth measured in the same run.
+  read and written once) over the device-to-device copy bandwidth measured in the same run;
+  fwd+bwd rows add the backward's bytes at the same rate (must_move_bytes).
+- ``extra``: the device memory one call takes beyond its inputs and the arrays it returns (fwd+bwd:
+  o and the gradients): the peak of CuPy's memory pool during the call minus the returned bytes
+  (peak_extra; fla's rows: torch's allocator peak, the same way).
 - Other implementations feed the same table through BASELINES: ``scripts/baselines.py``
   registers the textbook kernel and fla's (``python -m scripts.baselines`` takes the same
   options as ``cupy-gda bench``). The package never imports them.
@@ -126,15 +133,25 @@ def parse_shapes(text):
     return [SHAPES[n] for n in dict.fromkeys(names)]
 
 
-def must_move_bytes(shape):
+def must_move_bytes(shape, backward=False):
     """Bytes every implementation must move: q, k, g (float32), v read once, o written once;
-    decode adds the float32 state, read once and written once."""
+    decode adds the float32 state, read once and written once; ``backward`` (a forward and a
+    backward call) adds the backward's: q, k, g, v, do read once, dq, dk, dg (float32), dv
+    written once."""
     io = ITEMSIZE[shape.dtype]
     tokens = shape.B * shape.H * (1 if shape.step else shape.T)
     n = tokens * (shape.K * (2 * io + 4) + 2 * shape.V * io)
     if shape.step:
         n += 2 * shape.B * shape.H * shape.K * shape.V * 4
+    if backward:
+        n += tokens * (2 * shape.K * (2 * io + 4) + 3 * shape.V * io)
     return n
+
+
+def floor_for(shape, impl, floor_ms):
+    """A row's floor from its shape's (the forward's bytes at the copy rate): the same rate
+    over the bytes the row's call must move."""
+    return floor_ms * must_move_bytes(shape, is_fwd_bwd(impl)) / must_move_bytes(shape)
 
 
 def input_set_bytes(shape):
@@ -155,6 +172,20 @@ def n_sets(set_bytes, l2_bytes):
 # ------------------------------------------------------------------------------ implementations
 
 HOST = " (host)"
+FWD_BWD = "fwd+bwd"     # the api of forward+backward rows, and the --impl selector of them all
+
+
+def is_fwd_bwd(impl):
+    """Whether a row times a forward and a backward call: its name is '<forward impl>-fwd+bwd'."""
+    return impl.endswith("-" + FWD_BWD)
+
+
+def forward_of(impl):
+    """The forward implementation of a row ('ours-auto' of 'ours-auto-fwd+bwd'; else impl)."""
+    return impl.removesuffix("-" + FWD_BWD)
+
+
+OURS_FWD_BWD = "ours-auto-" + FWD_BWD
 
 
 class Baseline(NamedTuple):
@@ -185,7 +216,7 @@ def gpu_methods():
 
 
 def _ours_names():
-    return ["ours-auto", *(f"ours-{m}" for m in gpu_methods()), "ours-step"]
+    return ["ours-auto", *(f"ours-{m}" for m in gpu_methods()), "ours-step", OURS_FWD_BWD]
 
 
 def impl_names():
@@ -199,21 +230,25 @@ def family(impl):
 
 
 def parse_impls(text):
-    """Selectors from a comma-separated list of families or implementation names."""
+    """Selectors from a comma-separated list of families, implementation names or 'fwd+bwd'."""
     sel = [s.strip() for s in text.split(",") if s.strip()]
     known = impl_names()
-    families = list(dict.fromkeys(family(n) for n in known))
+    choices = list(dict.fromkeys(family(n) for n in known)) + [FWD_BWD]
     for s in sel:
-        if s not in known and s not in families:
+        if s not in known and s not in choices:
             raise ValueError(f"unknown implementation {s!r}; choose from "
-                             f"{', '.join(families + known)}")
+                             f"{', '.join(choices + known)}")
     if not sel:
         raise ValueError("no implementation named")
     return tuple(dict.fromkeys(sel))
 
 
 def selected(impl, selectors):
+    """Whether a selector names the row: its name or family; fwd+bwd rows only by name or by
+    'fwd+bwd' (a family selects its forward rows, as before they existed)."""
     base = impl[:-len(HOST)] if impl.endswith(HOST) else impl
+    if is_fwd_bwd(base):
+        return base in selectors or FWD_BWD in selectors
     return any(s == base or s == family(base) for s in selectors)
 
 
@@ -228,6 +263,7 @@ def plan(shapes, selectors, baselines=None):
         else:
             cands = ["ours-auto", *(f"ours-{m}" for m in gpu_methods())]
             cands += ["ours-auto" + HOST] if s.host else []
+            cands += [OURS_FWD_BWD]
         cands += [n for b in baselines for n in b.names if b.applies(s, n)]
         units += [(s, i) for i in cands if selected(i, selectors)]
     return units
@@ -251,9 +287,11 @@ STATUSES = ("ok", "skipped", "failed")
 
 def new_row(shape, impl, kind="device", **kw):
     r = dict.fromkeys(ROW_KEYS)
+    bwd = is_fwd_bwd(impl)
     r.update(shape=shape.name, impl=impl, family=family(impl), kind=kind, status="ok", note="",
-             api="step" if shape.step else "forward", B=shape.B, T=shape.T, H=shape.H,
-             K=shape.K, V=shape.V, dtype=shape.dtype, bytes=must_move_bytes(shape))
+             api="step" if shape.step else FWD_BWD if bwd else "forward", B=shape.B, T=shape.T,
+             H=shape.H, K=shape.K, V=shape.V, dtype=shape.dtype,
+             bytes=must_move_bytes(shape, bwd))
     unknown = set(kw) - set(ROW_KEYS)
     if unknown:
         raise KeyError(f"not row keys: {sorted(unknown)}")
@@ -268,7 +306,8 @@ def _pos(x):
 def finish_rows(rows):
     """Fill GB/s, % of floor and speedup in place; returns rows. GB/s = must-move bytes / ms;
     % of floor = floor_ms / ms; speedup = the fastest device-timed row of *another* family
-    (ours, or a baseline's) at the same shape over this row's ms (host and floor rows: none)."""
+    (ours, or a baseline's) at the same shape and api (forward, step, fwd+bwd) over this row's
+    ms (host and floor rows: none)."""
     for r in rows:
         ok = r["status"] == "ok" and _pos(r["ms"])
         r["gbps"] = r["bytes"] / (r["ms"] * 1e-3) / 1e9 if ok and r["bytes"] else None
@@ -276,15 +315,18 @@ def finish_rows(rows):
         r["speedup"] = None
     timed = [r for r in rows if r["kind"] == "device" and r["status"] == "ok" and _pos(r["ms"])]
     for r in timed:
-        others = [o["ms"] for o in timed if o["shape"] == r["shape"] and o["family"] != r["family"]]
+        others = [o["ms"] for o in timed if o["shape"] == r["shape"] and o["api"] == r["api"]
+                  and o["family"] != r["family"]]
         if others:
             r["speedup"] = min(others) / r["ms"]
     return rows
 
 
 def sort_rows(rows, shape_order):
+    """By shape, then the forward rows (and the floor) before the fwd+bwd rows, then impl."""
     idx = {n: i for i, n in enumerate(shape_order)}
-    return sorted(rows, key=lambda r: (idx.get(r["shape"], len(idx)), _impl_rank(r["impl"])))
+    return sorted(rows, key=lambda r: (idx.get(r["shape"], len(idx)), r["api"] == FWD_BWD,
+                                       _impl_rank(r["impl"])))
 
 
 def _clean(x):
@@ -319,7 +361,7 @@ def write_json(result, path):
 
 COLUMNS = (("shape", "<"), ("impl", "<"), ("ms", ">"), ("GB/s", ">"), ("% of floor", ">"),
            ("speedup", ">"), ("rel_err", ">"), ("f32_err", ">"), ("contract", "<"),
-           ("vs_ours", ">"), ("note", "<"))
+           ("vs_ours", ">"), ("extra", ">"), ("note", "<"))
 
 
 def _fmt_ms(x):
@@ -341,11 +383,12 @@ def _cells(r):
             "-" if gbps is None else f"{gbps:.0f}" if gbps >= 10 else f"{gbps:.2f}",
             _fmt(r["pct_floor"], ".1f"), _fmt(r["speedup"], ".2f") + ("x" if r["speedup"] else ""),
             _fmt(r["rel_err"], ".1e"), _fmt(r["f32_rel_err"], ".1e"), contract,
-            _fmt(r["rel_err_vs_ours"], ".1e"), note]
+            _fmt(r["rel_err_vs_ours"], ".1e"), _fmt_bytes(r["extra_bytes"]), note]
 
 
 def format_table(rows):
-    """Fixed-width table: shape | impl | ms | GB/s | % of floor | speedup | accuracy | note."""
+    """Fixed-width table: shape | impl | ms | GB/s | % of floor | speedup | accuracy | extra |
+    note."""
     heads = [c for c, _ in COLUMNS]
     body = [_cells(r) for r in rows]
     widths = [max(len(x) for x in col) for col in zip(heads, *body)]
@@ -373,17 +416,15 @@ def _fmt_bytes(n):
 
 
 def summary_lines(result):
-    """Lines after the table: the copy, per shape the floor and extra memory, the legend."""
+    """Lines after the table: the copy, per shape the floor, the legend."""
     c = result["copy"]
     out = [f"# copy: {_fmt_bytes(c['bytes'])} device-to-device, median {c['ms']:.3f} ms of "
            f"{c['reps']} = {c['gbps']:.0f} GB/s (bytes read + written); floor = must-move bytes "
            f"at that rate; an empty kernel times {_fmt_ms(c.get('empty_kernel_ms'))} ms "
            f"between two events (the resolution of the ms column)"]
     for s in result["shapes"]:
-        extra = ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in s["extra_bytes"].items())
         out.append(f"# {s['shape']} ({s['legend']}): must move {s['bytes'] / 1e6:.2f} MB, floor "
-                   f"{_fmt_ms(s['floor_ms'])} ms; {s['n_sets']} input set(s) rotated; extra device "
-                   f"memory beyond inputs and outputs: {extra or 'none measured'}")
+                   f"{_fmt_ms(s['floor_ms'])} ms; {s['n_sets']} input set(s) rotated")
     out.append("# ms: median of per-call CUDA-event times (each call queued behind a spin kernel, "
                "so host launch time is excluded); '(host)' rows: host wall time per call, "
                f"{HOST_CALLS} back-to-back calls and one sync")
@@ -392,6 +433,14 @@ def summary_lines(result):
                f"first {REF_HEADS} heads, T <= {REF_T_MAX} (f32_err: the float32 NumPy loop's); "
                "contract: err <= 2 f32 err + 1e-6 max|ref|; vs_ours: relative RMS difference "
                "to ours-auto (decode: ours-step) over the whole output")
+    out.append("# extra: device memory one call takes beyond its inputs and the arrays it returns "
+               "(the peak of CuPy's pool during the call, fla's rows torch's allocator's, minus "
+               "the returned bytes)")
+    if any(r["api"] == FWD_BWD for r in result["rows"]):
+        out.append(f"# {FWD_BWD} rows: one forward call, then the backward with a random do "
+                   "(fla: torch.autograd.grad through its op), returning o and dq, dk, dv, dgate "
+                   "(fla: dlog_gate / gate); floor and GB/s over both calls' must-move bytes; "
+                   "rel_err, vs_ours: the worst gradient's; speedup against other fwd+bwd rows")
     return out + [f"# {n}" for n in result["notes"]]
 
 
@@ -621,12 +670,17 @@ def measure_copy(clock, nbytes=COPY_BYTES, reps=COPY_REPS, seed=0):
     return dict(bytes=int(nbytes), gbps=2 * nbytes / (st["ms"] * 1e-3) / 1e9, **st)
 
 
-def make_sets(shape, count, seed=0):
+def make_sets(shape, count, seed=0, backward=False):
     """count input sets of the shape (_verify.make_inputs of its case, on the device, drawn one
-    after another from one generator)."""
+    after another from one generator); ``backward``: each with a 'do' ~ N(0, 1) in q's dtype,
+    drawn after all the sets, so the inputs are the same with or without it."""
     cp = _cupy()
     rng = cp.random.default_rng(seed)
-    return [_verify.make_inputs(shape.case, rng, cp) for _ in range(count)]
+    sets = [_verify.make_inputs(shape.case, rng, cp) for _ in range(count)]
+    for s in sets if backward else ():
+        do = rng.standard_normal(s["v"].shape, dtype=np.float32)
+        s["do"] = _verify._cast(do, _verify._dtype(shape.dtype), cp)
+    return sets
 
 
 def call_ours(shape, s, method="auto", state=None):
@@ -637,17 +691,46 @@ def call_ours(shape, s, method="auto", state=None):
     return cupy_gda.gated_attention(s["q"], s["k"], s["v"], s["gate"], method=method)
 
 
+GRADS = ("dq", "dk", "dv", "dgate")     # the gradients a fwd+bwd row checks
+
+
+def call_ours_fwd_bwd(shape, s, method="auto"):
+    """(o, Gradients): our forward on input set ``s``, then our backward with its 'do'."""
+    o = call_ours(shape, s, method)
+    return o, cupy_gda.gated_attention_backward(s["q"], s["k"], s["v"], s["gate"], do=s["do"])
+
+
 def _slice_dims(shape):
     return min(REF_T_MAX, shape.T), min(REF_HEADS, shape.H)
 
 
+def _cut(shape, x):
+    """The reference slice of a [B, T, H, *] array, on the host."""
+    Ts, Hs = _slice_dims(shape)
+    return host_array(x[0, :Ts])[None, :, :Hs]
+
+
+def backward_cut(shape, s):
+    """The input set whose gradients the fwd+bwd rows check: ``s`` where the reference slice
+    keeps all of T (the call timed), else every array of it cut to the slice (the gradients of
+    a prefix depend on the steps after it, so the whole call's are not the prefix's)."""
+    Ts, Hs = _slice_dims(shape)
+    return s if Ts == shape.T else {n: x[:1, :Ts, :Hs] for n, x in s.items()}
+
+
+def gradient_slices(shape, grads):
+    """The reference slice of dq, dk, dv, dgate (of a backward_cut set), on the host."""
+    return {n: _cut(shape, x) for n, x in zip(GRADS, grads)}
+
+
 def reference_slices(shape, s):
     """{'ref': {...}, 'emu': {...}}: the float64 and float32 NumPy loops on the first sequence's
-    first heads (T cut to REF_T_MAX) of input set s; 'o', and for decode 'state'. For half
-    dtypes the float32 output is rounded to the dtype (the emulation of _verify)."""
-    Ts, Hs = _slice_dims(shape)
+    first heads (T cut to REF_T_MAX) of input set s; 'o', for decode 'state', and where s has a
+    'do' the gradients of GRADS (the reverse loop, _verify.backward_references). For half
+    dtypes the float32 outputs are rounded to their dtypes (the emulation of _verify)."""
     out = {}
     if shape.step:
+        Hs = _slice_dims(shape)[1]
         h = {n: host_array(s[n][0])[None, :Hs] for n in ("q", "k", "v", "gate", "state")}
         for label, dt in (("ref", np.float64), ("emu", np.float32)):
             st = h["state"].astype(dt)
@@ -655,10 +738,14 @@ def reference_slices(shape, s):
                                                    dtype=dt)
             out[label] = dict(o=o, state=st)
     else:
-        h = {n: host_array(s[n][0, :Ts])[None, :, :Hs] for n in ("q", "k", "v", "gate")}
+        h = {n: _cut(shape, x) for n, x in s.items()}
+        args = {n: h[n] for n in ("q", "k", "v", "gate")}
         for label, dt in (("ref", np.float64), ("emu", np.float32)):
-            out[label] = dict(o=reference.gated_attention_ref(h["q"], h["k"], h["v"], h["gate"],
-                                                               dtype=dt))
+            out[label] = dict(o=reference.gated_attention_ref(**args, dtype=dt))
+        if "do" in h:
+            grads = _verify.backward_references(shape.case, args, h["do"], None)
+            for label, g in zip(("ref", "emu"), grads):
+                out[label].update(zip(GRADS, g))
     if shape.dtype != "float32":
         out["emu"]["o"] = out["emu"]["o"].astype(_verify._dtype(shape.dtype))
     return out
@@ -666,13 +753,13 @@ def reference_slices(shape, s):
 
 def output_slices(shape, o, state=None):
     """The same slice of an output (and decode's state) as reference_slices, on the host."""
-    Ts, Hs = _slice_dims(shape)
     if shape.step:
+        Hs = _slice_dims(shape)[1]
         got = dict(o=host_array(o[0])[None, :Hs])
         if state is not None:
             got["state"] = host_array(state[0])[None, :Hs]
         return got
-    return dict(o=host_array(o[0, :Ts])[None, :, :Hs])
+    return dict(o=_cut(shape, o))
 
 
 
@@ -699,29 +786,38 @@ def rel_rms_device(a, b):
     a, b = a.astype(cp.float64), b.astype(cp.float64)
     return float(cp.linalg.norm(a - b) / max(float(cp.linalg.norm(b)), 1e-300))
 
-def _run_shape(shape, impls, floor_ms, clock, l2, reps, budget_s, seed, on_step):
-    """Rows of one shape (ours, host rows, and its floor) and its reference slices."""
+def _run_shape(shape, impls, floor_ms, clock, l2, reps, budget_s, seed, on_step, backward):
+    """Rows of one shape (ours, host rows, and its floor) and its reference slices (with
+    ``backward``, a fwd+bwd row of some family at the shape: the gradients' too)."""
     count = n_sets(input_set_bytes(shape), l2)
-    sets = make_sets(shape, count, seed)
+    sets = make_sets(shape, count, seed, backward)
     s0 = sets[0]
     state0 = s0["state"].copy() if shape.step else None
     refs = reference_slices(shape, s0)
     rows = [new_row(shape, "floor", kind="floor", ms=floor_ms, floor_ms=floor_ms)]
 
     def ours(impl):
-        method = impl[len("ours-"):]
-        if shape.step:                    # on a copy of set 0's state as it was drawn
+        method = forward_of(impl)[len("ours-"):]
+        fwd_bwd = is_fwd_bwd(impl)
+
+        def call(s):
+            return call_ours_fwd_bwd(shape, s, method) if fwd_bwd else call_ours(shape, s, method)
+
+        if fwd_bwd:
+            acc = accuracy(refs, gradient_slices(shape, call(backward_cut(shape, s0))[1]))
+            extra = peak_extra(lambda: call(s0))
+        elif shape.step:                  # on a copy of set 0's state as it was drawn
             state = state0.copy()
             o = call_ours(shape, s0, state=state)
             acc = accuracy(refs, output_slices(shape, o, state))
             extra = peak_extra(lambda: call_ours(shape, s0, state=state))
         else:
-            o = call_ours(shape, s0, method)
-            acc = accuracy(refs, output_slices(shape, o))
-            extra = peak_extra(lambda: call_ours(shape, s0, method))
+            acc = accuracy(refs, output_slices(shape, call(s0)))
+            extra = peak_extra(lambda: call(s0))
         rot = Rotor(sets)
-        tm = measure(clock, lambda: call_ours(shape, rot(), method), reps, budget_s)
-        return new_row(shape, impl, floor_ms=floor_ms, extra_bytes=extra, **tm, **acc)
+        tm = measure(clock, lambda: call(rot()), reps, budget_s)
+        return new_row(shape, impl, floor_ms=floor_for(shape, impl, floor_ms), extra_bytes=extra,
+                       **tm, **acc)
 
     def host(impl):
         method = impl[len("ours-"):-len(HOST)]
@@ -737,7 +833,8 @@ def _run_shape(shape, impls, floor_ms, clock, l2, reps, budget_s, seed, on_step)
         try:
             r = host(impl) if kind == "host" else ours(impl)
         except Exception as e:  # noqa: BLE001 - a failing row is reported, the run goes on
-            r = new_row(shape, impl, kind=kind, status="failed", floor_ms=floor_ms, note=_err(e))
+            r = new_row(shape, impl, kind=kind, status="failed",
+                        floor_ms=floor_for(shape, impl, floor_ms), note=_err(e))
         rows.append(r)
     info = dict(shape=shape.name, legend=shape.legend, B=shape.B, T=shape.T, H=shape.H,
                 K=shape.K, V=shape.V, dtype=shape.dtype, api="step" if shape.step else "forward",
@@ -763,9 +860,10 @@ def run(units, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, seed=0, on_step=Non
     rows, infos, refs, notes = [], [], {}, []
     for shape in shapes:
         impls = [i for s, i in units if s == shape and i not in theirs]
+        backward = any(is_fwd_bwd(i) for s, i in units if s == shape)
         floor_ms = must_move_bytes(shape) / (copy["gbps"] * 1e9) * 1e3
-        r, info, refs[shape.name] = _run_shape(shape, impls, floor_ms, clock,
-                                               header["l2_bytes"], reps, budget_s, seed, on_step)
+        r, info, refs[shape.name] = _run_shape(shape, impls, floor_ms, clock, header["l2_bytes"],
+                                               reps, budget_s, seed, on_step, backward)
         rows += r
         infos.append(info)
         gc.collect()

@@ -43,7 +43,7 @@ def _selected_cases(shape, quick, log=None):
         c = cases[0]._replace(**given)
         cases = [c, _verify.step_case(c.B, c.H, c.K, c.V, dtype=c.dtype, gate=c.gate, log=c.log)]
     elif quick:
-        # the first case of each API (fwd, varlen, step): a smoke test in seconds
+        # the first case of each API (fwd, varlen, bwd, step): a smoke test in seconds
         firsts = {}
         for c in cases:
             firsts.setdefault(c.id.split("-", 1)[0], c)
@@ -73,7 +73,8 @@ def _line(name, max_abs, rel_rms, err, bound, verdict):
 @click.option("--method", type=click.Choice(["auto", *_dispatch.METHODS]), default="auto",
               show_default=True, help="Kernel family for the forward cases.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
-@click.option("--quick", is_flag=True, help="Only the first case of each API (fwd, varlen, step).")
+@click.option("--quick", is_flag=True, help="Only the first case of each API (fwd, varlen, bwd, "
+              "step).")
 @click.option("--max-t", "max_t", type=click.IntRange(min=1), metavar="N",
               help="Cut each sequence (varlen: segment) longer than about N steps, keeping its "
               "partial last chunk and the define sets and sequence segments of the kernels it "
@@ -85,7 +86,7 @@ def verify(B, T, H, K, V, dtype, gate, log, method, seed, quick, max_t, require_
     """Check random cases against the float64 NumPy reference.
 
     Without shape options, runs the standard sweep (awkward T and head dims, gates, half dtypes,
-    varlen, step). Any of -B -T -H -K -V --dtype --gate selects one shape instead (the rest from
+    varlen, the gradients, step). Any of -B -T -H -K -V --dtype --gate selects one shape instead (the rest from
     the sweep's first case), run as a forward and a step case. Each case prints its id, then one
     line a checked tensor. Exits 1 on any failure.
     """
@@ -195,7 +196,10 @@ from cupy_gda import bench as _bench  # noqa: E402 - the bench command's library
               f"{','.join(_bench.QUICK_SHAPES)}), 'tsweep'. Shapes: {', '.join(_bench.SHAPES)}.")
 @click.option("--impl", "impl_text", metavar="NAMES", help="Comma-separated families (ours, and "
               "those scripts/baselines.py adds: textbook, fla) or implementation names (ours-auto, "
-              "ours-<method>, ours-step, ...); default: every one present.")
+              "ours-<method>, ours-step, ...); default: every family present (its forward rows). "
+              "Forward+backward rows (one forward call, then the backward; extra memory of both) "
+              f"only by name ({_bench.OURS_FWD_BWD}, fla-chunk_gla-{_bench.FWD_BWD}, ...) or all "
+              f"of them by '{_bench.FWD_BWD}'.")
 @click.option("--reps", type=click.IntRange(min=1),
               help=f"Timed calls per row; the median is reported (default {_bench.DEFAULT_REPS}, "
               f"--quick {_bench.QUICK_REPS}).")
@@ -215,8 +219,11 @@ def bench(shapes_text, impl_text, reps, budget, json_path, plot_path, quick, see
     """Time our kernels (and any registered baseline) at named shapes, against the copy floor.
 
     Prints a header line (GPU, CUDA, CuPy, commit), then one row per shape and implementation:
-    shape | impl | ms | GB/s | % of floor | speedup | accuracy. ms is the median of CUDA-event
-    times; speedup is the fastest other family's time over this row's. `python -m
+    shape | impl | ms | GB/s | % of floor | speedup | accuracy | extra. ms is the median of
+    CUDA-event times; speedup is the fastest other family's time over this row's; extra is the
+    device memory a call takes beyond its inputs and outputs (the peak of CuPy's memory pool
+    during one call, minus the arrays it returns). `--impl fwd+bwd`: rows that time a forward
+    then a backward call with a random gradient of o (the gradients checked). `python -m
     scripts.baselines` (from a checkout) adds the textbook kernel's and fla's rows. Exits 1 if
     an ours row fails or breaks the accuracy contract.
     """

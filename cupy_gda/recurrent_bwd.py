@@ -12,11 +12,13 @@ from cupy_gda._launch import (BACKWARD, BACKWARD_SUM, DTYPE_CODE, Family, Launch
 FAMILY = Family("gda_recurrent_bwd", ("common.cuh",),
                 {"gda_recurrent_bwd": BACKWARD, "gda_recurrent_bwd_sum": BACKWARD_SUM})
 
-TS = 64                  # steps between the kept states (extra memory: one state per TS steps)
+TS = 64                  # steps between the kept states where keeping one a chunk would take
+KEPT_BYTES = 256 << 20   #   more than this (then S is computed a third time, span by span)
 GROUPS = 8               # groups of value tiles a sequence-head, at most (their blocks run side
                          #   by side; each group's partial sums of dq, dk, dg take B*T*H*K*3 floats)
 BLOCK_BYTES = 110 * 1024             # shared memory a block, at most (two blocks a SM)
 THREADS = 256                        # threads a block, at most
+PREFETCH = 8                         # q, k, g elements a thread prefetches a chunk, at most
 
 
 class Config(NamedTuple):
@@ -24,6 +26,8 @@ class Config(NamedTuple):
     KG: int
     VT: int              # threads along V; each holds 4 columns (BV = 4 VT)
     TC: int              # steps a chunk (S_{t-1} of each kept in shared memory)
+    TS: int = TS         # steps between kept states (TC: one a chunk)
+    NG: int = 1          # groups of value tiles (a block each, per sequence-head)
 
 
 def smem(K, KT, KG, VT, TC):
@@ -34,48 +38,69 @@ def smem(K, KT, KG, VT, TC):
     return 4 * (TC * KG * NT * 4 + TC * KT * BV + 2 * TC * BV + 3 * TC * KP + 3 * TC * KP * VT)
 
 
-def tiles(K, V, smem_max=227 * 1024):
-    """The Config for head dims K, V: 32 or 64 threads along K (each up to 4 rows), as many
-    along V as make THREADS (no more than V's columns need, 4 a thread), and the most steps a
-    chunk (16, 8 or 4) that fit BLOCK_BYTES, halving the threads along V where even 4 do not."""
+def tiles(K, V, smem_bytes=BLOCK_BYTES):
+    """(KT, KG, VT, TC) for head dims K, V: 32 or 64 threads along K (each up to 4 rows), as
+    many along V as make THREADS (no more than V's columns need, 4 a thread), and the most steps
+    a chunk (32 down to 4) that fit ``smem_bytes`` and PREFETCH, halving the threads along V
+    where even 4 do not."""
     KT = 32 if K <= 32 else 64
     KG = -(-K // KT)
     VT = THREADS // KT
     while VT > 1 and 4 * (VT // 2) >= V:
         VT //= 2
     while True:
-        for TC in (16, 8, 4):
-            if smem(K, KT, KG, VT, TC) <= min(BLOCK_BYTES, smem_max):
-                return Config(KT, KG, VT, TC)
+        for TC in (32, 16, 8, 4):
+            # registers: a thread prefetches TC * KP / NT elements of q, k and g, and loads
+            # 3 TC * KP / NT partial sums a chunk (at most PREFETCH and 3 PREFETCH)
+            if smem(K, KT, KG, VT, TC) <= smem_bytes and TC * KG <= PREFETCH * VT:
+                return KT, KG, VT, TC
         if VT == 1:
-            raise ValueError(f"gda_recurrent_bwd: no tiles fit {smem_max} bytes of shared memory "
-                             f"at K = {K}")
+            raise ValueError(f"gda_recurrent_bwd: no tiles fit {smem_bytes} bytes of shared "
+                             f"memory at K = {K}")
         VT //= 2
+
+
+def config(p, sms=132, smem_max=227 * 1024):
+    """The Config of Problem ``p``: tiles() in BLOCK_BYTES (two blocks a SM), or in all of
+    ``smem_max`` where the grid has at most a block a SM anyway (fewer, longer chunks: fewer
+    barriers and loads in the dependent chain); groups(); a state kept every chunk where that
+    takes at most KEPT_BYTES, else every TS steps."""
+    NH = p.N * p.H
+    KT, KG, VT, TC = tiles(p.K, p.V, min(BLOCK_BYTES, smem_max))
+    NG = groups(-(-p.V // (4 * VT)), NH, sms)
+    if NH * NG <= sms:
+        KT, KG, VT, TC = tiles(p.K, p.V, smem_max)
+        NG = groups(-(-p.V // (4 * VT)), NH, sms)
+    cfg = Config(KT, KG, VT, TC, TC, NG)
+    if 4 * workspace(p, cfg)[0] > KEPT_BYTES:
+        cfg = cfg._replace(TS=max(TS, TC))
+    return cfg
 
 
 def defines(p, cfg, seq_int64):
     """The kernel's defines for Problem ``p`` and Config ``cfg``."""
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), KT=cfg.KT, KG=cfg.KG,
-                VT=cfg.VT, TC=cfg.TC, TS=TS, SMEM_BYTES=smem(p.K, *cfg))
+                VT=cfg.VT, TC=cfg.TC, TS=cfg.TS,
+                SMEM_BYTES=smem(p.K, cfg.KT, cfg.KG, cfg.VT, cfg.TC))
 
 
 def groups(NV, NH, sms=132):
     """Groups of value tiles: a block a group and sequence-head runs the group's tiles one after
-    another, adding up their sums over V in place; as many groups as fill ``sms`` SMs with the
-    NH sequence-heads (1 block each), at most GROUPS and NV."""
-    return max(1, min(NV, GROUPS, -(-sms // max(NH, 1))))
+    another, adding up their sums over V in place; as many groups as give the NH sequence-heads
+    two blocks a SM on ``sms`` SMs, at most GROUPS and NV."""
+    return max(1, min(NV, GROUPS, 2 * sms // max(NH, 1)))
 
 
-def workspace(p, cfg, NG):
-    """Floats of the three workspaces: the kept states (one per TS steps of each sequence, a
-    slot more per sequence for where it starts), each block's states at its span's chunks, and
-    each group's partial sums of dq, dk, dg (none with one value tile)."""
+def workspace(p, cfg):
+    """Floats of the three workspaces: the kept states (one per cfg.TS steps of each sequence,
+    a slot more per sequence for where it starts), each block's states at its span's chunks,
+    and each group's partial sums of dq, dk, dg (none with one value tile)."""
     NV = -(-p.V // (4 * cfg.VT))
     state = cfg.KG * cfg.KT * 4 * cfg.VT                   # a block's part of one state
-    slots = p.B * p.T // TS + p.N + 1
-    return (slots * p.H * NG * state, p.N * p.H * NG * (TS // cfg.TC) * state,
-            3 * NG * p.B * p.T * p.H * p.K if NV > 1 else 0)
+    slots = p.B * p.T // cfg.TS + p.N + 1
+    return (slots * p.H * cfg.NG * state, p.N * p.H * cfg.NG * (cfg.TS // cfg.TC) * state,
+            3 * cfg.NG * p.B * p.T * p.H * p.K if NV > 1 else 0)
 
 
 class BackwardPlan:
@@ -85,10 +110,9 @@ class BackwardPlan:
 
     def __init__(self, p, seq_int64, cfg=None):
         sms, smem_max = device_limits()
-        self.cfg = cfg = cfg or tiles(p.K, p.V, smem_max)
+        self.cfg = cfg = cfg or config(p, sms, smem_max)
         d = defines(p, cfg, seq_int64)
-        NV = -(-p.V // (4 * cfg.VT))
-        self.NG = NG = groups(NV, p.N * p.H, sms)
+        NV, NG = -(-p.V // (4 * cfg.VT)), cfg.NG
         self.grid = p.N * p.H * NG
         self.launch = Launch(FAMILY.function("gda_recurrent_bwd", d, d["SMEM_BYTES"]), BACKWARD,
                              self.grid, cfg.KT * cfg.VT, d["SMEM_BYTES"], T=p.T, H=p.H, NV=NV,
@@ -98,7 +122,7 @@ class BackwardPlan:
         if NG > 1 and n:
             self.sum = Launch(FAMILY.function("gda_recurrent_bwd_sum", d), BACKWARD_SUM,
                               min(-(-n // 256), 8 * sms), 256, 0, n=n)
-        self.ws = workspace(p, cfg, NG)
+        self.ws = workspace(p, cfg)
         self.p = p
 
     def __call__(self, q, k, v, g, do, scale, h0, dht, cu_seqlens):
@@ -118,7 +142,7 @@ class BackwardPlan:
                          address(dht), address(cu_seqlens), ws_h, ws_s, ws_p, dq.data.ptr,
                          dk.data.ptr, dv.data.ptr, dg.data.ptr, address(dh0)), scale)
             if self.sum is not None:
-                self.sum((ws_p, g.data.ptr, dq.data.ptr, dk.data.ptr, dg.data.ptr), self.NG)
+                self.sum((ws_p, g.data.ptr, dq.data.ptr, dk.data.ptr, dg.data.ptr), self.cfg.NG)
         return dq, dk, dv, dg, dh0
 
 

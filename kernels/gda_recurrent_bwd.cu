@@ -9,25 +9,30 @@
 //   Every product as the loop has it: no division by a gate and no difference of cumulative
 //   log gates, so gates of 0, negative, tiny or above 1 stay exact.
 //
-// Grid (1-D): one block per (sequence n, head h, tile iv of BV value columns), block id
-//   (n * H + h) * NV + iv. The block runs its sequence twice:
+// Grid (1-D): one block per (sequence n, head h, group ig of value tiles), block id
+//   (n * H + h) * NG + ig; the block runs the tiles ig, ig + NG, ... of BV value columns one
+//   after another, each over its sequence twice:
 //   1. forward, S only (k, g, v staged), leaving S at every TS-th step in ws_h;
 //   2. backward over those spans, last first: S again through the span, leaving it at every
-//      TC-th step in ws_s (the block's own scratch); then over the span's chunks of TC steps,
-//      last first: S through the chunk once more, each S_{t-1} kept in shared memory and dq_t
-//      summed on the way, then the steps in reverse: dS, dk_t, dv_t, dg_t.
-//   So S is computed three times and extra memory is one state every TS steps (ws_h), plus
-//   TS / TC states a block (ws_s). A thread reads back only what it wrote itself there, so the
-//   layout is the block's own ([slot][h][iv][group][thread] float4s, coalesced) and needs no
-//   barrier.
+//      TC-th step in ws_s (the block's own scratch; nothing to do where TS = TC); then over
+//      the span's chunks of TC steps, last first: S through the chunk once more, each S_{t-1}
+//      kept in shared memory and dq_t summed on the way, then the steps in reverse: dS, dk_t,
+//      dv_t, dg_t.
+//   So S is computed three times (twice with TS = TC) and extra memory is one state every TS
+//   steps (ws_h), plus TS / TC states a block (ws_s). A thread reads back only what it wrote
+//   itself there, so the layout is the block's own ([slot][h][group][thread] float4s,
+//   coalesced) and needs no barrier. One loop runs the chunks in that order (visit()), so
+//   the next chunk's loads are issued into registers before this one is computed.
 // Block: NT = KT * VT threads; thread (kt = tid / VT, vt = tid % VT) holds S and dS at rows
 //   kt + KT * i (i < KG) and the 4 value columns v0 + 4 vt .. v0 + 4 vt + 3 (BV = 4 VT), so
 //   sums over V (dq, dk, dg) are 4 terms in a thread and VT partial sums in shared memory, and
 //   the sum over K (dv) KG terms in a thread and KT partial sums; both added up once a chunk,
 //   coalesced. Rows past K (k = q = 0, g = 1) and columns past V (v = do = 0) keep zeros, but
 //   an inf elsewhere can make them NaN (0 * inf), so they are left out of every sum.
-// Sums over V across value tiles: with NV = 1 the block writes dq, dk, dg itself; otherwise its
-//   float32 partial sums go to ws_p [NV][3][B*T][H][K] and gda_recurrent_bwd_sum adds them up.
+// Sums over V across value tiles: with NV = 1 the block writes dq, dk, dg itself; otherwise a
+//   group's tiles add theirs up in ws_p [NG][3][B*T][H][K] (float32; each thread its own
+//   elements, in place), and the group's last tile writes them (NG = 1) or
+//   gda_recurrent_bwd_sum adds up the groups'.
 // Sequences: rows [bos, eos) of the [B*T, H, *] tensors (cu_seqlens, or n*T); a sequence's
 //   span j has slot bos / TS + n + j of ws_h (slots never overlap between sequences).
 //
@@ -44,6 +49,8 @@
 #define BV (4 * VT)                     // value columns a block
 #define NT (KT * VT)                    // threads a block
 #define SUB (TS / TC)                   // chunks a span
+#define EK ((TC * KP + NT - 1) / NT)    // q, k, g elements a thread stages a chunk
+#define EV ((TC * BV + NT - 1) / NT)    // v, do elements
 static_assert(KT % 32 == 0 && (VT & (VT - 1)) == 0 && NT <= 1024, "KT * VT threads, KT % 32 == 0");
 static_assert(TS % TC == 0, "TS must be a multiple of TC");
 static_assert(KP >= K_DIM && KP - KT < K_DIM, "KG * KT must be K padded by less than KT rows");
@@ -135,39 +142,88 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gda_recurrent_bwd(GDA_BACKWA
     const long long slot0 = bos / TS + i_n;                 // this sequence's first slot
     int v0 = 0, col = 0;                                    // the value tile's, the thread's
 
-    // rows [t0, t0 + TC) of the sequence into shared memory as float32; steps past the end: k =
-    // q = v = do = 0, gate 1 (S and dS stay exactly as they are); q_do: q and scale * do too
-    auto stage = [&](long long t0, bool q_do) {
-        for (int e = tid; e < TC * KP; e += NT) {
-            const int u = e / KP, kk = e % KP;
-            const bool m = t0 + u < len && kk < K_DIM;
-            const long long off = (bos + t0 + u) * sk + (long long)i_h * K_DIM + kk;
-            b_k[e] = m ? io::load(k[off]) : 0.f;
-            b_g[e] = m ? gda_gate(g[off]) : 1.f;
-            if (q_do) b_q[e] = m ? io::load(q[off]) : 0.f;
+    // Inputs go global -> registers (one visit ahead: the loads fly while the last chunk is
+    // computed) -> shared memory as float32. Rows [t0, t0 + TC) of the sequence; steps past the
+    // end: k = q = v = do = 0, gate 1 (S and dS stay exactly as they are); q_do: q and do too.
+    io::t r_q[EK], r_k[EK], r_v[EV], r_do[EV];
+    gt::t r_g[EK];
+    auto fetch = [&](long long t0, bool q_do) {
+        #pragma unroll
+        for (int j = 0; j < EK; ++j) {
+            const int e = tid + j * NT, u = e / KP, kk = e % KP;
+            if (e < TC * KP && t0 + u < len && kk < K_DIM) {
+                const long long off = (bos + t0 + u) * sk + (long long)i_h * K_DIM + kk;
+                r_k[j] = k[off];
+                r_g[j] = g[off];
+                if (q_do) r_q[j] = q[off];
+            }
+        }
+        #pragma unroll
+        for (int j = 0; j < EV; ++j) {
+            const int e = tid + j * NT, u = e / BV, cc = e % BV;
+            if (e < TC * BV && t0 + u < len && v0 + cc < V_DIM) {
+                const long long off = (bos + t0 + u) * sv + (long long)i_h * V_DIM + v0 + cc;
+                r_v[j] = v[off];
+                if (q_do) r_do[j] = d_o[off];
+            }
+        }
+    };
+    auto put = [&](long long t0, bool q_do) {               // the same masks as fetch
+        #pragma unroll
+        for (int j = 0; j < EK; ++j) {
+            const int e = tid + j * NT, u = e / KP, kk = e % KP;
+            if (e < TC * KP) {
+                const bool m = t0 + u < len && kk < K_DIM;
+                b_k[e] = m ? io::load(r_k[j]) : 0.f;
+                b_g[e] = m ? gda_gate(r_g[j]) : 1.f;
+                if (q_do) b_q[e] = m ? io::load(r_q[j]) : 0.f;
+            }
         }
         float* const b_vf = b_sm + SM_V;
         float* const b_dof = b_sm + SM_DO;
-        for (int e = tid; e < TC * BV; e += NT) {
-            const int u = e / BV, cc = e % BV;
-            const bool m = t0 + u < len && v0 + cc < V_DIM;
-            const long long off = (bos + t0 + u) * sv + (long long)i_h * V_DIM + v0 + cc;
-            b_vf[e] = m ? io::load(v[off]) : 0.f;
-            if (q_do) b_dof[e] = m ? scale * io::load(d_o[off]) : 0.f;
-        }
-    };
-    // S through the TC staged steps
-    float4 S[KG];
-    auto advance = [&]() {
-        #pragma unroll 4
-        for (int u = 0; u < TC; ++u) {
-            const float4 vv = b_v[u * VT + vt];
-            #pragma unroll
-            for (int i = 0; i < KG; ++i) {
-                const int r = u * KP + kt + KT * i;
-                S[i] = gda_step4(b_g[r], S[i], b_k[r], vv);
+        #pragma unroll
+        for (int j = 0; j < EV; ++j) {
+            const int e = tid + j * NT, u = e / BV, cc = e % BV;
+            if (e < TC * BV) {
+                const bool m = t0 + u < len && v0 + cc < V_DIM;
+                b_vf[e] = m ? io::load(r_v[j]) : 0.f;
+                if (q_do) b_dof[e] = m ? scale * io::load(r_do[j]) : 0.f;
             }
         }
+    };
+    // The chunks a tile stages, in order: 1. every chunk, first to last (S only, kept every TS
+    // steps); 2. each span of TS steps from the last: its chunks but the last (S only, kept at
+    // each chunk's start), then all of them last first (q and do too: the gradients).
+    const long long nch = (len + TC - 1) / TC;
+    const long long s_last = (len - 1) / TS;                                // (len > 0)
+    const long long nc_last = (len - s_last * TS + TC - 1) / TC;
+    const long long visits = len > 0 ? nch + 2 * nc_last - 1 + s_last * (2 * SUB - 1) : 0;
+    // visit i: its first step, kind (0, 1: S only in pass 1, 2; 2: gradients), span and chunk
+    // c of nc in the span
+    auto visit = [&](long long i, long long& t0, int& kind, long long& span, int& c, int& nc) {
+        if (i < nch) {
+            t0 = i * TC;
+            kind = 0;
+            return;
+        }
+        long long j = i - nch;
+        span = s_last;
+        nc = (int)nc_last;
+        if (j >= 2 * nc_last - 1) {
+            j -= 2 * nc_last - 1;
+            span = s_last - 1 - j / (2 * SUB - 1);
+            j %= 2 * SUB - 1;
+            nc = SUB;
+        }
+        kind = j < nc - 1 ? 1 : 2;
+        c = (int)(kind == 1 ? j : 2 * nc - 2 - j);
+        t0 = span * TS + c * TC;
+    };
+    auto fetch_visit = [&](long long i) {
+        long long t0, span;
+        int kind, c, nc;
+        visit(i, t0, kind, span, c, nc);
+        fetch(t0, kind == 2);
     };
     auto at_h = [&](long long span, int i) {                // S at the span's first step
         return ws_h + (((slot0 + span) * H + i_h) * NG + i_g) * (KG * NT) + i * NT + tid;
@@ -182,118 +238,114 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gda_recurrent_bwd(GDA_BACKWA
         // this tile's sums over V: written (the only tile), into ws_p (the group's first), added
         // to ws_p (a later one), or added to ws_p and written (the last of the only group)
         const int sums = NV == 1 ? 0 : i_v == i_g ? 1 : i_v + NG < NV || NG > 1 ? 2 : 3;
-
-        // 1. forward: S from h0, kept at every TS-th step
+        float4 S[KG], dS[KG];                               // S from h0, dS from d_final_state
         #pragma unroll
         for (int i = 0; i < KG; ++i) {
             const int kk = kt + KT * i;
-            S[i] = h0 && kk < K_DIM ? gda_row_load(h0 + state0 + (long long)kk * V_DIM, col)
-                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+            const long long row = state0 + (long long)kk * V_DIM;
+            S[i] = h0 && kk < K_DIM ? gda_row_load(h0 + row, col) : make_float4(0.f, 0.f, 0.f, 0.f);
+            dS[i] = dht && kk < K_DIM ? gda_row_load(dht + row, col) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
-        for (long long t0 = 0; t0 < len; t0 += TC) {
-            if (t0 % TS == 0)
+        if (visits) fetch_visit(0);
+        for (long long i = 0; i < visits; ++i) {
+            long long t0, span;
+            int kind, c, nc;
+            visit(i, t0, kind, span, c, nc);
+            // S at the chunk's start: kept (pass 1), or from where it was kept
+            if (kind == 0 && t0 % TS == 0) {
                 #pragma unroll
                 for (int i = 0; i < KG; ++i) *at_h(t0 / TS, i) = S[i];
-            __syncthreads();                                // the last chunk's reads are done
-            stage(t0, false);
-            __syncthreads();
-            advance();
-        }
-
-        // 2. backward, span by span, chunk by chunk, last first
-        float4 dS[KG];
-        #pragma unroll
-        for (int i = 0; i < KG; ++i) {
-            const int kk = kt + KT * i;
-            dS[i] = dht && kk < K_DIM ? gda_row_load(dht + state0 + (long long)kk * V_DIM, col)
-                                      : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-        for (long long s0 = (len - 1) / TS * TS; s0 >= 0 && len > 0; s0 -= TS) {
-            const int nc = (int)((min(len - s0, (long long)TS) + TC - 1) / TC);   // its chunks
-            #pragma unroll
-            for (int i = 0; i < KG; ++i) S[i] = *at_h(s0 / TS, i);
-            for (int c = 0; c < nc; ++c) {                  // S at each chunk's first step
+            } else if (kind == 1) {
                 #pragma unroll
-                for (int i = 0; i < KG; ++i) *at_s(c, i) = S[i];
-                if (c == nc - 1) break;
-                __syncthreads();
-                stage(s0 + c * TC, false);
-                __syncthreads();
-                advance();
+                for (int i = 0; i < KG; ++i) {
+                    if (c == 0) S[i] = *at_h(span, i);
+                    *at_s(c, i) = S[i];
+                }
+            } else if (kind == 2 && (c < nc - 1 || nc == 1)) {   // (else: as the last advance left it)
+                #pragma unroll
+                for (int i = 0; i < KG; ++i) S[i] = c < nc - 1 ? *at_s(c, i) : *at_h(span, i);
             }
-            for (int c = nc - 1; c >= 0; --c) {
-                const long long t0 = s0 + c * TC;
-                #pragma unroll
-                for (int i = 0; i < KG; ++i) S[i] = *at_s(c, i);
-                __syncthreads();                            // the last chunk's sums are read
-                stage(t0, true);
-                __syncthreads();
-                // 2a. S through the chunk: S_{t-1} kept, dq_t = S_t (scale do_t), over V
-                #pragma unroll 2
+            __syncthreads();                                // the last chunk's reads are done
+            put(t0, kind == 2);
+            __syncthreads();
+            if (i + 1 < visits) fetch_visit(i + 1);         // in flight while this one computes
+            if (kind < 2) {                                 // S through the chunk
+                #pragma unroll 4
                 for (int u = 0; u < TC; ++u) {
-                    const float4 vv = b_v[u * VT + vt], dd = b_do[u * VT + vt];
+                    const float4 vv = b_v[u * VT + vt];
                     #pragma unroll
                     for (int i = 0; i < KG; ++i) {
-                        const int kk = kt + KT * i, r = u * KP + kk;
-                        b_hist[(u * KG + i) * NT + tid] = S[i];
+                        const int r = u * KP + kt + KT * i;
                         S[i] = gda_step4(b_g[r], S[i], b_k[r], vv);
-                        b_pk[((u * 3 + 0) * KP + kk) * VT + vt] = gda_dot4(gda_cols(S[i], col), dd);
                     }
                 }
-                // 2b. the steps in reverse: dS_t, then its products, then diag(g_t) dS_t
-                #pragma unroll 2
-                for (int u = TC - 1; u >= 0; --u) {
-                    const float4 vv = b_v[u * VT + vt], dd = b_do[u * VT + vt];
-                    float4 pv = make_float4(0.f, 0.f, 0.f, 0.f);
-                    #pragma unroll
-                    for (int i = 0; i < KG; ++i) {
-                        const int kk = kt + KT * i, r = u * KP + kk;
-                        dS[i] = gda_fma4(b_q[r], dd, dS[i]);
-                        const float4 d = gda_cols(dS[i], col);
-                        b_pk[((u * 3 + 1) * KP + kk) * VT + vt] = gda_dot4(d, vv);
-                        b_pk[((u * 3 + 2) * KP + kk) * VT + vt] =
-                            gda_dot4(d, gda_cols(b_hist[(u * KG + i) * NT + tid], col));
-                        if (KP == K_DIM || kk < K_DIM) pv = gda_fma4(b_k[r], dS[i], pv);
-                        const float gg = b_g[r];
-                        dS[i] = make_float4(gg * dS[i].x, gg * dS[i].y, gg * dS[i].z, gg * dS[i].w);
-                    }
-                    b_pv[(u * KT + kt) * VT + vt] = pv;
+                continue;
+            }
+            // 2a. S through the chunk: S_{t-1} kept, dq_t = S_t (scale do_t), over V
+            #pragma unroll 2
+            for (int u = 0; u < TC; ++u) {
+                const float4 vv = b_v[u * VT + vt], dd = b_do[u * VT + vt];
+                #pragma unroll
+                for (int i = 0; i < KG; ++i) {
+                    const int kk = kt + KT * i, r = u * KP + kk;
+                    b_hist[(u * KG + i) * NT + tid] = S[i];
+                    S[i] = gda_step4(b_g[r], S[i], b_k[r], vv);
+                    b_pk[((u * 3 + 0) * KP + kk) * VT + vt] = gda_dot4(gda_cols(S[i], col), dd);
                 }
-                __syncthreads();
-                // 2c. the chunk's sums: dv over K (KT partial sums), dq, dk, dg over V (VT)
-                const float* const pvf = reinterpret_cast<const float*>(b_pv);
-                for (int e = tid; e < TC * BV; e += NT) {
-                    const int u = e / BV, cc = e % BV;
-                    if (t0 + u < len && v0 + cc < V_DIM) {
-                        float s = 0.f;
-                        #pragma unroll 8
-                        for (int j = 0; j < KT; ++j) s += pvf[(u * KT + j) * BV + cc];
-                        dv[(bos + t0 + u) * sv + (long long)i_h * V_DIM + v0 + cc] = io::store(s);
-                    }
+            }
+            // 2b. the steps in reverse: dS_t, then its products, then diag(g_t) dS_t
+            #pragma unroll 2
+            for (int u = TC - 1; u >= 0; --u) {
+                const float4 vv = b_v[u * VT + vt], dd = b_do[u * VT + vt];
+                float4 pv = make_float4(0.f, 0.f, 0.f, 0.f);
+                #pragma unroll
+                for (int i = 0; i < KG; ++i) {
+                    const int kk = kt + KT * i, r = u * KP + kk;
+                    dS[i] = gda_fma4(b_q[r], dd, dS[i]);
+                    const float4 d = gda_cols(dS[i], col);
+                    b_pk[((u * 3 + 1) * KP + kk) * VT + vt] = gda_dot4(d, vv);
+                    b_pk[((u * 3 + 2) * KP + kk) * VT + vt] =
+                        gda_dot4(d, gda_cols(b_hist[(u * KG + i) * NT + tid], col));
+                    if (KP == K_DIM || kk < K_DIM) pv = gda_fma4(b_k[r], dS[i], pv);
+                    const float gg = b_g[r];
+                    dS[i] = make_float4(gg * dS[i].x, gg * dS[i].y, gg * dS[i].z, gg * dS[i].w);
                 }
-                // (a thread adds the same elements in every tile: its own writes, no barrier)
-                for (int e = tid; e < TC * 3 * KP; e += NT) {
-                    const int u = e / (3 * KP), m = e / KP % 3, kk = e % KP;
-                    if (t0 + u >= len || kk >= K_DIM) continue;
+                b_pv[(u * KT + kt) * VT + vt] = pv;
+            }
+            __syncthreads();
+            // 2c. the chunk's sums: dv over K (KT partial sums), dq, dk, dg over V (VT)
+            const float* const pvf = reinterpret_cast<const float*>(b_pv);
+            for (int e = tid; e < TC * BV; e += NT) {
+                const int u = e / BV, cc = e % BV;
+                if (t0 + u < len && v0 + cc < V_DIM) {
                     float s = 0.f;
-                    #pragma unroll
-                    for (int j = 0; j < VT; ++j) s += b_pk[e * VT + j];
-                    const long long at = (bos + t0 + u) * sk + (long long)i_h * K_DIM + kk;
-                    float* const part = ws_p + (i_g * 3LL + m) * rows * sk + at;
-                    if (sums == 1) { *part = s; continue; }
-                    if (sums >= 2) s += *part;
-                    if (sums == 2) { *part = s; continue; }
-                    if (m == 0) {
-                        dq[at] = io::store(s);
-                    } else if (m == 1) {
-                        dk[at] = io::store(s);
-                    } else {
+                    #pragma unroll 8
+                    for (int j = 0; j < KT; ++j) s += pvf[(u * KT + j) * BV + cc];
+                    dv[(bos + t0 + u) * sv + (long long)i_h * V_DIM + v0 + cc] = io::store(s);
+                }
+            }
+            // (a thread adds the same elements in every tile: its own writes, no barrier)
+            for (int e = tid; e < TC * 3 * KP; e += NT) {
+                const int u = e / (3 * KP), m = e / KP % 3, kk = e % KP;
+                if (t0 + u >= len || kk >= K_DIM) continue;
+                float s = 0.f;
+                #pragma unroll
+                for (int j = 0; j < VT; ++j) s += b_pk[e * VT + j];
+                const long long at = (bos + t0 + u) * sk + (long long)i_h * K_DIM + kk;
+                float* const part = ws_p + (i_g * 3LL + m) * rows * sk + at;
+                if (sums == 1) { *part = s; continue; }
+                if (sums >= 2) s += *part;
+                if (sums == 2) { *part = s; continue; }
+                if (m == 0) {
+                    dq[at] = io::store(s);
+                } else if (m == 1) {
+                    dk[at] = io::store(s);
+                } else {
 #if LOG_GATE
-                        const float a = b_g[u * KP + kk];
-                        s = a == 0.f ? 0.f : a * s;     // (0 * inf: the loop never used it)
+                    const float a = b_g[u * KP + kk];
+                    s = a == 0.f ? 0.f : a * s;         // (0 * inf: the loop never used it)
 #endif
-                        dg[at] = gt::store(s);
-                    }
+                    dg[at] = gt::store(s);
                 }
             }
         }

@@ -8,9 +8,14 @@
   folder at the repository root, which a fresh clone does not have). They run in a child
   process, so that a Triton autotune running past ``--fla-timeout`` can be stopped without
   stopping the benchmark.
+- ``fla-chunk_gla-fwd+bwd`` and ``fla-fused_recurrent_gla-fwd+bwd`` (as ours-auto-fwd+bwd:
+  only by name or ``--impl fwd+bwd``): the op with q, k, v, log(gate) requiring grad, then
+  ``torch.autograd.grad(o, ..., do)`` (the gradients returned, never accumulated in ``.grad``),
+  timed together; dgate = dlog_gate / gate; extra memory from torch's allocator peak.
 
     python -m scripts.baselines [--fla-timeout 120] [cupy-gda bench options]
     PYTHONPATH=.baselines python -m scripts.baselines --impl ours,fla --shapes big128
+    PYTHONPATH=.baselines python -m scripts.baselines --impl fwd+bwd --shapes big128
 
 Run from the repository root. Importing this module registers both families with
 cupy_gda.bench and touches no GPU.
@@ -34,7 +39,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TEXTBOOK_CU = HERE / "textbook_gda.cu"
 TEXTBOOK_TOL = 1e-4             # max |textbook - ours| / max |ours|
-FLA_IMPLS = ("fla-chunk_gla", "fla-fused_recurrent_gla")
+FLA_FORWARD = ("fla-chunk_gla", "fla-fused_recurrent_gla")
+FLA_IMPLS = FLA_FORWARD + tuple(f"{n}-{bench.FWD_BWD}" for n in FLA_FORWARD)    # every fla row
 FLA_TIMEOUT = 120.0             # seconds an fla warm-up (Triton autotune) may take (--fla-timeout)
 WORKER_PREFIX = "@@cupy_gda.bench "
 WORKER_TIMEOUT_RC = 3
@@ -205,8 +211,9 @@ def fla_rows(units, job, timeout=FLA_TIMEOUT):
             msg = results[(shape.name, impl)]
             kw = {k: msg.get(k) for k in ("ms", "min_ms", "p10_ms", "p90_ms", "reps",
                                           "rel_err_vs_ours", "extra_bytes")}
+            floor = job["floors"].get(shape.name)
             r = new_row(shape, impl, status=msg.get("status", "failed"), note=msg.get("note", ""),
-                        floor_ms=job["floors"].get(shape.name), **kw)
+                        floor_ms=floor and bench.floor_for(shape, impl, floor), **kw)
             path = msg.get("slices")
             if r["status"] == "ok" and path and Path(path).is_file():
                 with np.load(path) as z:
@@ -286,6 +293,7 @@ def fla_worker(job_path):
         return
     cp = bench._cupy()
     fns = {"fla-chunk_gla": chunk_gla, "fla-fused_recurrent_gla": fused_recurrent_gla}
+    backward = {n for n, impl, _ in job["items"] if bench.is_fwd_bwd(impl)}     # shapes with do
     clock = TorchClock(torch)
     current, inp = None, None
     with torch.no_grad():
@@ -296,18 +304,19 @@ def fla_worker(job_path):
                     current, inp = None, None
                     cp.get_default_memory_pool().free_all_blocks()
                     torch.cuda.empty_cache()
-                    inp = _fla_inputs(shape, job, torch)
+                    inp = _fla_inputs(shape, job, torch, name in backward)
                     current = name
-                res = _fla_unit(shape, impl, fns[impl], inp, job, clock, torch)
+                res = _fla_unit(shape, impl, fns[bench.forward_of(impl)], inp, job, clock, torch)
             except Exception as e:  # noqa: BLE001 - a failing unit is reported, the rest run
                 res = dict(status="failed", note=bench._err(e))
             _emit(dict(shape=name, impl=impl, **res))
 
 
-def _fla_inputs(shape, job, torch):
-    """The bench's input sets (same seed, same sets), with torch views and fla's log-gates."""
+def _fla_inputs(shape, job, torch, backward=False):
+    """The bench's input sets (same seed, same sets; ``backward``: with do), with torch views
+    and fla's log-gates."""
     sets = bench.make_sets(shape, bench.n_sets(bench.input_set_bytes(shape), job["l2_bytes"]),
-                           job["seed"])
+                           job["seed"], backward)
     tsets = []
     for s in sets:
         t = {n: _to_torch(torch, x) for n, x in s.items()}
@@ -320,9 +329,8 @@ def _fla_inputs(shape, job, torch):
     return dict(sets=sets, tsets=tsets)
 
 
-def _fla_unit(shape, impl, fn, inp, job, clock, torch):
-    cp = bench._cupy()
-    Ts, Hs = bench._slice_dims(shape)
+def _fla_forward(shape, impl, fn):
+    """fla's forward call on a torch input set: (o, final state or None)."""
     if shape.step:
         def one(t):
             return fn(t["q1"], t["k1"], t["v1"], gk=t["lg1"], scale=1.0, initial_state=t["state"],
@@ -335,6 +343,63 @@ def _fla_unit(shape, impl, fn, inp, job, clock, torch):
         def one(t):
             return fn(t["q"], t["k"], t["v"], gk=t["lg"], scale=1.0, initial_state=None,
                       output_final_state=False)
+    return one
+
+
+def _fla_fwd_bwd(fwd, torch):
+    """fwd then its gradients with the set's do: (o, dq, dk, dv, dlog_gate). The inputs become
+    leaves that require grad for the call (views: no copy); the gradients are returned, never
+    accumulated."""
+    def one(t):
+        with torch.enable_grad():
+            leaves = [t[n].detach().requires_grad_() for n in ("q", "k", "v", "lg")]
+            o, _ = fwd(dict(t, q=leaves[0], k=leaves[1], v=leaves[2], lg=leaves[3]))
+            return (o, *torch.autograd.grad(o, leaves, t["do"]))
+    return one
+
+
+def _fla_check_forward(shape, one, t0, s0, torch):
+    """(vs ours over the whole output, the reference slices) of fla's forward on set 0."""
+    cp = bench._cupy()
+    Ts, Hs = bench._slice_dims(shape)
+    o, ht = one(t0)
+    if shape.step:
+        st = s0["state"].copy()
+        ours_o = bench.call_ours(shape, s0, state=st)
+        cp.cuda.Device().synchronize()
+        fo = o[:, 0]
+        vs = max(_rel_rms_torch(fo, _to_torch(torch, ours_o)),
+                 _rel_rms_torch(ht, _to_torch(torch, st)))
+        return vs, dict(o=fo[0:1, :Hs].float().cpu().numpy(),
+                        state=ht[0:1, :Hs].float().cpu().numpy())
+    ours_o = bench.call_ours(shape, s0)
+    cp.cuda.Device().synchronize()
+    return (_rel_rms_torch(o, _to_torch(torch, ours_o)),
+            dict(o=o[0:1, :Ts, :Hs].float().cpu().numpy()))
+
+
+def _fla_check_fwd_bwd(shape, one, t0, s0, torch):
+    """As _fla_check_forward for the gradients (the worst one; dgate = dlog_gate / gate): vs
+    ours over the whole call, the reference slices of bench.backward_cut's call."""
+    cp = bench._cupy()
+    Ts, Hs = bench._slice_dims(shape)
+
+    def grads(t):
+        _, dq, dk, dv, dlg = one(t)
+        return dq, dk, dv, dlg / t["gate"]
+
+    ours = bench.call_ours_fwd_bwd(shape, s0)[1]
+    cp.cuda.Device().synchronize()
+    vs = max(_rel_rms_torch(a, _to_torch(torch, b)) for a, b in zip(grads(t0), ours))
+    cut = grads(bench.backward_cut(shape, t0))
+    return vs, {n: x[0:1, :Ts, :Hs].float().cpu().numpy() for n, x in zip(bench.GRADS, cut)}
+
+
+def _fla_unit(shape, impl, fn, inp, job, clock, torch):
+    one = _fla_forward(shape, bench.forward_of(impl), fn)
+    check = _fla_check_forward
+    if bench.is_fwd_bwd(impl):
+        one, check = _fla_fwd_bwd(one, torch), _fla_check_fwd_bwd
     t0, s0 = inp["tsets"][0], inp["sets"][0]
 
     # warm-up: the first call at a new shape autotunes; bounded by the watchdog
@@ -348,21 +413,7 @@ def _fla_unit(shape, impl, fn, inp, job, clock, torch):
     warm_s = time.perf_counter() - start
 
     # accuracy: vs ours over the whole output, and the reference slice (compared by the parent)
-    o, ht = one(t0)
-    if shape.step:
-        st = s0["state"].copy()
-        ours_o = bench.call_ours(shape, s0, state=st)
-        cp.cuda.Device().synchronize()
-        fo = o[:, 0]
-        vs = max(_rel_rms_torch(fo, _to_torch(torch, ours_o)),
-                 _rel_rms_torch(ht, _to_torch(torch, st)))
-        slices = dict(o=fo[0:1, :Hs].float().cpu().numpy(),
-                      state=ht[0:1, :Hs].float().cpu().numpy())
-    else:
-        ours_o = bench.call_ours(shape, s0)
-        cp.cuda.Device().synchronize()
-        vs = _rel_rms_torch(o, _to_torch(torch, ours_o))
-        slices = dict(o=o[0:1, :Ts, :Hs].float().cpu().numpy())
+    vs, slices = check(shape, one, t0, s0, torch)
     path = Path(job["outdir"]) / f"{shape.name}__{impl}.npz"
     np.savez(path, **slices)
 

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Device calls that check and measure everything, in phases that each fit the device tool's
 # 10-minute limit; everything lands in $OUT.
+#   suite:   install, the whole test suite in pytest-xdist's workers (SUITE_WORKERS, 6) within
+#            one call, the whole_gpu test alone before them, then cupy-gda verify. The property
+#            tests (tests/test_properties.py: their GPU draws compile some 70 kernels) need
+#            hypothesis and the workers pytest-xdist, which the device may lack: carry
+#            [".vendor"] from scripts/vendor_tests.sh. Without pytest-xdist the suite runs in one
+#            process, cut at the call's cap: then suite-a and suite-b, in two calls, run it all
 #   suite-a, suite-b: install, the test suite in two halves that each fit one call (a: the
 #            files in SUITE_A; b: every other file, so a new one is never left out), then (b)
-#            cupy-gda verify. The property tests (tests/test_properties.py, in a: their GPU
-#            draws compile some 70 kernels) need hypothesis, which the device may lack: carry
-#            [".vendor"] from scripts/vendor_hypothesis.sh
+#            cupy-gda verify
 #   bench:   install, the benchmark of ours and the textbook kernel (table shapes), then the T
 #            sweep with a plot
 #   fla:     install, fla's rows of the same shapes (needs its package folder in .baselines/;
@@ -20,22 +24,52 @@
 #   compare: `cupy-gda bench --shapes SHAPES --impl ours` of an older tree (its files in .old/,
 #            e.g. `git archive <commit> | tar -x -C .old`) and of this one, in one run, ROUNDS
 #            times each, interleaved (old, new, old, new, ...), and the ratios of the best times
-# Usage (device tool; carry [".vendor"] for suite-a, [".baselines"] for fla, [".old"] for compare):
-#   bash scripts/device_run.sh <commit> suite-a|suite-b|sanitize|bench|fla
+# Usage (device tool; carry [".vendor"] for suite and suite-a, [".baselines"] for fla, [".old"]
+# for compare):
+#   bash scripts/device_run.sh <commit> suite|suite-a|suite-b|sanitize|bench|fla
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
 commit="${1:-unknown}"
 phase="${2:-suite}"
 out="${OUT:-/tmp/out}"
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 CUPY_GDA_COMMIT="$commit"
+# (JAX allocating as it goes, not 75 % of the GPU at first use: CuPy shares it)
+export PYTHONUNBUFFERED=1 CUPY_GDA_COMMIT="$commit" XLA_PYTHON_CLIENT_PREALLOCATE=false
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARNING | tail -3
-# hypothesis from .vendor where it imports from there (built for this Python), else the
-# device's own, if any; the line says which, as without one the property tests skip
+# hypothesis (and pytest-xdist) from .vendor where hypothesis imports from there (built for this
+# Python), else the device's own, if any; the line says which, as without one the property
+# tests skip
 if [ -d .vendor ] && PYTHONPATH="$PWD/.vendor" python3 -c "import hypothesis" 2>/dev/null; then
     export PYTHONPATH="$PWD/.vendor${PYTHONPATH:+:$PYTHONPATH}"
 fi
 echo "hypothesis: $(python3 -c 'import hypothesis as h; print(h.__version__, "at", h.__file__)' 2>&1 | tail -1)"
+if [ "$phase" = "suite" ]; then
+    end=580                  # s since the call began: the call's 600 s less slack
+    pytest=(python3 -m pytest -q -p no:cacheprovider tests)
+    if python3 -c "import xdist" 2>/dev/null; then
+        workers="${SUITE_WORKERS:-6}"
+        echo "pytest-xdist $(python3 -c 'import xdist; print(xdist.__version__)'): $workers workers"
+        # first, alone: no other process's memory pool beside its tensors
+        timeout -k 10 90 "${pytest[@]}" -m whole_gpu > "$out/pytest-alone.txt" 2>&1
+        echo "whole_gpu: $(tail -1 "$out/pytest-alone.txt")"
+        # --dist worksteal: the tests dealt out evenly in runs, and a worker down to its last
+        # test takes half of the longest queue left, so the long ones of one file (the property
+        # tests' GPU draws, test_compile.py's NVRTC compiles) spread over the workers, where
+        # loadfile would leave the longest file to one; loadgroup's marks are lost on pytest
+        # 9.2's node ids (pytest-xdist issue 1386)
+        timeout -k 10 $((end - 60 - SECONDS)) "${pytest[@]}" --durations=15 -n "$workers" \
+            --dist worksteal -m "not whole_gpu" > "$out/pytest.txt" 2>&1
+    else
+        echo "pytest-xdist: none (carry [\".vendor\"] of scripts/vendor_tests.sh); the suite in" \
+            "one process, cut at the call's cap (suite-a and suite-b run it all in two calls)"
+        timeout -k 10 $((end - 60 - SECONDS)) "${pytest[@]}" --durations=15 > "$out/pytest.txt" 2>&1
+    fi
+    tail -3 "$out/pytest.txt"
+    left=$((end - SECONDS))
+    timeout $((left < 90 ? left : 90)) cupy-gda verify > "$out/verify.txt" 2>&1
+    tail -1 "$out/verify.txt"
+    exit 0
+fi
 SUITE_A="dispatch interop packaging reference scripts segments validation chunk edges properties"
 if [ "$phase" = "suite-a" ]; then
     timeout 540 python3 -m pytest -q $(for f in $SUITE_A; do echo "tests/test_$f.py"; done) \

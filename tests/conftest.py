@@ -1,7 +1,16 @@
 """Shared test setup: the `gpu` marker skips with a reason where CuPy has no GPU, every
-internally allocated GPU output starts NaN-filled (poisoned) so unwritten elements show, and
-test_compile.py's NVRTC compiles start in the background as soon as the tests are collected."""
+internally allocated GPU output starts NaN-filled (poisoned) so unwritten elements show,
+test_compile.py's NVRTC compiles start in the background as soon as the tests are collected
+(not under pytest-xdist: there its workers share them out), and CuPy's memory pools are
+emptied after each module (pytest-xdist's workers share the GPU)."""
+import os
+import sys
+
 import pytest
+
+# JAX (test_jax.py, test_interop.py) would take 75 % of the GPU at first use, in every
+# pytest-xdist worker, leaving CuPy's tests short: it allocates as it goes instead
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from cupy_gda._interop import gpu_available
 
@@ -12,9 +21,15 @@ def _starts_compiles(item):
     return hasattr(getattr(item, "module", None), "start_compiles")
 
 
+def _xdist_worker(config):
+    return hasattr(config, "workerinput")
+
+
 def pytest_collection_modifyitems(config, items):
-    # the modules whose compiles start_compiles runs in the background go last (stable order)
-    items.sort(key=_starts_compiles)
+    # the modules whose compiles start_compiles runs in the background go last (stable order);
+    # under pytest-xdist, which runs no such pool, first: the longest tests, dealt out before
+    # the short ones so that no worker is left with a run of them at the end
+    items.sort(key=lambda item: _starts_compiles(item) != _xdist_worker(config))
     if HAS_GPU:
         return
     skip = pytest.mark.skip(reason=f"no GPU: {GPU_WHY}")
@@ -25,11 +40,24 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_collection_finish(session):
     """Start test_compile.py's NVRTC compiles (a process a core) as soon as the tests are
-    collected, so they overlap the single-threaded tests, which run before its tests."""
-    if session.config.option.collectonly:
+    collected, so they overlap the single-threaded tests, which run before its tests. Not in a
+    pytest-xdist worker, which collects every test but runs those it is given: a pool in each
+    would compile every kernel once a worker; the workers' tests compile their own instead."""
+    if session.config.option.collectonly or _xdist_worker(session.config):
         return
     for module in dict.fromkeys(item.module for item in session.items if _starts_compiles(item)):
         module.start_compiles(session)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_gpu_pools():
+    """Give back the GPU memory CuPy's pools keep cached after each module: under pytest-xdist
+    what one worker keeps, another worker's large test cannot have."""
+    yield
+    cupy = sys.modules.get("cupy")       # not imported: nothing cached
+    if HAS_GPU and cupy is not None:
+        cupy.get_default_memory_pool().free_all_blocks()
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
 
 
 @pytest.fixture(autouse=True)

@@ -137,6 +137,7 @@ def test_many_sequences_and_heads(backend):
 
 
 @pytest.mark.gpu
+@pytest.mark.whole_gpu      # 4.3 GB tensors, 8.6 GB draws: not beside other workers' pools
 def test_tensors_over_2_31_elements():
     """64-bit offsets: q, k, v, gate and o of 2^31 + 2^20 float16 elements each; the last
     sequences (whose offsets pass 2^31) are checked against the reference."""

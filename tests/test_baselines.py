@@ -36,12 +36,23 @@ def test_units_of_every_family():
     seed, dec, bf = bench.SHAPES["seed"], bench.SHAPES["decode"], bench.SHAPES["big128-bf16"]
     units = [i for _, i in bench.plan([seed], ("ours", "textbook", "fla"))]
     assert units == ["ours-auto", *(f"ours-{m}" for m in bench.gpu_methods()),
-                     "ours-auto (host)", "textbook", *baselines.FLA_IMPLS]
+                     "ours-auto (host)", "textbook", *baselines.FLA_FORWARD]
     assert [i for _, i in bench.plan([dec], ("ours", "textbook", "fla"))] == [
         "ours-step", "ours-step (host)", "fla-fused_recurrent_gla"]
     assert [i for _, i in bench.plan([dec], ("ours",), ())] == ["ours-step", "ours-step (host)"]
     # bf16: the textbook row is kept (it reports itself skipped: float32 only)
     assert "textbook" in [i for _, i in bench.plan([bf], ("textbook",))]
+
+
+def test_units_of_the_fwd_bwd_rows():
+    seed, dec = bench.SHAPES["seed"], bench.SHAPES["decode"]
+    assert [i for _, i in bench.plan([seed, dec], ("fwd+bwd",))] == [
+        "ours-auto-fwd+bwd", "fla-chunk_gla-fwd+bwd", "fla-fused_recurrent_gla-fwd+bwd"]
+    assert not [i for _, i in bench.plan([seed], ("ours", "textbook", "fla")) if "fwd+bwd" in i]
+    assert [i for _, i in bench.plan([seed], ("fla", "fla-chunk_gla-fwd+bwd"))] == [
+        *baselines.FLA_FORWARD, "fla-chunk_gla-fwd+bwd"]
+    assert bench.parse_impls("fla-fused_recurrent_gla-fwd+bwd, fwd+bwd") == (
+        "fla-fused_recurrent_gla-fwd+bwd", "fwd+bwd")
 
 
 def test_parse_impls_knows_the_baselines():
@@ -56,6 +67,14 @@ def test_rows_sort_by_shape_then_implementation():
     got = [(r["shape"], r["impl"]) for r in bench.sort_rows(rows, ["seed", "gla64"])]
     assert got == [("seed", "ours-auto"), ("seed", "ours-auto (host)"), ("seed", "textbook"),
                    ("seed", "fla-chunk_gla"), ("seed", "floor"), ("gla64", "ours-auto")]
+
+
+def test_fwd_bwd_rows_sort_after_every_forward_row():
+    rows = [_row("fla-chunk_gla-fwd+bwd", 2.0), _row("ours-auto-fwd+bwd", 3.0), _row("floor", 0.01),
+            _row("fla-chunk_gla", 1.0), _row("textbook", 1.0), _row("ours-auto", 1.0)]
+    got = [r["impl"] for r in bench.sort_rows(rows, ["seed"])]
+    assert got == ["ours-auto", "textbook", "fla-chunk_gla", "floor", "ours-auto-fwd+bwd",
+                   "fla-chunk_gla-fwd+bwd"]
 
 
 def test_worker_lines_skip_library_noise():
@@ -203,6 +222,77 @@ def test_whole_run_on_a_stand_in_cupy(monkeypatch, tmp_path):
                                                      "tsweep-2k"]
     assert data["shapes"][0]["n_sets"] == bench.n_sets(bench.input_set_bytes(
         bench.SHAPES["seed"]), 1 << 20)
+
+
+def test_fwd_bwd_run_on_a_stand_in_cupy(monkeypatch, tmp_path):
+    """--impl fwd+bwd: ours' forward+backward row (the CPU API on the stand-in's NumPy arrays),
+    its gradients checked, its floor over both calls' bytes; fla's rows only where fla imports."""
+    monkeypatch.setattr(bench, "_cupy", _fake_cupy)
+    monkeypatch.setattr(bench._compile, "get_function", lambda name, *a, **kw: _FakeKernel(name))
+    monkeypatch.setattr(bench, "measure_copy", lambda clock, seed=0: dict(
+        bytes=1 << 30, gbps=4170.0, ms=0.515, min_ms=0.51, p10_ms=0.51, p90_ms=0.52, reps=20))
+    monkeypatch.setattr(cli._interop, "gpu_available", lambda: (True, "stand-in"))
+    monkeypatch.setitem(bench.BASELINES, "fla", baselines.FLA._replace(
+        available=lambda: (False, "no fla here")))
+    for name, shp in (("seed", bench.Shape("seed", 2, 40, 4, 24, 24, host=True)),
+                      ("big128-bf16", bench.Shape("big128-bf16", 1, 30, 2, 16, 16,
+                                                  dtype="bfloat16"))):
+        monkeypatch.setitem(bench.SHAPES, name, shp)
+    path = tmp_path / "rows.json"
+    r = invoke("--shapes", "seed,big128-bf16,decode", "--reps", "5", "--impl", "fwd+bwd",
+               "--json", str(path))
+    assert r.exit_code == 0, r.output
+    assert "# fla: no fla here; no fla rows" in r.output and "# fwd+bwd rows: " in r.output
+    data = json.loads(path.read_text())
+    assert [s["shape"] for s in data["shapes"]] == ["seed", "big128-bf16"]   # no decode backward
+    rows = {(x["shape"], x["impl"]): x for x in data["rows"]}
+    assert sorted(rows) == sorted((s, i) for s in ("seed", "big128-bf16")
+                                  for i in ("floor", "ours-auto-fwd+bwd"))
+    for shape in ("seed", "big128-bf16"):
+        x, floor = rows[(shape, "ours-auto-fwd+bwd")], rows[(shape, "floor")]
+        assert x["status"] == "ok" and x["api"] == "fwd+bwd" and x["reps"] == 5, x
+        assert x["contract_ok"] is True and x["extra_bytes"] == 0, x
+        assert x["rel_err"] < (1e-2 if shape == "big128-bf16" else 1e-5), x
+        s = bench.SHAPES[shape]
+        assert x["bytes"] == bench.must_move_bytes(s, backward=True)
+        assert x["floor_ms"] == pytest.approx(floor["floor_ms"] * x["bytes"] / floor["bytes"])
+
+
+def _torch_gla(q, k, v, g=None, gk=None, scale=1.0, initial_state=None,
+               output_final_state=False):
+    """A stand-in for fla's GLA ops (log gates g or gk): the loop over t, in torch."""
+    import torch
+    lg = g if g is not None else gk
+    S = torch.zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[3])
+    out = []
+    for t in range(q.shape[1]):
+        S = lg[:, t].exp()[..., None] * S + k[:, t, :, :, None] * v[:, t, :, None, :]
+        out.append(scale * (q[:, t, :, :, None] * S).sum(-2))
+    return torch.stack(out, 1), None
+
+
+@pytest.mark.parametrize("impl", ["fla-chunk_gla-fwd+bwd", "fla-fused_recurrent_gla-fwd+bwd"])
+def test_fla_fwd_bwd_through_autograd(monkeypatch, impl):
+    """The worker's forward+backward (on CPU torch, a stand-in op for fla's): the gradients from
+    torch.autograd.grad, dgate = dlog_gate / gate, the same as ours and the reference's."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(bench, "_cupy", _fake_cupy)
+    shape = bench.Shape("x", 2, 20, 3, 8, 6)
+    (s,) = bench.make_sets(shape, 1, backward=True)
+    t = {n: torch.from_numpy(x) for n, x in s.items()}
+    t["lg"] = torch.log(t["gate"])
+    fwd = baselines._fla_forward(shape, bench.forward_of(impl), _torch_gla)
+    one = baselines._fla_fwd_bwd(fwd, torch)
+    with torch.no_grad():                       # as in the worker
+        out = one(t)
+        vs, slices = baselines._fla_check_fwd_bwd(shape, one, t, s, torch)
+    assert [tuple(x.shape) for x in out] == [(2, 20, 3, 6), (2, 20, 3, 8), (2, 20, 3, 8),
+                                             (2, 20, 3, 6), (2, 20, 3, 8)]
+    assert all(x.grad is None for x in t.values())      # the inputs gain no .grad
+    assert vs < 1e-5
+    assert sorted(slices) == sorted(bench.GRADS)
+    acc = bench.accuracy(bench.reference_slices(shape, s), slices)
+    assert acc["rel_err"] < 1e-5, acc
 
 
 def test_textbook_kernel_source_is_found():

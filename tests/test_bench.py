@@ -48,6 +48,31 @@ def test_must_move_bytes(name, want):
     assert bench.must_move_bytes(bench.SHAPES[name]) == want
 
 
+@pytest.mark.parametrize("name, fwd, bwd", [
+    # the backward reads q, k, g and v, do, writes dq, dk, dg (float32) and dv
+    pytest.param("seed", 24 * 12 + 24 * 8, 2 * 24 * 12 + 3 * 24 * 4, id="seed-fp32"),
+    pytest.param("big128-bf16", 128 * 8 + 128 * 4, 2 * 128 * 8 + 3 * 128 * 2, id="bf16"),
+])
+def test_must_move_bytes_of_fwd_bwd(name, fwd, bwd):
+    s = bench.SHAPES[name]
+    tokens = s.B * s.T * s.H
+    assert bench.must_move_bytes(s, backward=True) == tokens * (fwd + bwd)
+    # the floor at the copy rate of the shape's (forward) floor
+    assert bench.floor_for(s, "ours-auto-fwd+bwd", 2.0) == pytest.approx(2.0 * (fwd + bwd) / fwd)
+    assert bench.floor_for(s, "ours-auto", 2.0) == 2.0
+
+
+def test_the_issue_shapes_are_named():
+    """Issue 15's fwd+bwd shapes: seed, gla64, long24, big128 (fp32, bf16), GLA-1.3B bf16."""
+    got = {n: tuple(bench.SHAPES[n])[1:7] for n in ("seed", "gla64", "long24", "big128",
+                                                    "big128-bf16", "gla1.3b-bf16")}
+    assert got == {"seed": (2, 128, 4, 24, 24, "float32"), "gla64": (4, 2048, 8, 64, 64, "float32"),
+                   "long24": (8, 4096, 16, 24, 24, "float32"),
+                   "big128": (8, 4096, 16, 128, 128, "float32"),
+                   "big128-bf16": (8, 4096, 16, 128, 128, "bfloat16"),
+                   "gla1.3b-bf16": (8, 4096, 4, 256, 512, "bfloat16")}
+
+
 def test_decode_floor_matches_the_napkin_math():
     # GPU.md: reading + writing the decode state once takes 0.064 ms at 4.17 TB/s
     floor_ms = bench.must_move_bytes(bench.SHAPES["decode"]) / 4.17e12 * 1e3
@@ -113,6 +138,20 @@ def test_ours_rows_follow_the_gpu_methods(monkeypatch):
     assert bench.parse_impls("ours-fused") == ("ours-fused",)
 
 
+def test_fwd_bwd_rows_only_when_named():
+    seed, dec = bench.SHAPES["seed"], bench.SHAPES["decode"]
+    assert "ours-auto-fwd+bwd" not in [i for _, i in bench.plan([seed], ("ours",))]
+    assert not bench.selected("ours-auto-fwd+bwd", ("ours", "ours-auto"))
+    for sel in ("fwd+bwd", "ours-auto-fwd+bwd"):
+        assert bench.parse_impls(sel) == (sel,)
+        assert [i for _, i in bench.plan([seed, dec], (sel,))] == ["ours-auto-fwd+bwd"]
+    assert [i for _, i in bench.plan([seed], ("ours-auto", "fwd+bwd"))] == [
+        "ours-auto", "ours-auto (host)", "ours-auto-fwd+bwd"]
+    assert bench.is_fwd_bwd("fla-chunk_gla-fwd+bwd") and not bench.is_fwd_bwd("ours-auto")
+    assert bench.forward_of("fla-chunk_gla-fwd+bwd") == "fla-chunk_gla"
+    assert bench.forward_of("ours-auto (host)") == "ours-auto (host)"
+
+
 def test_plan_of_decode():
     dec = bench.SHAPES["decode"]
     assert [i for _, i in bench.plan([dec], ("ours",))] == ["ours-step", "ours-step (host)"]
@@ -158,6 +197,28 @@ def test_speedup_is_against_the_best_other_family():
     assert sp[("seed", "textbook", "failed")] is None
 
 
+def test_fwd_bwd_rows_compete_with_fwd_bwd_rows():
+    rows = [_row("ours-auto", 1.0), _row("fla-chunk_gla", 0.5),
+            _row("ours-auto-fwd+bwd", 4.0), _row("fla-chunk_gla-fwd+bwd", 2.0)]
+    bench.finish_rows(rows)
+    sp = {r["impl"]: r["speedup"] for r in rows}
+    assert sp["ours-auto"] == pytest.approx(0.5) and sp["fla-chunk_gla"] == pytest.approx(2.0)
+    assert sp["ours-auto-fwd+bwd"] == pytest.approx(0.5)       # not vs a forward row
+    assert sp["fla-chunk_gla-fwd+bwd"] == pytest.approx(2.0)
+    assert [r["api"] for r in rows] == ["forward", "forward", "fwd+bwd", "fwd+bwd"]
+    assert rows[2]["bytes"] == bench.must_move_bytes(bench.SHAPES["seed"], backward=True)
+
+
+def test_fwd_bwd_rows_sort_after_the_forward_rows():
+    rows = [_row("ours-auto-fwd+bwd", 3.0), _row("floor", 0.01), _row("ours-auto (host)", 1.0),
+            _row("ours-auto", 1.0), _row("ours-auto-fwd+bwd", 3.0, shape="gla64"),
+            _row("ours-auto", 1.0, shape="gla64")]
+    got = [(r["shape"], r["impl"]) for r in bench.sort_rows(rows, ["seed", "gla64"])]
+    assert got == [("seed", "ours-auto"), ("seed", "ours-auto (host)"), ("seed", "floor"),
+                   ("seed", "ours-auto-fwd+bwd"), ("gla64", "ours-auto"),
+                   ("gla64", "ours-auto-fwd+bwd")]
+
+
 def test_bandwidth_columns():
     r = _row("ours-auto", 2.0, floor_ms=0.5)
     bench.finish_rows([r])
@@ -179,6 +240,19 @@ def test_json_row_schema():
     json.dumps(j, allow_nan=False)
     with pytest.raises(KeyError, match="not row keys"):
         bench.new_row(bench.SHAPES["seed"], "ours-auto", millis=1.0)
+
+
+def test_json_of_a_fwd_bwd_row():
+    seed = bench.SHAPES["seed"]
+    r = _row("ours-auto-fwd+bwd", 2.0, floor_ms=bench.floor_for(seed, "ours-auto-fwd+bwd", 0.01),
+             rel_err=3e-7, contract_ok=True, extra_bytes=123456)
+    bench.finish_rows([r])
+    j = json.loads(json.dumps(bench.row_json(r)))
+    assert tuple(j) == bench.ROW_KEYS
+    assert (j["api"], j["family"], j["extra_bytes"]) == ("fwd+bwd", "ours", 123456)
+    assert j["bytes"] == bench.must_move_bytes(seed, backward=True)
+    assert j["pct_floor"] == pytest.approx(100 * j["floor_ms"] / 2.0)
+    assert j["gbps"] == pytest.approx(j["bytes"] / 2e-3 / 1e9)
 
 
 def test_failures_are_ours_only():
@@ -215,6 +289,25 @@ def test_table_is_fixed_width():
     skipped = body[("seed", "fla-chunk_gla")]
     assert skipped[2] == "-" and skipped[5] == "-" and skipped[-1] == "skipped: warm-up over 120 s"
     assert body[("seed", "floor")][4] == "100.0"
+
+
+def test_extra_column_and_the_fwd_bwd_legend():
+    rows = [_row("ours-auto", 1.0, extra_bytes=0, note="a"), _row("floor", 0.5, note="b"),
+            _row("ours-auto-fwd+bwd", 3.0, extra_bytes=5 << 20, contract_ok=True, note="c")]
+    bench.finish_rows(rows)
+    lines = bench.format_table(rows).splitlines()
+    col = [c for c, _ in bench.COLUMNS].index("extra")
+    body = {c[1].strip(): c[col].strip() for c in (ln.split(" | ") for ln in lines[2:])}
+    assert body == {"ours-auto": "0 B", "floor": "-", "ours-auto-fwd+bwd": "5.0 MiB"}
+    seed = bench.SHAPES["seed"]
+    result = dict(copy=dict(bytes=1 << 30, ms=0.5, reps=20, gbps=4000.0, empty_kernel_ms=0.002),
+                  shapes=[dict(shape="seed", legend=seed.legend, bytes=1000, floor_ms=0.5,
+                               n_sets=3)], rows=rows, notes=[])
+    legend = [ln for ln in bench.summary_lines(result) if ln.startswith("# fwd+bwd rows:")]
+    assert len(legend) == 1 and "the worst gradient's" in legend[0]
+    assert any(ln.startswith("# extra: ") for ln in bench.summary_lines(result))
+    result["rows"] = rows[:2]
+    assert not [ln for ln in bench.summary_lines(result) if ln.startswith("# fwd+bwd")]
 
 
 def test_header_line():
@@ -254,6 +347,41 @@ def test_module_imports_no_cupy_at_top_level():
     assert not [n for n in names if n.split(".")[0] in ("cupy", "torch", "fla", "matplotlib")]
 
 
+# ------------------------------------------------------------------- fwd+bwd accuracy, on the CPU
+
+def test_fwd_bwd_sets_keep_the_forward_inputs(monkeypatch):
+    monkeypatch.setattr(bench, "_cupy", lambda: np)               # the sets drawn on the host
+    shape = bench.Shape("x", 2, 20, 3, 8, 6, dtype="bfloat16")
+    plain, with_do = bench.make_sets(shape, 2), bench.make_sets(shape, 2, backward=True)
+    for a, b in zip(plain, with_do):
+        assert sorted(b) == ["do", "gate", "k", "q", "v"]
+        assert all(np.array_equal(a[n], b[n]) for n in a)
+        assert b["do"].dtype == b["v"].dtype and b["do"].shape == b["v"].shape
+    assert not np.array_equal(with_do[0]["do"], with_do[1]["do"])
+
+
+def test_fwd_bwd_accuracy_on_the_cpu(monkeypatch):
+    """The gradients' check, with the CPU backward as ours: within the contract on the slice;
+    past REF_T_MAX on backward_cut's call, as the whole call's gradients of a prefix are not the
+    prefix's (dk, dv, dgate depend on the steps after it)."""
+    monkeypatch.setattr(bench, "_cupy", lambda: np)
+    monkeypatch.setattr(bench, "REF_T_MAX", 24)
+    shape = bench.Shape("x", 2, 40, 3, 8, 6)
+    (s,) = bench.make_sets(shape, 1, backward=True)
+    refs = bench.reference_slices(shape, s)
+    assert set(refs["ref"]) == set(refs["emu"]) == {"o", *bench.GRADS}
+    assert refs["ref"]["dk"].shape == (1, 24, 2, 8) and refs["ref"]["dv"].shape == (1, 24, 2, 6)
+    cut = bench.backward_cut(shape, s)
+    assert cut["q"].shape == (1, 24, 2, 8) and cut["do"].shape == (1, 24, 2, 6)
+    got = bench.gradient_slices(shape, bench.call_ours_fwd_bwd(shape, cut)[1])
+    acc = bench.accuracy(refs, got)
+    assert acc["contract_ok"] is True and acc["rel_err"] < 1e-5, acc
+    whole = bench.gradient_slices(shape, bench.call_ours_fwd_bwd(shape, s)[1])
+    assert bench.accuracy(refs, whole)["contract_ok"] is False
+    monkeypatch.setattr(bench, "REF_T_MAX", 40)                 # the slice keeps all of T
+    assert bench.backward_cut(shape, s) is s
+
+
 # ----------------------------------------------------------------------------------------- CLI
 
 def test_cli_rejects_unknown_names():
@@ -261,6 +389,7 @@ def test_cli_rejects_unknown_names():
     assert r.exit_code == 2 and "unknown shape 'nope'" in r.output
     r = invoke("--impl", "ours,nope")
     assert r.exit_code == 2 and "unknown implementation 'nope'" in r.output
+    assert "fwd+bwd" in r.output and "ours-auto-fwd+bwd" in r.output
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU error; a GPU is present")
@@ -269,3 +398,25 @@ def test_cli_without_gpu_fails_cleanly():
     assert r.exit_code == 1 and "no usable GPU" in r.output
 
 
+
+
+@pytest.mark.gpu
+def test_fwd_bwd_row_on_gpu(tmp_path):
+    """A forward+backward row at the seed shape: timed, gradients within the contract, its extra
+    memory at least the backward's workspace."""
+    from cupy_gda import recurrent_bwd
+    from cupy_gda._checks import Problem
+    path = tmp_path / "rows.json"
+    r = invoke("--shapes", "seed", "--reps", "5", "--impl", "ours-auto,ours-auto-fwd+bwd",
+               "--json", str(path))
+    assert r.exit_code == 0, r.output
+    rows = {x["impl"]: x for x in json.loads(path.read_text())["rows"]}
+    x = rows["ours-auto-fwd+bwd"]
+    assert x["status"] == "ok" and x["contract_ok"] is True and x["api"] == "fwd+bwd", x
+    assert x["reps"] == 5 and x["ms"] > 0 and x["rel_err"] < 1e-5
+    assert x["floor_ms"] > rows["floor"]["floor_ms"]
+    seed = bench.SHAPES["seed"]
+    p = Problem(seed.B, seed.T, seed.H, seed.K, seed.V, seed.B, "float32", "float32", False)
+    assert x["extra_bytes"] >= 4 * sum(recurrent_bwd.plan(p, False).ws)
+    assert any(ln.startswith("seed ") and " ours-auto-fwd+bwd " in ln
+               for ln in r.output.splitlines())

@@ -70,10 +70,11 @@ def test_verify_single_shape_without_gpu():
 
 def test_verify_default_sweep():
     cases = _verify.standard_cases()
+    checks = sum(5 if c.backward else 2 for c in cases)     # dq dk dv dgate dinitial_state
     r = invoke("verify")
     assert r.exit_code == 0, r.output
-    assert len(result_lines(r.output, "PASS")) == 2 * len(cases)
-    assert f"verify: {len(cases)} cases, {2 * len(cases)} checks, 0 failed" in r.output
+    assert len(result_lines(r.output, "PASS")) == checks
+    assert f"verify: {len(cases)} cases, {checks} checks, 0 failed" in r.output
     assert cases[0].id in r.output and cases[-1].id in r.output
 
 
@@ -131,7 +132,7 @@ def test_verify_quick_runs_one_case_per_api(monkeypatch):
     monkeypatch.setattr(_verify, "run_case", lambda case, **kw: seen.append(case) or [])
     r = invoke("verify", "--quick")
     assert r.exit_code == 0, r.output
-    assert [c.id.split("-")[0] for c in seen] == ["fwd", "varlen", "step"]
+    assert [c.id.split("-")[0] for c in seen] == ["fwd", "varlen", "bwd", "step"]
     assert seen[0] == _verify.standard_cases()[0]
 
 
@@ -169,10 +170,11 @@ def test_verify_max_t_runs_the_cut_cases():
     r = invoke("verify", "--quick", "--max-t", "64", "--cpu")
     assert r.exit_code == 0, r.output
     ids = [ln.split()[0] for ln in result_lines(r.output, "PASS")]
-    assert ids == [i for i in ("fwd-B2-T128-H4-K24-V24-float32-gate_logsig",
-                               "varlen-B1-T190-H4-K24-V24-L1_17_64_108-float32-gate_logsig",
-                               "step-B8-T1-H4-K24-V24-float32-gate_logsig") for _ in range(2)]
-    assert "verify: 3 cases, 6 checks, 0 failed (CPU path (--cpu), backend numpy)" in r.output
+    assert ids == [i for i, n in (("fwd-B2-T128-H4-K24-V24-float32-gate_logsig", 2),
+                                  ("varlen-B1-T190-H4-K24-V24-L1_17_64_108-float32-gate_logsig", 2),
+                                  ("bwd-fwd-B2-T1-H4-K24-V24-float32-gate_logsig", 5),
+                                  ("step-B8-T1-H4-K24-V24-float32-gate_logsig", 2)) for _ in range(n)]
+    assert "verify: 4 cases, 11 checks, 0 failed (CPU path (--cpu), backend numpy)" in r.output
 
 
 def test_verify_rejects_bad_options():

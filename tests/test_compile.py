@@ -79,9 +79,9 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False):
         defines = chunk.defines(p, cfg, int64)
         where = f"-BV{cfg.BV}-KT{cfg.KT}" + ("-dbuf" if cfg.DBUF else "") + ("-wgmma" if cfg.WGMMA else "")
     elif kernel == "gda_recurrent_bwd":
-        cfg = recurrent_bwd.tiles(K, V, ARCH_LIMITS[arch][1])
+        cfg = recurrent_bwd.config(p, *ARCH_LIMITS[arch])
         defines = recurrent_bwd.defines(p, cfg, int64)
-        where = f"-KT{cfg.KT}-KG{cfg.KG}-VT{cfg.VT}-TC{cfg.TC}"
+        where = f"-NH{B * H}-KT{cfg.KT}-KG{cfg.KG}-VT{cfg.VT}-TC{cfg.TC}-TS{cfg.TS}"
     else:
         defines = step.defines(p, idx_int64=int64, align=align)
         where = "" if align == 16 else f"-align{align}"
@@ -99,7 +99,7 @@ def _cases():
         for a, arch in enumerate(ARCHS):
             out += [_case(kernel, arch, K, V, VARIANTS[(i + 5 * a + 3 * n) % len(VARIANTS)], BH)
                     for i, (K, V) in enumerate(SHAPES) for n, BH in enumerate((FEW, MANY))
-                    if kernel == "gda_recurrent_fwd" or n == 0]
+                    if kernel != "gda_step" or n == 0]
             out += [_case(kernel, arch, 256, 256, variant, (FEW, MANY)[j % 2])
                     for j, variant in enumerate(VARIANTS)]
     for a, arch in enumerate(ARCHS):

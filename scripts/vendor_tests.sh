@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Vendors hypothesis and its runtime dependencies into .vendor/ for the device machine, which has
-# no package registry: scripts/device_run.sh puts .vendor first on PYTHONPATH where hypothesis
-# imports from it there, and the device call carries it (carry [".vendor"]). The same version
-# as here, so the property tests' derandomized draws are the ones run here.
-# A pure-Python package is copied from this environment's site-packages. One with compiled
-# extension modules (hypothesis itself since it has hypothesis/_native, built for one Python
-# version) is fetched instead as its wheel of the same version for the device's Python (pip
-# download from the package index) and unpacked. Every package gets a line saying which.
+# Vendors what the device's test runs need beyond its own Python packages into .vendor/ for the
+# device machine, which has no package registry: hypothesis (the property tests) and pytest-xdist
+# (the suite phase's workers), with their runtime dependencies except pytest, which the device
+# has (a second copy first on the path would shadow its own). scripts/device_run.sh puts .vendor
+# first on PYTHONPATH where these import from it there, and the device call carries it (carry
+# [".vendor"]). The same versions as here, so the property tests' derandomized draws are the
+# ones run here.
+# A pure-Python package is copied from this environment's site-packages (install pytest-xdist
+# here first: pip install pytest-xdist). One with compiled extension modules (hypothesis itself
+# since it has hypothesis/_native, built for one Python version) is fetched instead as its wheel
+# of the same version for the device's Python (pip download from the package index) and
+# unpacked. Every package gets a line saying which.
 # .vendor/ goes into .git/info/exclude: it travels only when carried and is never committed.
-# Usage: bash scripts/vendor_hypothesis.sh [DEVICE_PYTHON (3.12)]   (PYTHON: this side's python)
+# Usage: bash scripts/vendor_tests.sh [DEVICE_PYTHON (3.12)]   (PYTHON: this side's python)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 device_py="${1:-3.12}"
@@ -40,7 +44,8 @@ device = dict(python_version=device_py, python_full_version=f"{device_py}.0", ex
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64")
 dest = pathlib.Path(".vendor")
-todo, done = ["hypothesis"], set()
+# pytest counts as done: the device runs the tests with its own
+todo, done = ["hypothesis", "pytest-xdist"], {"pytest"}
 while todo:
     dist = md.distribution(todo.pop())
     name = dist.metadata["Name"]

@@ -1,0 +1,155 @@
+"""PyTorch adapter: :func:`gated_attention` as a differentiable ``torch.library`` custom op.
+
+    import cupy_gda.torch
+    o, S = cupy_gda.torch.gated_attention(q, k, v, log_gate=g, initial_state=h0,
+                                          output_final_state=True)
+    ((o * W).sum() + S.square().sum()).backward()     # dq, dk, dv, dlog_gate, dinitial_state
+
+Two ``torch.library`` custom ops (torch >= 2.4), each with a fake (shapes only) so that
+``torch.compile(fullgraph=True)`` traces them: ``cupy_gda::gated_attention`` (the forward) and
+``cupy_gda::gated_attention_backward`` (which the forward's autograd formula calls; no second
+derivative). CUDA tensors run on torch's current stream, and every array CuPy allocates inside
+(outputs, workspaces, contiguous copies) comes from torch's caching allocator on that stream, so
+``torch.cuda.memory_allocated`` counts it and CUDA-graph capture puts it in the graph's pool.
+CPU tensors run the NumPy path.
+
+Imported only explicitly (``import cupy_gda.torch``): the core never imports torch.
+"""
+import contextlib
+import functools
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+import cupy_gda
+
+__all__ = ["gated_attention"]
+
+
+def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_state=None,
+                    output_final_state=False, cu_seqlens=None, method="auto",
+                    check_indices=True):
+    """:func:`cupy_gda.gated_attention` on torch tensors, differentiable in q, k, v, the gate
+    argument given (gate or log_gate) and initial_state. Same arguments (no ``out=``) and
+    returns: o [B, T, H, V] of v's dtype, or (o, final_state [N, H, K, V] float32; float64
+    for float64 CPU inputs). check_indices: as in cupy_gda.gated_attention (pass False inside
+    CUDA-graph capture with cu_seqlens); the backward never re-checks the forward's offsets."""
+    o, ht = _forward_op(q, k, v, gate, log_gate, scale, initial_state, output_final_state,
+                        cu_seqlens, method, check_indices)
+    return (o, ht) if output_final_state else o
+
+
+# ---- CuPy's allocations from torch's caching allocator
+
+def _malloc(size, device):
+    # torch's current stream is the one the Bridge launches on: the block is ordered on it
+    return torch.cuda.caching_allocator_alloc(size, device, torch.cuda.current_stream(device))
+
+
+def _free(ptr, device):
+    torch.cuda.caching_allocator_delete(ptr)
+
+
+@functools.lru_cache(maxsize=None)
+def _allocator():
+    import cupy
+    return cupy.cuda.memory.PythonFunctionAllocator(_malloc, _free)
+
+
+def _memory(x):
+    """The context of a call on x: for CUDA tensors, CuPy allocating from torch."""
+    if not x.is_cuda:
+        return contextlib.nullcontext()
+    import cupy
+    return cupy.cuda.using_allocator(_allocator().malloc)
+
+
+def _plain(x):
+    # a tensor that requires grad refuses __dlpack__; below autograd its grad is ours to give
+    return None if x is None else x.detach()
+
+
+def _state_dtype(q):
+    return torch.float64 if q.dtype == torch.float64 else torch.float32   # float64: CPU only
+
+
+def _none_as_empty(x, like):
+    # custom ops return a fixed list of tensors: an absent one is an empty tensor
+    return like.new_empty(0, dtype=_state_dtype(like)) if x is None else x
+
+
+# ---- the forward op
+
+@torch.library.custom_op("cupy_gda::gated_attention", mutates_args=())
+def _forward_op(q: Tensor, k: Tensor, v: Tensor, gate: Optional[Tensor],
+                log_gate: Optional[Tensor], scale: float, initial_state: Optional[Tensor],
+                output_final_state: bool, cu_seqlens: Optional[Tensor], method: str,
+                check_indices: bool) -> Tuple[Tensor, Tensor]:
+    """(o, final state); the state empty unless output_final_state."""
+    with _memory(q):
+        r = cupy_gda.gated_attention(
+            *map(_plain, (q, k, v, gate)), log_gate=_plain(log_gate), scale=scale,
+            initial_state=_plain(initial_state), output_final_state=output_final_state,
+            cu_seqlens=cu_seqlens, method=method, check_indices=check_indices)
+    o, ht = r if output_final_state else (r, None)
+    return o, _none_as_empty(ht, q)
+
+
+@_forward_op.register_fake
+def _forward_fake(q, k, v, gate, log_gate, scale, initial_state, output_final_state,
+                  cu_seqlens, method, check_indices):
+    B, T, H, K = q.shape
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    state_shape = (N, H, K, v.shape[3]) if output_final_state else (0,)
+    return v.new_empty(v.shape), q.new_empty(state_shape, dtype=_state_dtype(q))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, gate, log_gate, scale, initial_state, output_final_state, cu_seqlens, _, _ = inputs
+    ctx.save_for_backward(q, k, v, gate, log_gate, initial_state, cu_seqlens)
+    ctx.scale = scale
+    ctx.output_final_state = output_final_state
+    ctx.set_materialize_grads(False)     # an unused output's gradient comes as None
+
+
+def _backward(ctx, do, d_final_state):
+    q, k, v, gate, log_gate, initial_state, cu_seqlens = ctx.saved_tensors
+    if do is None:                       # the loss used only the final state
+        do = v.new_zeros(v.shape)
+    if not ctx.output_final_state:       # (the empty placeholder's gradient)
+        d_final_state = None
+    dq, dk, dv, dg, dh0 = _backward_op(q, k, v, gate, log_gate, do, ctx.scale, initial_state,
+                                       d_final_state, cu_seqlens)
+    return (dq, dk, dv, dg if gate is not None else None, dg if log_gate is not None else None,
+            None, dh0 if initial_state is not None else None, None, None, None, None)
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---- the backward op
+
+@torch.library.custom_op("cupy_gda::gated_attention_backward", mutates_args=())
+def _backward_op(q: Tensor, k: Tensor, v: Tensor, gate: Optional[Tensor],
+                 log_gate: Optional[Tensor], do: Tensor, scale: float,
+                 initial_state: Optional[Tensor], d_final_state: Optional[Tensor],
+                 cu_seqlens: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dgate of the gate given, dinitial_state: empty without initial_state)."""
+    with _memory(q):
+        # check_indices=False: these are the forward's offsets (checked there unless the caller
+        # said not to), unchanged since (autograd's saved-tensor version check); a check here
+        # would sync, which CUDA-graph capture forbids
+        r = cupy_gda.gated_attention_backward(
+            *map(_plain, (q, k, v, gate)), do=_plain(do), log_gate=_plain(log_gate),
+            scale=scale, initial_state=_plain(initial_state),
+            d_final_state=_plain(d_final_state), cu_seqlens=cu_seqlens, check_indices=False)
+    return r.dq, r.dk, r.dv, r.dgate, _none_as_empty(r.dinitial_state, q)
+
+
+@_backward_op.register_fake
+def _backward_fake(q, k, v, gate, log_gate, do, scale, initial_state, d_final_state, cu_seqlens):
+    g = gate if gate is not None else log_gate
+    h0_shape = (0,) if initial_state is None else initial_state.shape
+    return (q.new_empty(q.shape), q.new_empty(q.shape), v.new_empty(v.shape),
+            g.new_empty(g.shape), q.new_empty(h0_shape, dtype=_state_dtype(q)))
