@@ -1,10 +1,12 @@
-"""The product-only chunked design (scripts/chunk_exact.py) that the tensor-core kernel
-follows, checked against the float64 loop reference on every gate regime, gates above 1 too."""
+"""The product-only chunked designs, checked against the float64 loop references on every gate
+regime, gates above 1 too: the forward (scripts/chunk_exact.py) that the tensor-core kernel
+follows, and the backward (scripts/chunk_backward_exact.py) a chunked backward kernel would."""
 import numpy as np
 import pytest
 
 from cupy_gda._verify import GATES
-from cupy_gda.reference import gated_attention_ref
+from cupy_gda.reference import gated_attention_backward_ref, gated_attention_ref
+from scripts.chunk_backward_exact import chunk_backward
 from scripts.chunk_exact import chunk_forward
 
 REGIMES = dict(GATES, above1=lambda rng, shape: rng.uniform(0.6, 1.4, shape))
@@ -56,3 +58,62 @@ def test_half_input_operand_design_meets_contract(gate):
     assert max(got["tf32x3/tf32x3"]) <= 1, got
     assert max(got["bf16x2/bf16x2"]) <= 1, got
     assert got["bf16/bf16"][1] > 1, got       # the state needs the split
+
+
+@pytest.mark.parametrize("gate", list(REGIMES))
+@pytest.mark.parametrize("T, BT", [pytest.param(1, 64, id="T1"), pytest.param(63, 64, id="T63"),
+                                   pytest.param(130, 32, id="T130-BT32")])
+def test_chunk_backward_design_equals_reverse_loop(T, BT, gate):
+    """scripts/chunk_backward_exact.py (products only, the gate's gradient included) against the
+    float64 reverse loop, with an initial state and a final-state gradient."""
+    rng = np.random.default_rng(T + BT + 1)
+    B, H, K, V = 2, 2, 5, 4
+    q, k = rng.standard_normal((B, T, H, K)), rng.standard_normal((B, T, H, K))
+    v, do = rng.standard_normal((B, T, H, V)), rng.standard_normal((B, T, H, V))
+    g = REGIMES[gate](rng, q.shape).astype(np.float64)
+    h0, dht = rng.standard_normal((B, H, K, V)), rng.standard_normal((B, H, K, V))
+    got = chunk_backward(q, k, v, g, do, h0, dht, scale=0.7, BT=BT)
+    ref = gated_attention_backward_ref(q, k, v, g, do=do, initial_state=h0, d_final_state=dht,
+                                       scale=0.7)
+    for name, x, r in zip(ref._fields, got, ref):
+        np.testing.assert_allclose(x, r, rtol=1e-9, atol=1e-10 * max(1, np.abs(r).max()),
+                                   err_msg=name)
+
+
+def test_chunk_backward_design_zero_gate_gradients_are_the_loops():
+    """Gates of exactly 0 inside chunks: every gradient finite and the loop's, the gate's own
+    nonzero there (no division by the gate recovers it)."""
+    rng = np.random.default_rng(2)
+    q, k = rng.standard_normal((1, 100, 1, 4)), rng.standard_normal((1, 100, 1, 4))
+    v, do = rng.standard_normal((1, 100, 1, 3)), rng.standard_normal((1, 100, 1, 3))
+    g = rng.uniform(0, 1, q.shape)
+    g[0, [0, 37, 63, 64, 99]] = 0.0
+    got = chunk_backward(q, k, v, g, do)
+    ref = gated_attention_backward_ref(q, k, v, g, do=do)
+    for name, x, r in zip(ref._fields, got, ref):
+        if r is None:
+            continue
+        assert np.isfinite(x).all(), name
+        np.testing.assert_allclose(x, r, rtol=1e-10, atol=1e-12, err_msg=name)
+    assert (got[3][0, [37, 63, 64]] != 0).all()
+
+
+@pytest.mark.parametrize("gate", ["logsig", "unif", "zeros", "tiny", "neg"])
+def test_chunk_backward_design_meets_contract_in_float32(gate):
+    """In float32, each gradient's RMS error against the float64 reverse loop is within the
+    contract: at most twice the float32 reverse loop's, plus 1e-6 max|ref|."""
+    from cupy_gda._verify import compare
+    rng = np.random.default_rng(4)
+    shape = (2, 300, 2, 16)
+    q, k = (rng.standard_normal(shape, dtype=np.float32) / 4 for _ in range(2))
+    v, do = (rng.standard_normal(shape[:3] + (12,), dtype=np.float32) for _ in range(2))
+    g = REGIMES[gate](rng, shape).astype(np.float32)
+    h0, dht = (rng.standard_normal((2, 2, 16, 12), dtype=np.float32) for _ in range(2))
+    got = chunk_backward(q, k, v, g, do, h0, dht)
+    ref = gated_attention_backward_ref(q, k, v, g, do=do, initial_state=h0, d_final_state=dht)
+    emu = gated_attention_backward_ref(q, k, v, g, do=do, initial_state=h0, d_final_state=dht,
+                                       dtype=np.float32)
+    for name, x, r, e in zip(ref._fields, got, ref, emu):
+        assert x.dtype == np.float32, name
+        res = compare(name, x, r, e)
+        assert res.ok, res
