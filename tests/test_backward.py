@@ -306,3 +306,32 @@ def test_gpu_backward_errors_name_the_argument():
     kw = _gpu_problem(rng, 1, 4, 1, 3, 2)
     with pytest.raises(ValueError, match="the chunked form has no backward yet"):
         cupy_gda.gated_attention_backward(**kw, method="chunk")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("TC, lens", [(16, None), (8, (130, 0, 64, 1, 65)), (4, (3, 200))],
+                         ids=["TC16", "TC8-varlen", "TC4-varlen"])
+def test_gpu_backward_with_states_kept_every_span(TC, lens):
+    """States kept every TS = 64 steps, so S runs through each span again to each chunk's start
+    (recurrent_bwd.config picks this only past KEPT_BYTES, which test shapes never reach):
+    partial spans and chunks, an empty sequence, the gradients within the contract."""
+    import cupy
+    from cupy_gda import recurrent_bwd
+    from cupy_gda._checks import Problem
+    rng = np.random.default_rng(13)
+    kw = _problem(rng, 2, 300, 2, 20, 12, "unif", lens=lens)
+    kw["do"] = rng.standard_normal(kw["v"].shape)
+    kw["d_final_state"] = rng.standard_normal(kw["initial_state"].shape)
+    f32 = {n: x if n == "cu_seqlens" else x.astype(np.float32) for n, x in kw.items()}
+    B, T, H, K = f32["q"].shape
+    p = Problem(B, T, H, K, 12, f32["initial_state"].shape[0], "float32", "float32", False)
+    cfg = recurrent_bwd.config(p)._replace(TC=TC, TS=64)
+    assert recurrent_bwd.smem(K, cfg.KT, cfg.KG, cfg.VT, TC) <= 227 * 1024
+    plan = recurrent_bwd.BackwardPlan(p, lens is not None, cfg)     # (cu_seqlens int64)
+    d = {n: cupy.asarray(x) for n, x in f32.items()}
+    got = plan(d["q"], d["k"], d["v"], d["gate"], d["do"], 1.0, d["initial_state"],
+               d["d_final_state"], d.get("cu_seqlens"))
+    ref = R.gated_attention_backward_ref(**f32)
+    emu = R.gated_attention_backward_ref(**f32, dtype=np.float32)
+    for name, x, r, e in zip(ref._fields, got, ref, emu):
+        _contract(name, cupy.asnumpy(x), r, e)
