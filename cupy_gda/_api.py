@@ -146,8 +146,9 @@ def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0
         q, k, v, gate / log_gate, scale, initial_state, cu_seqlens: the forward call's.
         do: [B, T, H, V] the gradient of o, v's dtype.
         d_final_state: [N, H, K, V] the gradient of the final state (if the loss used it).
-        method: "auto" or "recurrent" (GPU and CPU; the states are recomputed from one kept
-            every recurrent_bwd.TS steps: extra memory O(N·H·K·V·T / 64)).
+        method: "auto" or "recurrent" (GPU and CPU: the reverse loop, the states recomputed
+            from kept ones; on the GPU one a chunk of up to 32 steps, or one every 64 steps
+            where that would take over recurrent_bwd.KEPT_BYTES).
         check_indices: as in gated_attention.
 
     Returns :class:`Gradients` (dq, dk, dv, dgate, dinitial_state): dq, dk, dv in q's dtype,

@@ -1,8 +1,8 @@
 """Launcher of gda_recurrent_bwd (kernels/gda_recurrent_bwd.cu): the gradients, one time step after
 another (the reverse loop, states recomputed from one kept every TS steps); any K up to 256, any V.
 
-Shapes -> tiles (the rule below) -> workspaces -> one launch, and a second that adds up the value
-tiles' partial sums where there is more than one tile.
+Shapes -> tiles (the rule below) -> workspaces -> one launch, and a second that adds up the groups
+of value tiles' partial sums where there is more than one group.
 """
 from typing import NamedTuple
 
@@ -50,8 +50,8 @@ def tiles(K, V, smem_bytes=BLOCK_BYTES):
         VT //= 2
     while True:
         for TC in (32, 16, 8, 4):
-            # registers: a thread prefetches TC * KP / NT elements of q, k and g, and loads
-            # 3 TC * KP / NT partial sums a chunk (at most PREFETCH and 3 PREFETCH)
+            # registers: a thread prefetches TC * KP / NT = TC KG / VT elements of q, k and g
+            # a chunk, at most PREFETCH
             if smem(K, KT, KG, VT, TC) <= smem_bytes and TC * KG <= PREFETCH * VT:
                 return KT, KG, VT, TC
         if VT == 1:
