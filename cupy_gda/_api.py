@@ -117,7 +117,8 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
                       else reference.gated_attention_recurrent)
             o, ht = cpu_fn(q, k, v, gate, log_gate=log_gate, scale=scale, initial_state=h0,
                            output_final_state=True, cu_seqlens=cu, dtype=p.cpu_dtype)
-            o = o.astype(v.dtype, copy=False)
+            with np.errstate(over="ignore"):        # (beyond float16's range: inf, as on the GPU)
+                o = o.astype(v.dtype, copy=False)
             ht = ht.astype(p.cpu_dtype, copy=False)
             if out is not None:
                 out[...] = o
@@ -178,9 +179,10 @@ def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0
             r = reference.gated_attention_backward_recurrent(
                 q, k, v, gate, do=do, log_gate=log_gate, scale=scale, initial_state=h0,
                 d_final_state=dht, cu_seqlens=cu, dtype=p.cpu_dtype)
-            grads = (r.dq.astype(q.dtype, copy=False), r.dk.astype(q.dtype, copy=False),
-                     r.dv.astype(q.dtype, copy=False), r.dgate.astype(g.dtype, copy=False),
-                     None if h0 is None else r.dinitial_state.astype(p.cpu_dtype, copy=False))
+            with np.errstate(over="ignore"):        # (beyond float16's range: inf, as on the GPU)
+                grads = (r.dq.astype(q.dtype, copy=False), r.dk.astype(q.dtype, copy=False),
+                         r.dv.astype(q.dtype, copy=False), r.dgate.astype(g.dtype, copy=False),
+                         None if h0 is None else r.dinitial_state.astype(p.cpu_dtype, copy=False))
         return reference.Gradients(*(br.back(x) for x in grads))
 
 

@@ -1,10 +1,10 @@
-"""Property-based tests (hypothesis) of the public forward, on NumPy and on the GPU: drawn shapes
-(sizes 0 and 1, odd K and V; on the GPU also the key and value tiles' sizes, long sequences in
-segments, many heads), dtypes, gate regimes (0, negative, tiny, 1, above 1, 2 and 4 with resets,
-log gates with -inf), a NaN or inf at a drawn place, strided views and cu_seqlens layouts (empty
-segments); every method against the loop. And drawn invalid arguments raise before any work,
-leaving the caller's arrays as they were. The draws are derandomized, so CI runs the same
-examples."""
+"""Property-based tests (hypothesis) of the public forward and backward, on NumPy and on the GPU:
+drawn shapes (sizes 0 and 1, odd K and V; on the GPU also the key and value tiles' sizes, long
+sequences in segments, many heads), dtypes, gate regimes (0, negative, tiny, 1, above 1, 2 and 4
+with resets, log gates with -inf), a NaN or inf at a drawn place, strided views and cu_seqlens
+layouts (empty segments); every method against the loop, the gradients against the reverse
+loop. And drawn invalid arguments raise before any work, leaving the caller's arrays as they
+were. The draws are derandomized, so CI runs the same examples."""
 import numpy as np
 import pytest
 
@@ -204,6 +204,77 @@ def test_every_gpu_method_is_the_loop(gpu, data):
         assert s.dtype == np.float32, (what, m)
         _check_results(f"{what} {m}", cupy.asnumpy(o), cupy.asnumpy(s), kw["v"], emu, ref,
                        16 if _family(dev, m) == "chunk" else 0)
+    for k, x in before.items():
+        assert cupy.asnumpy(whole[k]).tobytes() == x.tobytes(), f"{what}: {k} was modified"
+
+
+def _with_gradients(kw, draw):
+    """The problem's arguments with a drawn do (v's dtype) and, sometimes, d_final_state."""
+    rng = np.random.default_rng(draw(st.integers(0, 2 ** 31 - 1)))
+    kw = dict(kw, do=rng.standard_normal(kw["v"].shape).astype(kw["v"].dtype))
+    if draw(st.booleans()):
+        N = kw["cu_seqlens"].shape[0] - 1 if "cu_seqlens" in kw else kw["q"].shape[0]
+        H, K, V = kw["q"].shape[2], kw["q"].shape[3], kw["v"].shape[3]
+        kw["d_final_state"] = rng.standard_normal((N, H, K, V)).astype(np.float32)
+    return kw
+
+
+def _check_gradients(what, got, kw, emu, ref):
+    """Each gradient (in its argument's dtype; dinitial_state float32, or float64 for float64
+    inputs) against the reverse loop's (emu in the same math precision, rounded to that dtype;
+    ref float64) by _check; dinitial_state None exactly where initial_state is."""
+    g = kw["gate"] if "gate" in kw else kw["log_gate"]
+    state = np.float64 if kw["q"].dtype == np.float64 else np.float32
+    dtypes = (kw["q"].dtype, kw["q"].dtype, kw["v"].dtype, g.dtype, state)
+    for name, x, e, r, dt in zip(reference.Gradients._fields, got, emu, ref, dtypes):
+        if r is None:
+            assert x is None, f"{what} {name}"
+            continue
+        assert x.dtype == dt, f"{what} {name}: dtype {x.dtype}, not {dt}"
+        with np.errstate(over="ignore"):        # (float16 beyond its range: inf)
+            _check(f"{what} {name}", x, e.astype(dt), r)
+
+
+@SETTINGS
+@given(st.data())
+def test_cpu_gradients_are_the_reverse_loop(data):
+    """gated_attention_backward on NumPy against the reverse loop, and the caller's arrays as
+    they were."""
+    kw, what = data.draw(problems(), label="problem")
+    kw = _with_gradients(kw, data.draw)
+    before = {k: v.copy() for k, v in kw.items() if isinstance(v, np.ndarray)}
+    math = np.float64 if kw["q"].dtype == np.float64 else np.float32
+    emu = reference.gated_attention_backward_ref(**kw, dtype=math)
+    ref = reference.gated_attention_backward_ref(**kw)
+    _check_gradients(what, cupy_gda.gated_attention_backward(**kw), kw, emu, ref)
+    for k, v in before.items():
+        assert kw[k].tobytes() == v.tobytes(), f"{what}: {k} was modified"
+
+
+# the backward kernel's draws: one K in a thread row group of 32 rows, K = V = 24, K in two row
+# groups of 64 with V over several value tiles, K = 256 with V = 512
+GPU_BWD_KV = tuple(x for x in GPU_KV if x[:2] in ((5, 3), (24, 24), (128, 200), (256, 512)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gpu", GPU_BWD_KV, ids=[f"K{K}-V{V}" for K, V, _ in GPU_BWD_KV])
+@GPU_SETTINGS
+@given(data=st.data())
+def test_gpu_gradients_are_the_reverse_loop(gpu, data):
+    """As the CPU test, on CuPy arrays (internal outputs NaN-filled): gda_recurrent_bwd against
+    the reverse loop, the caller's arrays (strided views: their whole bigger arrays) as they
+    were."""
+    import cupy
+    kw, what = data.draw(problems(gpu), label="problem")
+    kw = _with_gradients(kw, data.draw)
+    dev = {k: _on_gpu(x) for k, x in kw.items()}
+    whole = {k: x if x.base is None else x.base for k, x in dev.items() if isinstance(x, cupy.ndarray)}
+    before = {k: cupy.asnumpy(x) for k, x in whole.items()}
+    emu = reference.gated_attention_backward_ref(**kw, dtype=np.float32)
+    ref = reference.gated_attention_backward_ref(**kw)
+    got = cupy_gda.gated_attention_backward(**dev)
+    assert all(x is None or isinstance(x, cupy.ndarray) for x in got), what
+    _check_gradients(what, [None if x is None else cupy.asnumpy(x) for x in got], kw, emu, ref)
     for k, x in before.items():
         assert cupy.asnumpy(whole[k]).tobytes() == x.tobytes(), f"{what}: {k} was modified"
 
