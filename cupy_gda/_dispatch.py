@@ -3,7 +3,7 @@
 ``method="auto"`` picks by the table below; a named family runs as asked, or the call ends in
 a ValueError that names the limit. Plain Python, so the table is unit-tested without a GPU.
 """
-from cupy_gda import chunk
+from cupy_gda import chunk, chunk_bwd
 from cupy_gda._launch import device_limits, mean_len
 
 # family -> where it exists
@@ -13,10 +13,15 @@ METHODS = {
     "chunk": ("cpu", "gpu"),       # GPU: cupy_gda/chunk.py (K <= chunk.MAX_K);
 }                                  # CPU: reference.gated_attention_chunked (numbered steps)
 
-# the backward's families (gated_attention_backward): the reverse loop only, so far
+# the backward's families (gated_attention_backward)
 BACKWARD_METHODS = {
     "recurrent": ("cpu", "gpu"),   # GPU: cupy_gda/recurrent_bwd.py; CPU:
-}                                  #   reference.gated_attention_backward_recurrent
+                                   #   reference.gated_attention_backward_recurrent
+    "chunk": ("gpu",),             # GPU: cupy_gda/chunk_bwd.py (no cu_seqlens yet)
+}
+# GPU: method="auto" runs the chunked backward where the mean sequence length is at least this
+# (and there are no cu_seqlens); the reverse loop below it (docs/perf-notes.md, v19)
+BACKWARD_CHUNK_FROM = 512
 
 # CPU: method="auto" runs the loop (reference.gated_attention_recurrent): it measured faster than
 # the chunked NumPy form at every shape tried (docs/perf-notes.md, "CPU paths")
@@ -51,12 +56,18 @@ def _check_method(fn, method, methods, where, what=""):
                          f"{where.upper()} methods are {here}")
 
 
-def pick_backward(fn, method, gpu):
-    """The family of a gated_attention_backward call: 'recurrent' (the only one so far; a
-    forward family without a backward is named as such)."""
-    what = " (the chunked form has no backward yet)" if method == "chunk" else ""
-    _check_method(fn, method, BACKWARD_METHODS, "gpu" if gpu else "cpu", what)
-    return "recurrent"
+def pick_backward(fn, method, p, gpu, varlen):
+    """The family of a gated_attention_backward call of Problem ``p`` (``varlen``: with
+    cu_seqlens) on the GPU (``gpu``) or the CPU; errors as pick's."""
+    _check_method(fn, method, BACKWARD_METHODS, "gpu" if gpu else "cpu")
+    if not gpu or method == "recurrent":
+        return "recurrent"
+    why = chunk_bwd.refusal(p, varlen)
+    if method == "auto":
+        return "chunk" if why is None and mean_len(p) >= BACKWARD_CHUNK_FROM else "recurrent"
+    if why is None:
+        return "chunk"
+    raise ValueError(f"{fn}: method 'chunk' {why}; use method='recurrent' or 'auto'")
 
 
 def pick(fn, method, p, gpu, limits=None):

@@ -30,10 +30,15 @@ FORWARD = (("q", PTR), ("k", PTR), ("v", PTR), ("g", PTR), ("o", PTR), ("h0", PT
 # gda_recurrent_bwd (its GDA_BACKWARD_PARAMS) and gda_recurrent_bwd_sum
 BACKWARD = (("q", PTR), ("k", PTR), ("v", PTR), ("g", PTR), ("do", PTR), ("h0", PTR), ("dht", PTR),
             ("cu_seqlens", PTR), ("ws_h", PTR), ("ws_s", PTR), ("ws_p", PTR), ("dq", PTR),
-            ("dk", PTR), ("dv", PTR), ("dg", PTR), ("dh0", PTR),
+            ("dk", PTR), ("dv", PTR), ("dg", PTR), ("dh0", PTR), ("only_if", PTR),
             ("T", I64), ("H", I32), ("NV", I32), ("NG", I32), ("scale", F32))
-BACKWARD_SUM = (("ws_p", PTR), ("g", PTR), ("dq", PTR), ("dk", PTR), ("dg", PTR), ("n", I64),
-                ("NG", I32))
+BACKWARD_SUM = (("ws_p", PTR), ("g", PTR), ("dq", PTR), ("dk", PTR), ("dg", PTR),
+                ("only_if", PTR), ("n", I64), ("NG", I32))
+# every entry of gda_chunk_bwd (its GDA_CHUNK_BWD_PARAMS)
+CHUNK_BACKWARD = tuple((n, PTR) for n in (
+    "q", "k", "v", "g", "do", "h0", "dht", "st", "et", "qa", "kd", "vp", "dp", "ae", "es", "mm",
+    "ww", "sd", "ev", "ar", "flag", "dq", "dk", "dv", "dg", "dh0")) + (
+    ("T", I64), ("NH", I64), ("H", I32), ("NC", I32), ("scale", F32))
 # gda_step
 STEP = (("q", PTR), ("k", PTR), ("v", PTR), ("g", PTR), ("o", PTR), ("state", PTR),
         ("state_indices", PTR), ("H", I32), ("N", I64), ("NV", I32), ("scale", F32))

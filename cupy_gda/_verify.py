@@ -315,12 +315,23 @@ def backward_references(case, args, do, dht):
     return grads[0], emu
 
 
-def _run_backward(case, args, to_dev, to_host, seed):
+def backward_method(case, method, backend):
+    """The backward's method for a run of ``method`` (the forward's) on ``backend``: the same
+    family where it has a backward that takes the case there, else "auto"."""
+    from cupy_gda import _dispatch
+    where = "gpu" if backend == "cupy" else "cpu"
+    if where not in _dispatch.BACKWARD_METHODS.get(method, ()):
+        return "auto"
+    return "auto" if method == "chunk" and case.lengths else method
+
+
+def _run_backward(case, args, to_dev, to_host, seed, method):
     import cupy_gda
     do, dht = backward_inputs(case, args, seed)
     ref, emu = backward_references(case, args, do, dht)
     got = cupy_gda.gated_attention_backward(**{k: to_dev(v) for k, v in args.items()},
-                                            do=to_dev(do), d_final_state=to_dev(dht))
+                                            do=to_dev(do), d_final_state=to_dev(dht),
+                                            method=method)
     g = args["gate"] if "gate" in args else args["log_gate"]
     want = dict(dq=args["q"].dtype, dk=args["q"].dtype, dv=args["q"].dtype, dgate=g.dtype,
                 dinitial_state=np.dtype(np.float64 if case.dtype == "float64" else np.float32))
@@ -337,7 +348,7 @@ def _run_backward(case, args, to_dev, to_host, seed):
 
 def run_case(case, backend="numpy", seed=0, method="auto"):
     """Run the public API on ``backend`` ("numpy" or "cupy") and compare; returns [Result].
-    ``method``: the forward's (a backward case runs "auto")."""
+    ``method``: the forward's (a backward case runs backward_method's)."""
     import cupy_gda
     args = make_inputs(case, seed)
     if backend == "cupy":
@@ -346,7 +357,8 @@ def run_case(case, backend="numpy", seed=0, method="auto"):
     else:
         to_dev, to_host = np.copy, np.asarray
     if case.backward:
-        return _run_backward(case, args, to_dev, to_host, seed)
+        return _run_backward(case, args, to_dev, to_host, seed,
+                             backward_method(case, method, backend))
     dev = {k: to_dev(v) for k, v in args.items()}
     (o_ref, s_ref), (o_emu, s_emu) = references(case, args)
     if case.step:

@@ -125,24 +125,31 @@ class BackwardPlan:
         self.ws = workspace(p, cfg)
         self.p = p
 
-    def __call__(self, q, k, v, g, do, scale, h0, dht, cu_seqlens):
+    def __call__(self, q, k, v, g, do, scale, h0, dht, cu_seqlens, out=None, ws=None, only_if=0):
         """(dq, dk, dv, dg, dh0): dg of g as given (log or multiplicative), dh0 only with h0;
-        arrays are contiguous CuPy."""
+        arrays are contiguous CuPy. ``out``: those five arrays to write instead (chunk_bwd's
+        fall-back), ``ws`` a float32 workspace of at least sum(self.ws) floats to use, and
+        ``only_if`` the address of a device int: the launches do nothing where it is 0."""
         p = self.p
-        dq, dk = (empty((p.B, p.T, p.H, p.K), np_dtype(p.dtype)) for _ in range(2))
-        dv = empty((p.B, p.T, p.H, p.V), np_dtype(p.dtype))
-        dg = empty((p.B, p.T, p.H, p.K), np_dtype(p.g_dtype))
-        dh0 = empty((p.N, p.H, p.K, p.V), np_dtype("float32")) if h0 is not None else None
+        if out is None:
+            dq, dk = (empty((p.B, p.T, p.H, p.K), np_dtype(p.dtype)) for _ in range(2))
+            dv = empty((p.B, p.T, p.H, p.V), np_dtype(p.dtype))
+            dg = empty((p.B, p.T, p.H, p.K), np_dtype(p.g_dtype))
+            dh0 = empty((p.N, p.H, p.K, p.V), np_dtype("float32")) if h0 is not None else None
+        else:
+            dq, dk, dv, dg, dh0 = out
         if self.grid:
-            ws = empty((sum(self.ws),), np_dtype("float32"))    # kept alive until both are queued
+            if ws is None:                          # kept alive until both are queued
+                ws = empty((sum(self.ws),), np_dtype("float32"))
             ws_h = ws.data.ptr
             ws_s = ws_h + 4 * self.ws[0]
             ws_p = ws_s + 4 * self.ws[1] if self.ws[2] else 0
             self.launch((q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, do.data.ptr, address(h0),
                          address(dht), address(cu_seqlens), ws_h, ws_s, ws_p, dq.data.ptr,
-                         dk.data.ptr, dv.data.ptr, dg.data.ptr, address(dh0)), scale)
+                         dk.data.ptr, dv.data.ptr, dg.data.ptr, address(dh0), only_if), scale)
             if self.sum is not None:
-                self.sum((ws_p, g.data.ptr, dq.data.ptr, dk.data.ptr, dg.data.ptr), self.cfg.NG)
+                self.sum((ws_p, g.data.ptr, dq.data.ptr, dk.data.ptr, dg.data.ptr, only_if),
+                         self.cfg.NG)
         return dq, dk, dv, dg, dh0
 
 

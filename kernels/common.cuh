@@ -47,6 +47,16 @@ __device__ __forceinline__ float gda_gate(gt::t x) {
 #endif
 }
 
+// The backward's gradient of the gate argument, from the multiplicative gate a and dL/da: itself,
+// or for a log gate a * dL/da, exactly 0 where a is (the loop never used dL/da there: 0 * inf)
+__device__ __forceinline__ float gda_gate_grad(float a, float d) {
+#if LOG_GATE
+    return a == 0.f ? 0.f : a * d;
+#else
+    return d;
+#endif
+}
+
 #define GDA_FULL_MASK 0xffffffffu
 
 // N floats as one aligned vector (16-byte accesses for N = 4), and as an array

@@ -33,6 +33,8 @@
 //   group's tiles add theirs up in ws_p [NG][3][B*T][H][K] (float32; each thread its own
 //   elements, in place), and the group's last tile writes them (NG = 1) or
 //   gda_recurrent_bwd_sum adds up the groups'.
+// only_if (null, or a device flag): the kernels do nothing where *only_if is 0 (gda_chunk_bwd's
+//   fall-back, queued after it and run only where its guard was hit: no host sync).
 // Sequences: rows [bos, eos) of the [B*T, H, *] tensors (cu_seqlens, or n*T); a sequence's
 //   span j has slot bos / TS + n + j of ws_h (slots never overlap between sequences).
 //
@@ -73,8 +75,8 @@ static_assert(SMEM_BYTES == SM_FLOATS * 4, "SMEM_BYTES (cupy_gda/recurrent_bwd.p
     const float* __restrict__ dht, const seq_t* __restrict__ cu_seqlens,                         \
     float4* __restrict__ ws_h, float4* __restrict__ ws_s, float* __restrict__ ws_p,              \
     io::t* __restrict__ dq, io::t* __restrict__ dk, io::t* __restrict__ dv,                      \
-    gt::t* __restrict__ dg, float* __restrict__ dh0, long long T, int H, int NV, int NG,     \
-    float scale
+    gt::t* __restrict__ dg, float* __restrict__ dh0, const int* __restrict__ only_if,           \
+    long long T, int H, int NV, int NG, float scale
 
 __device__ __forceinline__ float gda_dot4(float4 a, float4 b) {
     return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, a.x * b.x)));
@@ -129,6 +131,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gda_recurrent_bwd(GDA_BACKWA
     float* const b_g = b_sm + SM_G;
     float* const b_pk = b_sm + SM_PK;
 
+    if (only_if && *only_if == 0) return;       // (gda_chunk_bwd's fall-back: only where flagged)
     const long long i_b = blockIdx.x;
     const int i_g = (int)(i_b % NG), i_h = (int)((i_b / NG) % H);
     const long long i_n = i_b / NG / H;
@@ -341,11 +344,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gda_recurrent_bwd(GDA_BACKWA
                 } else if (m == 1) {
                     dk[at] = io::store(s);
                 } else {
-#if LOG_GATE
-                    const float a = b_g[u * KP + kk];
-                    s = a == 0.f ? 0.f : a * s;         // (0 * inf: the loop never used it)
-#endif
-                    dg[at] = gt::store(s);
+                    dg[at] = gt::store(gda_gate_grad(b_g[u * KP + kk], s));
                 }
             }
         }
@@ -366,8 +365,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gda_recurrent_bwd(GDA_BACKWA
 extern "C" __global__ void gda_recurrent_bwd_sum(const float* __restrict__ ws_p,
                                                  const gt::t* __restrict__ g, io::t* __restrict__ dq,
                                                  io::t* __restrict__ dk, gt::t* __restrict__ dg,
-                                                 long long n, int NG)
+                                                 const int* __restrict__ only_if, long long n, int NG)
 {
+    if (only_if && *only_if == 0) return;
     for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n;
          e += (long long)gridDim.x * blockDim.x) {
         float s[3] = {0.f, 0.f, 0.f};
@@ -376,10 +376,6 @@ extern "C" __global__ void gda_recurrent_bwd_sum(const float* __restrict__ ws_p,
             for (int m = 0; m < 3; ++m) s[m] += ws_p[(ig * 3LL + m) * n + e];
         dq[e] = io::store(s[0]);
         dk[e] = io::store(s[1]);
-#if LOG_GATE
-        const float a = gda_gate(g[e]);
-        s[2] = a == 0.f ? 0.f : a * s[2];
-#endif
-        dg[e] = gt::store(s[2]);
+        dg[e] = gt::store(gda_gate_grad(LOG_GATE ? gda_gate(g[e]) : 1.f, s[2]));
     }
 }

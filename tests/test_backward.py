@@ -232,11 +232,88 @@ def test_public_backward_on_numpy_meets_the_contract(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", _verify.backward_cases() + GPU_EXTRA, ids=lambda c: c.id)
-def test_gpu_backward_meets_the_contract(case):
-    """Every gradient (poisoned outputs: an unwritten element is NaN) within the contract."""
-    bad = [r for r in _verify.run_case(case, "cupy") if not r.ok]
+@pytest.mark.parametrize("case, method", [
+    pytest.param(c, m, id=f"{m}-{c.id}") for c in _verify.backward_cases() + GPU_EXTRA
+    for m in ("recurrent", "chunk") if not (m == "chunk" and c.lengths)])
+def test_gpu_backward_meets_the_contract(case, method):
+    """Every gradient (poisoned outputs: an unwritten element is NaN) within the contract, by
+    each GPU method (the chunked one falling back to the loop where its guard is hit)."""
+    bad = [r for r in _verify.run_case(case, "cupy", method=method) if not r.ok]
     assert not bad, bad
+
+
+# the chunked backward without its fall-back: in range, its own gradients; out of range, the flag
+CHUNK_OWN = [
+    _verify.Case(2, 200, 3, 24, 24, gate="zeros", backward=True),
+    _verify.Case(2, 130, 2, 64, 64, gate="neg", log=False, backward=True),
+    _verify.Case(2, 129, 2, 100, 36, gate="tiny", dtype="float16", g_dtype="float32",
+                 backward=True),
+    _verify.Case(1, 300, 2, 256, 512, dtype="bfloat16", log=True, backward=True),
+    _verify.Case(3, 64, 2, 5, 1000, gate="ones", init=False, backward=True),
+    _verify.Case(1, 1, 1, 1, 1, backward=True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CHUNK_OWN, ids=lambda c: c.id)
+def test_gpu_chunked_backward_itself_meets_the_contract(case):
+    """The chunked form's own gradients (the reverse loop left out), with the guard not hit."""
+    import cupy
+    from cupy_gda import chunk_bwd
+    from cupy_gda._checks import check_backward
+    args = _verify.make_inputs(case, 0)
+    do, dht = _verify.backward_inputs(case, args, 0)
+    ref, emu = _verify.backward_references(case, args, do, dht)
+    dev = {n: cupy.asarray(x) for n, x in args.items()}
+    g = dev.get("gate", dev.get("log_gate"))
+    p = check_backward("t", dev["q"], dev["k"], dev["v"], dev.get("gate"), dev.get("log_gate"),
+                       cupy.asarray(do), dev.get("initial_state"), cupy.asarray(dht), None,
+                       cpu=False)
+    grads, flag = chunk_bwd.plan(p).run(dev["q"], dev["k"], dev["v"], g, cupy.asarray(do), 1.0,
+                                        dev.get("initial_state"), cupy.asarray(dht),
+                                        fallback=False)
+    assert int(flag[0]) == 0
+    for name, x, r, e in zip(ref._fields, grads, ref, emu):
+        if r is None:
+            assert x is None
+            continue
+        res = compare(name, cupy.asnumpy(x), r, e)
+        assert res.ok, res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("what", ["big-gate", "nan-q", "inf-do", "large-v", "large-state"])
+def test_gpu_chunked_backward_guard_flags_and_falls_back(what):
+    """Inputs or states outside the range the chunked form is exact in set the flag, and the
+    public call then gives the loop's gradients."""
+    import cupy
+    from cupy_gda import chunk_bwd
+    from cupy_gda._checks import check_backward
+    rng = np.random.default_rng(14)
+    kw = _problem(rng, 2, 150, 2, 20, 12, "unif")
+    kw["do"] = rng.standard_normal(kw["v"].shape)
+    if what == "big-gate":
+        kw["gate"][1, 100, 0, 3] = 1.5
+    elif what == "nan-q":
+        kw["q"][0, 7, 1, 0] = np.nan
+    elif what == "inf-do":
+        kw["do"][1, 149, 1, 11] = np.inf
+    elif what == "large-v":
+        kw["v"][0, 3, 0, 0] = 2.0 ** 21
+    else:
+        kw["initial_state"][1, 0, 5, 5] = 2.0 ** 41
+    f32 = {n: x.astype(np.float32) for n, x in kw.items()}
+    dev = {n: cupy.asarray(x) for n, x in f32.items()}
+    p = check_backward("t", dev["q"], dev["k"], dev["v"], dev["gate"], None, dev["do"],
+                       dev["initial_state"], None, None, cpu=False)
+    _, flag = chunk_bwd.plan(p).run(dev["q"], dev["k"], dev["v"], dev["gate"], dev["do"], 1.0,
+                                    dev["initial_state"], None, fallback=False)
+    assert int(flag[0]) == 1
+    got = cupy_gda.gated_attention_backward(**dev, method="chunk")
+    ref = R.gated_attention_backward_ref(**f32)
+    emu = R.gated_attention_backward_ref(**f32, dtype=np.float32)
+    for name, x, r, e in zip(ref._fields, got, ref, emu):
+        _contract(name, cupy.asnumpy(x), r, e)
 
 
 def _gpu_problem(rng, B, T, H, K, V, regime="unif", init=True, lens=None):
@@ -303,8 +380,8 @@ def test_gpu_backward_errors_name_the_argument():
     kw = _gpu_problem(rng, 1, 4, 1, 300, 2)
     with pytest.raises(ValueError, match="head dimension K must be between 1 and 256 on the GPU"):
         cupy_gda.gated_attention_backward(**kw)
-    kw = _gpu_problem(rng, 1, 4, 1, 3, 2)
-    with pytest.raises(ValueError, match="the chunked form has no backward yet"):
+    kw = _gpu_problem(rng, 1, 4, 1, 3, 2, lens=(1, 3))
+    with pytest.raises(ValueError, match="method 'chunk' takes no cu_seqlens yet"):
         cupy_gda.gated_attention_backward(**kw, method="chunk")
 
 

@@ -2,7 +2,7 @@
 
 For sm_80 and sm_90: a cubin, no compiler warning, no local memory (stack frame, spills) in
 these hot loops, every entry point's PTX parameters as its launcher declares them (_launch.FORWARD,
-_launch.STEP, _launch.BACKWARD), and the launcher's shared-memory bytes as the kernel's layout
+_launch.STEP, _launch.BACKWARD, _launch.CHUNK_BACKWARD), and the launcher's shared-memory bytes as the kernel's layout
 has them (the kernels' SMEM_BYTES static_asserts). A bad define fails with KernelCompileError naming the file
 and the defines. Needs only NVRTC (the `nvidia-cuda-nvrtc-cu12` wheel of the `test` extra); where
 it cannot be loaded the module skips, except under CI=true, where that is an error.
@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from cupy_gda import _compile, _launch, chunk, recurrent, recurrent_bwd, step
+from cupy_gda import _compile, _launch, chunk, chunk_bwd, recurrent, recurrent_bwd, step
 from cupy_gda._checks import Problem
 
 
@@ -62,7 +62,7 @@ _SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 # (B, H): gda_recurrent_fwd's tiles depend on the N*H sequence-heads (narrower blocks when few)
 FEW, MANY = (2, 4), (32, 16)
 FAMILIES = {"gda_recurrent_fwd": recurrent.FAMILY, "gda_chunk_fwd": chunk.FAMILY, "gda_step": step.FAMILY,
-            "gda_recurrent_bwd": recurrent_bwd.FAMILY}
+            "gda_recurrent_bwd": recurrent_bwd.FAMILY, "gda_chunk_bwd": chunk_bwd.FAMILY}
 
 
 def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False):
@@ -82,6 +82,10 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False):
         cfg = recurrent_bwd.config(p, *ARCH_LIMITS[arch])
         defines = recurrent_bwd.defines(p, cfg, int64)
         where = f"-NH{B * H}-KT{cfg.KT}-KG{cfg.KG}-VT{cfg.VT}-TC{cfg.TC}-TS{cfg.TS}"
+    elif kernel == "gda_chunk_bwd":
+        cfg = chunk_bwd.config(p)._replace(BT=64 if BH == MANY else 32)   # (both chunk lengths)
+        defines = chunk_bwd.defines(p, cfg)
+        where = f"-BT{cfg.BT}-KT{cfg.KT}"
     else:
         defines = step.defines(p, idx_int64=int64, align=align)
         where = "" if align == 16 else f"-align{align}"
@@ -95,7 +99,7 @@ def _cases():
     shape (most registers), so each (dtype, gate dtype, log_gate) compiles on both archs, with
     few and many sequence-heads: about 170 compiles, not the full product."""
     out = []
-    for kernel in ("gda_recurrent_fwd", "gda_step", "gda_recurrent_bwd"):
+    for kernel in ("gda_recurrent_fwd", "gda_step", "gda_recurrent_bwd", "gda_chunk_bwd"):
         for a, arch in enumerate(ARCHS):
             out += [_case(kernel, arch, K, V, VARIANTS[(i + 5 * a + 3 * n) % len(VARIANTS)], BH)
                     for i, (K, V) in enumerate(SHAPES) for n, BH in enumerate((FEW, MANY))
@@ -134,7 +138,8 @@ def _build(kernel, items, arch):
 
 
 # the kernels by the time a compile takes (chunk 1.5-6 s of CPU, recurrent 0.5-1, step 0.1)
-_COST = {"gda_chunk_fwd": 2, "gda_recurrent_fwd": 1, "gda_recurrent_bwd": 1, "gda_step": 0}
+_COST = {"gda_chunk_fwd": 2, "gda_recurrent_fwd": 1, "gda_recurrent_bwd": 1, "gda_step": 0,
+         "gda_chunk_bwd": 0}
 _jobs = {}          # (kernel, items, arch) -> its compile's Future
 
 

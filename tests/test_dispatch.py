@@ -6,7 +6,7 @@ The tile invariants mirror the static_asserts of kernels/*.cu, checked here for 
 """
 import pytest
 
-from cupy_gda import _dispatch, _launch, chunk, recurrent, step
+from cupy_gda import _dispatch, _launch, chunk, chunk_bwd, recurrent, step
 from cupy_gda._checks import MAX_DIM, Problem
 
 FN = "gated_attention"
@@ -554,3 +554,48 @@ def test_launch_takes_exactly_the_declared_sizes(sizes):
     fn = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=1))
     with pytest.raises(TypeError, match="takes the pointers first and every scalar but the last"):
         _launch.Launch(fn, _launch.FORWARD, 1, 32, 0, **sizes)
+
+
+# ---- the backward (gated_attention_backward): _dispatch.pick_backward, chunk_bwd's rules
+
+@pytest.mark.parametrize("p, varlen, want", [
+    pytest.param(P, False, "recurrent", id="seed-T63"),
+    pytest.param(_p(T=511, K=64, B=4, H=8), False, "recurrent", id="T511"),
+    pytest.param(_p(T=512, K=24, B=2, H=4), False, "chunk", id="T512"),
+    pytest.param(_p(T=4096, K=128, B=8, H=16), False, "chunk", id="big128"),
+    pytest.param(_p(T=4096, K=64, B=1, H=4), True, "recurrent", id="varlen"),
+])
+def test_backward_auto_picks(p, varlen, want):
+    assert _dispatch.pick_backward("f", "auto", p, True, varlen) == want
+    assert _dispatch.pick_backward("f", "auto", p, False, varlen) == "recurrent"    # the CPU's
+
+
+def test_backward_named_methods():
+    assert _dispatch.pick_backward("f", "chunk", P, True, False) == "chunk"
+    assert _dispatch.pick_backward("f", "recurrent", P, True, True) == "recurrent"
+    with pytest.raises(ValueError, match="method 'chunk' takes no cu_seqlens yet"):
+        _dispatch.pick_backward("f", "chunk", P, True, True)
+    with pytest.raises(ValueError, match="method 'chunk' has no CPU implementation"):
+        _dispatch.pick_backward("f", "chunk", P, False, False)
+    with pytest.raises(ValueError, match="method must be one of 'auto', 'recurrent', 'chunk'"):
+        _dispatch.pick_backward("f", "fused", P, True, False)
+
+
+@pytest.mark.parametrize("p, want", [
+    pytest.param(_p(T=4096, K=128, B=8, H=16), (64, 64), id="big128"),
+    pytest.param(P._replace(T=4096, K=256, V=512, B=8, N=8, H=4), (64, 64), id="gla-1.3b"),
+    pytest.param(_p(T=1024, K=128, B=2, H=4), (32, 64), id="few-chunks"),
+    pytest.param(_p(T=4096, K=24, B=8, H=16), (32, 32), id="long24"),
+    pytest.param(_p(T=2048, K=64, B=4, H=8), (32, 64), id="gla64"),
+])
+def test_chunk_backward_config(p, want):
+    assert tuple(chunk_bwd.config(p)) == want
+
+
+def test_chunk_backward_workspace_sizes():
+    p = P._replace(T=100, K=5, V=7, B=2, N=2, H=3)
+    ws = chunk_bwd.workspace(p, chunk_bwd.Config(32, 32))
+    NB = 2 * 3 * 4                                     # ceil(100 / 32) = 4 chunks a sequence-head
+    assert ws["st"] == ws["et"] == NB * 5 * 7 and ws["mm"] == ws["ww"] == NB * 32 * 32
+    assert ws["qa"] == ws["kd"] == ws["ev"] == NB * 32 * 5 and ws["ar"] == 2 * NB * 32 * 5
+    assert ws["vp"] == ws["dp"] == NB * 32 * 7 and ws["ae"] == ws["es"] == NB * 5
