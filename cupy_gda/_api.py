@@ -151,7 +151,7 @@ def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0
             _dispatch.BACKWARD_CHUNK_FROM steps, else the loop), "recurrent" (GPU and CPU: the
             reverse loop, the states recomputed from kept ones; on the GPU one a chunk of up to
             32 steps, or one every 64 steps where that would take over
-            recurrent_bwd.KEPT_BYTES) or "chunk" (GPU, no cu_seqlens: chunks of 64 steps, the
+            recurrent_bwd.KEPT_BYTES) or "chunk" (GPU, no cu_seqlens: chunks of 32 or 64 steps, the
             matmuls in cuBLAS float32, the states kept at each chunk's start; where the inputs
             or states leave the range its products are exact in, the reverse loop runs
             instead, decided on the GPU).

@@ -14,11 +14,11 @@ What a GPU call costs beyond its kernels: one Python callback per forward and pe
 by the host thread that queues XLA's work (the core's checks and launch; not measured yet: the
 core's fast path, ~13 µs a call, is skipped by ``out=``). o is written in place (``out=``); the
 final state and the backward's gradients are copied into XLA's buffers (their bytes read and
-written once more). Workspaces (the forward's segment states, the backward's kept states and
-partial sums) and those copies' sources come from CuPy's memory pool on XLA's stream, not from
-XLA's allocator: JAX preallocates 75 % of GPU memory by default, which leaves CuPy the rest; set
-XLA_PYTHON_CLIENT_PREALLOCATE=false (or a lower XLA_PYTHON_CLIENT_MEM_FRACTION) for large
-problems. Taking them as extra outputs instead (what the issue asks) needs the launchers to take
+written once more). Workspaces (the forward's segment states, the backward's kept or chunk
+states and partial sums) and those copies' sources come from CuPy's memory pool on XLA's
+stream, not from XLA's allocator: JAX preallocates 75 % of GPU memory by default, which leaves
+CuPy the rest; set XLA_PYTHON_CLIENT_PREALLOCATE=false (or a lower
+XLA_PYTHON_CLIENT_MEM_FRACTION) for large problems. Taking them as extra outputs instead (what the issue asks) needs the launchers to take
 every output and workspace as arguments and to say the workspace sizes before the call; they
 allocate inside so far.
 

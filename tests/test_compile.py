@@ -2,8 +2,8 @@
 
 For sm_80 and sm_90: a cubin, no compiler warning, no local memory (stack frame, spills) in
 these hot loops, every entry point's PTX parameters as its launcher declares them (_launch.FORWARD,
-_launch.STEP, _launch.BACKWARD, _launch.CHUNK_BACKWARD), and the launcher's shared-memory bytes as the kernel's layout
-has them (the kernels' SMEM_BYTES static_asserts). A bad define fails with KernelCompileError naming the file
+_launch.STEP, _launch.BACKWARD, _launch.CHUNK_BACKWARD), and the launcher's shared-memory bytes
+as the kernel's layout has them (the kernels' SMEM_BYTES static_asserts). A bad define fails with KernelCompileError naming the file
 and the defines. Needs only NVRTC (the `nvidia-cuda-nvrtc-cu12` wheel of the `test` extra); where
 it cannot be loaded the module skips, except under CI=true, where that is an error.
 """
