@@ -1,7 +1,8 @@
 """The public functions: argument checks, then the one dispatch point, then a kernel."""
 import numpy as np
 
-from cupy_gda import _checks, _dispatch, chunk, chunk_bwd, recurrent, recurrent_bwd, reference, step
+from cupy_gda import (_checks, _dispatch, chunk, chunk_bwd, recurrent, recurrent_bwd, reference,
+                      step)
 from cupy_gda._interop import Bridge, host_array
 
 
@@ -147,14 +148,14 @@ def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0
         q, k, v, gate / log_gate, scale, initial_state, cu_seqlens: the forward call's.
         do: [B, T, H, V] the gradient of o, v's dtype.
         d_final_state: [N, H, K, V] the gradient of the final state (if the loss used it).
-        method: "auto" (the chunked form on the GPU from sequences of
+        method: "auto" (the chunked form on the GPU from a mean sequence length of
             _dispatch.BACKWARD_CHUNK_FROM steps, else the loop), "recurrent" (GPU and CPU: the
             reverse loop, the states recomputed from kept ones; on the GPU one a chunk of up to
             32 steps, or one every 64 steps where that would take over
-            recurrent_bwd.KEPT_BYTES) or "chunk" (GPU, no cu_seqlens: chunks of 32 or 64 steps, the
-            matmuls in cuBLAS float32, the states kept at each chunk's start; where the inputs
-            or states leave the range its products are exact in, the reverse loop runs
-            instead, decided on the GPU).
+            recurrent_bwd.KEPT_BYTES) or "chunk" (GPU: chunks of 32 or 64 steps, the matmuls
+            in cuBLAS float32, the states kept at each chunk's start; where the inputs or
+            states leave the range its products are exact in, the reverse loop runs instead,
+            decided on the GPU).
         check_indices: as in gated_attention.
 
     Returns :class:`Gradients` (dq, dk, dv, dgate, dinitial_state): dq, dk, dv in q's dtype,
@@ -178,11 +179,10 @@ def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0
         g = gate if gate is not None else log_gate
         if br.gpu:
             q, k, v, g, do, h0, dht, cu = _contiguous((q, k, v, g, do, h0, dht, cu))
-            if m == "chunk":
-                grads = chunk_bwd.plan(p)(q, k, v, g, do, scale, h0, dht)
-            else:
-                plan = recurrent_bwd.plan(p, cu is not None and cu.dtype == np.int64)
-                grads = plan(q, k, v, g, do, scale, h0, dht, cu)
+            wide = cu is not None and cu.dtype == np.int64
+            plan = (chunk_bwd.plan(p, cu is not None, wide) if m == "chunk"
+                    else recurrent_bwd.plan(p, wide))
+            grads = plan(q, k, v, g, do, scale, h0, dht, cu)
         else:
             r = reference.gated_attention_backward_recurrent(
                 q, k, v, gate, do=do, log_gate=log_gate, scale=scale, initial_state=h0,

@@ -17,10 +17,10 @@ METHODS = {
 BACKWARD_METHODS = {
     "recurrent": ("cpu", "gpu"),   # GPU: cupy_gda/recurrent_bwd.py; CPU:
                                    #   reference.gated_attention_backward_recurrent
-    "chunk": ("gpu",),             # GPU: cupy_gda/chunk_bwd.py (no cu_seqlens yet)
+    "chunk": ("gpu",),             # GPU: cupy_gda/chunk_bwd.py
 }
-# GPU: method="auto" runs the chunked backward where the mean sequence length is at least this
-# (and there are no cu_seqlens); the reverse loop below it (docs/perf-notes.md, v19)
+# GPU: method="auto" runs the chunked backward where the mean sequence length is at least this;
+# the reverse loop below it (docs/perf-notes.md, v19)
 BACKWARD_CHUNK_FROM = 512
 
 # CPU: method="auto" runs the loop (reference.gated_attention_recurrent): it measured faster than

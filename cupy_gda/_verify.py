@@ -315,14 +315,21 @@ def backward_references(case, args, do, dht):
     return grads[0], emu
 
 
-def backward_method(case, method, backend):
+def gradient_dtypes(args):
+    """The dtypes of a backward's Gradients for its arguments ``args`` (a dict of arrays): dq, dk
+    in q's, dv in v's, dgate in the gate argument's, dinitial_state float32 (float64 for float64
+    inputs)."""
+    g = args["gate"] if args.get("gate") is not None else args["log_gate"]
+    state = np.dtype(np.float64 if args["q"].dtype == np.float64 else np.float32)
+    return (args["q"].dtype, args["q"].dtype, args["v"].dtype, g.dtype, state)
+
+
+def backward_method(method, backend):
     """The backward's method for a run of ``method`` (the forward's) on ``backend``: the same
-    family where it has a backward that takes the case there, else "auto"."""
+    family where it has a backward there, else "auto"."""
     from cupy_gda import _dispatch
     where = "gpu" if backend == "cupy" else "cpu"
-    if where not in _dispatch.BACKWARD_METHODS.get(method, ()):
-        return "auto"
-    return "auto" if method == "chunk" and case.lengths else method
+    return method if where in _dispatch.BACKWARD_METHODS.get(method, ()) else "auto"
 
 
 def _run_backward(case, args, to_dev, to_host, seed, method):
@@ -332,9 +339,7 @@ def _run_backward(case, args, to_dev, to_host, seed, method):
     got = cupy_gda.gated_attention_backward(**{k: to_dev(v) for k, v in args.items()},
                                             do=to_dev(do), d_final_state=to_dev(dht),
                                             method=method)
-    g = args["gate"] if "gate" in args else args["log_gate"]
-    want = dict(dq=args["q"].dtype, dk=args["q"].dtype, dv=args["q"].dtype, dgate=g.dtype,
-                dinitial_state=np.dtype(np.float64 if case.dtype == "float64" else np.float32))
+    want = dict(zip(ref._fields, gradient_dtypes(args)))
     out = []
     for name, x, r, e in zip(ref._fields, got, ref, emu):
         if r is None or x is None:
@@ -358,7 +363,7 @@ def run_case(case, backend="numpy", seed=0, method="auto"):
         to_dev, to_host = np.copy, np.asarray
     if case.backward:
         return _run_backward(case, args, to_dev, to_host, seed,
-                             backward_method(case, method, backend))
+                             backward_method(method, backend))
     dev = {k: to_dev(v) for k, v in args.items()}
     (o_ref, s_ref), (o_emu, s_emu) = references(case, args)
     if case.step:

@@ -1,8 +1,9 @@
 """Launcher of gda_chunk_bwd (kernels/gda_chunk_bwd.cu): the gradients in chunks of BT steps, the
 matmuls in cuBLAS float32 (no TF32), exact for every gate (the guarded fall back to the reverse
-loop, recurrent_bwd, on the GPU itself). Sequences of T steps (no cu_seqlens), any K and V.
+loop, recurrent_bwd, on the GPU itself). Any K and V, sequences of T steps or packed ones
+(cu_seqlens: each sequence's chunks in order, their offsets counted on the GPU).
 
-The pipeline of one call, all on the current stream, no host sync (NB = N H NC chunks):
+The pipeline of one call, all on the current stream, no host sync (NB chunks, chunks()):
   1. pack       q A, k D, A_end, v, do as float32 rows [NB][BT][*]; the guard on the inputs
   2. GEMMs      st = (k D)^T v, et = scale (q A)^T do                     (local states)
   3. states     st -> S0, et -> E chunk by chunk; rowsum(E S0); d_initial_state; the guard
@@ -38,27 +39,35 @@ def config(p):
     """Chunks of 64 steps where K >= 128 and there are at least CHUNKS_64 of them (the chunk
     states and local-state GEMMs shrink with BT); else of 32 (the work inside a chunk, O(BT^2 K),
     shrinks, and more chunks fill the GPU): measured in docs/perf-notes.md, v19."""
-    bt = 64 if p.K >= 128 and p.N * p.H * -(-p.T // 64) >= CHUNKS_64 else 32
+    bt = 64 if p.K >= 128 and p.H * -(-p.B * p.T // 64) >= CHUNKS_64 else 32
     return Config(bt, 32 if p.K <= 32 else 64)
 
 
 def refusal(p, varlen):
     """Why the chunked backward cannot run Problem ``p`` (completes "method 'chunk' ..."), or
-    None."""
-    if varlen:
-        return "takes no cu_seqlens yet (the recurrent backward does)"
+    None: it runs every Problem the GPU checks let through."""
     return None
 
 
-def defines(p, cfg):
+def chunks(p, BT, varlen):
+    """(NH, NC): NH sequence-heads of NC chunks each. Without cu_seqlens N H of ceil(T / BT);
+    with them H (one a head) of every sequence's chunks in order, at most T / BT + N (a chunk
+    more than its steps fill per sequence: an empty one has one, of no rows)."""
+    if varlen:
+        return p.H, -(-p.T // BT) + p.N
+    return p.N * p.H, -(-p.T // BT)
+
+
+def defines(p, cfg, seq_int64=False):
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
-                LOG_GATE=int(p.log_gate), BT=cfg.BT, KT=cfg.KT)
+                LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BT=cfg.BT, KT=cfg.KT)
 
 
-def workspace(p, cfg):
+def workspace(p, cfg, varlen=False):
     """{name: floats} of the float32 workspaces, in order (the kernel's parameter names); qa's
     room is reused by sd and vp's by dv's rows, each written after the other's last read."""
-    NB = p.N * p.H * -(-p.T // cfg.BT)
+    NH, NC = chunks(p, cfg.BT, varlen)
+    NB = NH * NC
     C, K, V = cfg.BT, p.K, p.V
     return dict(st=NB * K * V, et=NB * K * V, qa=NB * C * K, kd=NB * C * K, vp=NB * C * V,
                 dp=NB * C * V, ae=NB * K, es=NB * K, mm=NB * C * C, ww=NB * C * C, ev=NB * C * K,
@@ -105,26 +114,27 @@ class Gemm:
 
 
 class BackwardPlan:
-    """gda_chunk_bwd compiled and sized for one Problem (no cu_seqlens) on the current device,
-    with the reverse loop's plan as its guarded fall-back: a call allocates the gradients and one
-    workspace (the larger of the two families') and queues every launch without a host sync."""
+    """gda_chunk_bwd compiled and sized for one Problem (``varlen``: with cu_seqlens, of int64
+    where ``seq_int64``) on the current device, with the reverse loop's plan as its guarded
+    fall-back: a call allocates the gradients and one workspace (the larger of the two
+    families') and queues every launch without a host sync."""
 
-    def __init__(self, p, cfg=None):
-        self.p, self.cfg = p, cfg or config(p)
+    def __init__(self, p, varlen=False, seq_int64=False, cfg=None):
+        self.p, self.cfg, self.varlen = p, cfg or config(p), varlen
         C, K, V = self.cfg.BT, p.K, p.V
-        self.NC = -(-p.T // C)
-        NB = self.NB = p.N * p.H * self.NC
-        d = defines(p, self.cfg)
+        NH, self.NC = chunks(p, C, varlen)
+        NB = self.NB = NH * self.NC if p.N else 0
+        d = defines(p, self.cfg, seq_int64)
         n_kt = -(-K // self.cfg.KT)
 
         def launch(entry, grid, block):
-            return Launch(FAMILY.function(entry, d), CHUNK_BACKWARD, grid, block, 0, T=p.T,
-                          NH=p.N * p.H, H=p.H, NC=self.NC)
+            return Launch(FAMILY.function(entry, d), CHUNK_BACKWARD, grid, block, 0,
+                          T=p.B * p.T if varlen else p.T, NH=NH, N=p.N, H=p.H, NC=self.NC)
 
         self.pack = launch("gda_chunk_bwd_pack", NB, NTP)
         vecs = V // 4 if V % 4 == 0 else V                           # loads a key row
         rows = NTP // (128 if vecs >= 128 else -(-vecs // 32) * 32)  # key rows a block
-        self.states = launch("gda_chunk_bwd_states", -(-p.N * p.H * K // rows), NTP)
+        self.states = launch("gda_chunk_bwd_states", -(-NH * K // rows), NTP)
         self.scores = launch("gda_chunk_bwd_scores", NB, C)
         self.intra = launch("gda_chunk_bwd_intra", NB * n_kt, self.cfg.KT)
         self.dv = launch("gda_chunk_bwd_dv", NB, NTP)
@@ -133,15 +143,26 @@ class BackwardPlan:
         self.rows_k = Gemm(NB, C, K, V, tb=True)         # do S0^T, v E^T
         self.dv_inter = Gemm(NB, C, V, K)                # (k D) E
         self.dv_intra = Gemm(NB, C, V, C)                # W do
-        self.sizes = workspace(p, self.cfg)
-        self.loop = recurrent_bwd.plan(p, False)
+        self.sizes = workspace(p, self.cfg, varlen)
+        self.loop = recurrent_bwd.plan(p, seq_int64)
         self.ws_floats = max(sum(self.sizes.values()), sum(self.loop.ws))
 
-    def __call__(self, q, k, v, g, do, scale, h0, dht):
+    def __call__(self, q, k, v, g, do, scale, h0, dht, cu_seqlens=None):
         """(dq, dk, dv, dg, dh0) as recurrent_bwd.BackwardPlan's; arrays are contiguous CuPy."""
-        return self.run(q, k, v, g, do, scale, h0, dht)[0]
+        return self.run(q, k, v, g, do, scale, h0, dht, cu_seqlens)[0]
 
-    def run(self, q, k, v, g, do, scale, h0, dht, fallback=True):
+    def chunk_offsets(self, cu_seqlens):
+        """[N + 1] int64 on the GPU: sequence n's chunks start at coff[n] (each at least one:
+        ceil(len / BT), clamped like gda_seq_rows)."""
+        import cupy
+        cu = cu_seqlens.astype(np.int64)
+        bos = cupy.clip(cu[:-1], 0, self.p.T)
+        eos = cupy.minimum(cupy.maximum(cu[1:], bos), self.p.T)
+        coff = cupy.zeros((self.p.N + 1,), np.int64)
+        cupy.cumsum(cupy.maximum((eos - bos + self.cfg.BT - 1) // self.cfg.BT, 1), out=coff[1:])
+        return coff
+
+    def run(self, q, k, v, g, do, scale, h0, dht, cu_seqlens=None, fallback=True):
         """(gradients, the guard's flag: a device int, 1 where it was hit); ``fallback=False``
         leaves out the reverse loop (tests: the chunked form's own results)."""
         import cupy
@@ -153,7 +174,8 @@ class BackwardPlan:
         grads = (dq, dk, dv, dg, dh0)
         flag = cupy.zeros((1,), np.int32)
         if self.NB == 0:
-            return self.loop(q, k, v, g, do, scale, h0, dht, None, out=grads), flag
+            return self.loop(q, k, v, g, do, scale, h0, dht, cu_seqlens, out=grads), flag
+        coff = self.chunk_offsets(cu_seqlens) if self.varlen else None
         ws = empty((self.ws_floats,), np_dtype("float32"))   # kept alive until all are queued
         at, base = {}, ws.data.ptr
         for name, n in self.sizes.items():
@@ -163,7 +185,8 @@ class BackwardPlan:
         ptrs = (q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, do.data.ptr, address(h0),
                 address(dht), at["st"], at["et"], at["qa"], at["kd"], at["vp"], at["dp"],
                 at["ae"], at["es"], at["mm"], at["ww"], at["sd"], at["ev"], at["ar"],
-                flag.data.ptr, dq.data.ptr, dk.data.ptr, dv.data.ptr, dg.data.ptr, address(dh0))
+                flag.data.ptr, dq.data.ptr, dk.data.ptr, dv.data.ptr, dg.data.ptr, address(dh0),
+                address(cu_seqlens), address(coff))
         self.pack(ptrs, scale)                                              # 1
         self.local(at["st"], at["kd"], at["vp"])                           # 2
         self.local(at["et"], at["qa"], at["dp"], alpha=scale)
@@ -177,11 +200,12 @@ class BackwardPlan:
         self.dv_intra(dvp, at["ww"], at["dp"], alpha=scale, beta=1.0)
         self.dv(ptrs, scale)
         if fallback:                                                        # 8
-            self.loop(q, k, v, g, do, scale, h0, dht, None, out=grads, ws=ws,
+            self.loop(q, k, v, g, do, scale, h0, dht, cu_seqlens, out=grads, ws=ws,
                       only_if=flag.data.ptr)
         return grads, flag
 
 
-def plan(p):
-    """The memoised BackwardPlan of Problem ``p`` on the current device."""
-    return cached(BackwardPlan, p)
+def plan(p, varlen=False, seq_int64=False):
+    """The memoised BackwardPlan of Problem ``p`` (with cu_seqlens where ``varlen``, of int64
+    where ``seq_int64``) on the current device."""
+    return cached(BackwardPlan, p, varlen, seq_int64)

@@ -35,13 +35,16 @@
 //   *flag, and the launcher's next launch, the reverse loop (gda_recurrent_bwd), runs only then
 //   and overwrites every gradient: the loop's result, without a host sync.
 //
-// Layout: chunk b = (n * H + h) * NC + c (NC = chunks a sequence, sequences of T steps, no
-//   cu_seqlens); its rows [b][BT][*] in the float32 workspaces.
-// Required defines: K_DIM, V_DIM, IO_DTYPE, G_DTYPE, LOG_GATE, BT (steps a chunk, 16..64, a
-//   multiple of 16), KT (key columns a block of gda_chunk_bwd_intra, a multiple of 32).
+// Layout: chunk b = nh * NC + j of NH sequence-heads: without cu_seqlens nh = n * H + h, j the
+//   chunk c of sequence n (NC = chunks of T steps); with them nh = h and j runs over every
+//   sequence's chunks in order (NC = their most, T / BT + N; gda_chunk_at). Its rows [b][BT][*]
+//   in the float32 workspaces.
+// Required defines: K_DIM, V_DIM, IO_DTYPE, G_DTYPE, LOG_GATE, SEQ_INT64, BT (steps a chunk,
+//   16..64, a multiple of 16), KT (key columns a block of gda_chunk_bwd_intra, a multiple of 32).
 //   Reference: cupy_gda.reference.gated_attention_backward_ref.
-#if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(BT) || !defined(KT)
-#error "K_DIM, V_DIM, LOG_GATE, BT and KT are required"
+#if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
+    || !defined(BT) || !defined(KT)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT and KT are required"
 #endif
 static_assert(BT % 16 == 0 && BT >= 16 && BT <= 64, "BT: 16..64, a multiple of 16");
 static_assert(KT % 32 == 0 && KT <= 256, "KT: a multiple of 32, at most 256");
@@ -61,30 +64,52 @@ static_assert(KT % 32 == 0 && KT <= 256, "KT: a multiple of 32, at most 256");
     const float* __restrict__ mm, float* __restrict__ ww, const float* __restrict__ sd,          \
     const float* __restrict__ ev, float2* __restrict__ ar, int* __restrict__ flag,               \
     io::t* __restrict__ dq, io::t* __restrict__ dk, io::t* __restrict__ dv,                      \
-    gt::t* __restrict__ dg, float* __restrict__ dh0, long long T, long long NH, int H, int NC,    \
+    gt::t* __restrict__ dg, float* __restrict__ dh0, const seq_t* __restrict__ cu_seqlens,       \
+    const long long* __restrict__ coff, long long T, long long NH, long long N, int H, int NC,   \
     float scale
 
-__device__ __forceinline__ bool gda_bwd_in(float x, float bound) { return fabsf(x) <= bound; }  // NaN: false
+// |x| <= bound (NaN: false)
+__device__ __forceinline__ bool gda_bwd_in(float x, float bound) { return fabsf(x) <= bound; }
 
 // Chunk b's place: element (r, col) of its rows in a [B*T, H, dim] tensor, and its rows inside
-// the sequence (the rest of its BT rows are padding)
+// the sequence (the rest of its BT rows are padding). Without cu_seqlens, b = (n * H + h) * NC
+// + c; with them, b = h * NC + j, j the chunk in the packed order of every sequence's chunks:
+// sequence n has chunks coff[n] .. coff[n+1] - 1 (at least one, so an empty sequence has one
+// of no rows), and chunks from coff[N] on have no rows.
 struct gda_chunk_at {
     long long row0;                     // (sequence row of its first step) * H + h
     int rows, H;
-    __device__ __forceinline__ gda_chunk_at(long long b, long long T, int H_, int NC) : H(H_) {
-        const long long nh = b / NC, c = b % NC;
-        row0 = ((nh / H) * T + c * BT) * H + nh % H;
-        rows = (int)min((long long)BT, T - c * BT);
+    __device__ __forceinline__ gda_chunk_at(long long b, long long T, int H_, int NC,
+                                            const seq_t* cu_seqlens, const long long* coff,
+                                            long long N) : H(H_) {
+        const long long nh = b / NC, j = b % NC;
+        long long n = nh / H, c = j, h = nh % H;
+        if (coff) {
+            long long lo = 0, hi = N;                   // the last n < N with coff[n] <= j
+            while (hi - lo > 1) {
+                const long long mid = (lo + hi) / 2;
+                if (coff[mid] <= j) lo = mid; else hi = mid;
+            }
+            n = lo;
+            c = j - coff[n];
+            h = nh;
+        }
+        long long bos, eos;
+        gda_seq_rows(cu_seqlens, n, T, bos, eos);
+        row0 = (bos + c * BT) * H + h;
+        rows = (int)max(0LL, min((long long)BT, eos - bos - c * BT));
     }
     __device__ __forceinline__ long long at(int r, int dim, int col) const {
         return (row0 + (long long)r * H) * dim + col;
     }
 };
 
+#define GDA_CHUNK gda_chunk_at ch(b, T, H, NC, cu_seqlens, coff, N)
+
 extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_pack(GDA_CHUNK_BWD_PARAMS)
 {
     const long long b = blockIdx.x;
-    gda_chunk_at ch(b, T, H, NC);
+    GDA_CHUNK;
     bool ok = true;
     for (int i = threadIdx.x; i < K_DIM; i += NTP) {
         float a = 1.f;                                  // A_t: q A, A_end
@@ -151,122 +176,132 @@ __device__ __forceinline__ vpack gda_ld(const float* p, long long x, bool on) {
 // Block: RB rows (sequence-head nh, key row i) of NTC threads, thread jt: the columns
 // (jt + jj NTC) VW .. + VW - 1. st[b][i][:] holds (k D)^T v of chunk b and becomes S0 (the state
 // before the chunk); et[b][i][:] holds scale (q A)^T do and becomes E; es[b][i] = rowsum(E (.)
-// S0); dh0 = the gradient reaching the initial state. The chunks go CU at a time, their loads
-// issued together (the scan's chain is the FMA, not the loads).
+// S0); dh0 = the gradient reaching each sequence's initial state. A row runs its sequences one
+// after another (with cu_seqlens nh is the head, and sequence n its chunks coff[n] ..
+// coff[n+1] - 1; else one, NC chunks), each forward then backward; the chunks go CU at a time,
+// their loads issued together (the scan's chain is the FMA, not the loads). Every row of a
+// block passes the same barriers (the chunk ranges are the same for every head).
 extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_states(GDA_CHUNK_BWD_PARAMS)
 {
     __shared__ float b_red[CU][NTP / 32];
     const int r = threadIdx.x / NTC, jt = threadIdx.x % NTC;
-    const long long row = (long long)blockIdx.x * RB + r;         // (nh, i) of [N*H, K]
+    const long long row = (long long)blockIdx.x * RB + r;         // (nh, i) of [NH, K]
     const bool live = row < NH * K_DIM;                            // (the last block's rows)
     const long long nh = live ? row / K_DIM : 0;
     const int i = live ? (int)(row % K_DIM) : 0;
-    float s[VJ][VW], e[VJ][VW];
     bool ok = true;
-    #pragma unroll
-    for (int jj = 0; jj < VJ; ++jj)
-        #pragma unroll
-        for (int w = 0; w < VW; ++w) {
-            const int j = (jt + jj * NTC) * VW + w;
-            s[jj][w] = h0 && live && j < V_DIM ? h0[row * V_DIM + j] : 0.f;
-            e[jj][w] = dht && live && j < V_DIM ? dht[row * V_DIM + j] : 0.f;
-        }
-    const int nc = live ? NC : 0;                       // (a dead row: the barriers only)
-    for (int c0 = 0; c0 < nc; c0 += CU) {                // forward: S0 of each chunk
-        float a[CU];
-        vpack l[CU][VJ];
-        #pragma unroll
-        for (int u = 0; u < CU; ++u) {
-            const long long b = nh * NC + min(c0 + u, NC - 1);
-            a[u] = ae[b * K_DIM + i];
-            #pragma unroll
-            for (int jj = 0; jj < VJ; ++jj) {
-                const int j = (jt + jj * NTC) * VW;
-                l[u][jj] = gda_ld(st, (b * K_DIM + i) * V_DIM + j, j < V_DIM);
-            }
-        }
-        #pragma unroll
-        for (int u = 0; u < CU; ++u) {
-            if (c0 + u < NC) {
-                const long long b = nh * NC + c0 + u;
-                #pragma unroll
-                for (int jj = 0; jj < VJ; ++jj) {
-                    const int j = (jt + jj * NTC) * VW;
-                    if (j < V_DIM) {
-                        vpack o;
-                        #pragma unroll
-                        for (int w = 0; w < VW; ++w) {
-                            o.f[w] = s[jj][w];
-                            ok &= gda_bwd_in(s[jj][w], GDA_BWD_STATE_MAX);
-                            s[jj][w] = fmaf(a[u], s[jj][w], l[u][jj].f[w]);
-                        }
-                        *reinterpret_cast<typename gda_floats<VW>::t*>(st + (b * K_DIM + i) * V_DIM + j) = o.v;
-                    }
-                }
-            }
-        }
-    }
-    for (int c1 = NC - 1; c1 >= 0; c1 -= CU) {           // backward: E of each chunk, from the last
-        float a[CU], part[CU];
-        vpack l[CU][VJ], s0[CU][VJ];
-        #pragma unroll
-        for (int u = 0; u < CU; ++u) {
-            const long long b = nh * NC + max(c1 - u, 0);
-            a[u] = live ? ae[b * K_DIM + i] : 0.f;
-            #pragma unroll
-            for (int jj = 0; jj < VJ; ++jj) {
-                const int j = (jt + jj * NTC) * VW;
-                const long long x = (b * K_DIM + i) * V_DIM + j;
-                l[u][jj] = gda_ld(et, x, live && j < V_DIM);
-                s0[u][jj] = gda_ld(st, x, live && j < V_DIM);
-            }
-        }
-        #pragma unroll
-        for (int u = 0; u < CU; ++u) {
-            part[u] = 0.f;
-            if (live && c1 - u >= 0) {
-                const long long b = nh * NC + c1 - u;
-                #pragma unroll
-                for (int jj = 0; jj < VJ; ++jj) {
-                    const int j = (jt + jj * NTC) * VW;
-                    if (j < V_DIM) {
-                        vpack o;
-                        #pragma unroll
-                        for (int w = 0; w < VW; ++w) {
-                            o.f[w] = e[jj][w];
-                            ok &= gda_bwd_in(e[jj][w], GDA_BWD_STATE_MAX);
-                            part[u] = fmaf(e[jj][w], s0[u][jj].f[w], part[u]);
-                            e[jj][w] = fmaf(a[u], e[jj][w], l[u][jj].f[w]);
-                        }
-                        *reinterpret_cast<typename gda_floats<VW>::t*>(et + (b * K_DIM + i) * V_DIM + j) = o.v;
-                    }
-                }
-            }
-        }
-        // rowsum over the row's NTC threads: its warps' shuffle sums, then across them
-        #pragma unroll
-        for (int u = 0; u < CU; ++u) {
-            #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) part[u] += __shfl_xor_sync(GDA_FULL_MASK, part[u], o);
-            if (threadIdx.x % 32 == 0) b_red[u][threadIdx.x / 32] = part[u];
-        }
-        __syncthreads();
-        if (live && jt < CU && c1 - jt >= 0) {
-            float sum = 0.f;
-            #pragma unroll
-            for (int w = 0; w < NTC / 32; ++w) sum += b_red[jt][r * (NTC / 32) + w];
-            es[(nh * NC + c1 - jt) * K_DIM + i] = sum;
-        }
-        __syncthreads();                                 // b_red is rewritten by the next group
-    }
-    if (dh0 && live)
+    const long long nseq = coff ? N : 1;
+    for (long long sq = 0; sq < nseq; ++sq) {
+        const long long n = coff ? sq : nh / H;
+        const int j0 = coff ? (int)coff[n] : 0, j1 = coff ? (int)coff[n + 1] : NC;
+        const long long srow = (n * H + (coff ? nh : nh % H)) * K_DIM + i;   // of h0, dht, dh0
+        float s[VJ][VW], e[VJ][VW];
         #pragma unroll
         for (int jj = 0; jj < VJ; ++jj)
             #pragma unroll
             for (int w = 0; w < VW; ++w) {
                 const int j = (jt + jj * NTC) * VW + w;
-                if (j < V_DIM) dh0[row * V_DIM + j] = e[jj][w];
+                s[jj][w] = h0 && live && j < V_DIM ? h0[srow * V_DIM + j] : 0.f;
+                e[jj][w] = dht && live && j < V_DIM ? dht[srow * V_DIM + j] : 0.f;
             }
+        for (int c0 = j0; live && c0 < j1; c0 += CU) {   // forward: S0 of each chunk
+            float a[CU];
+            vpack l[CU][VJ];
+            #pragma unroll
+            for (int u = 0; u < CU; ++u) {
+                const long long b = nh * NC + min(c0 + u, j1 - 1);
+                a[u] = ae[b * K_DIM + i];
+                #pragma unroll
+                for (int jj = 0; jj < VJ; ++jj) {
+                    const int j = (jt + jj * NTC) * VW;
+                    l[u][jj] = gda_ld(st, (b * K_DIM + i) * V_DIM + j, j < V_DIM);
+                }
+            }
+            #pragma unroll
+            for (int u = 0; u < CU; ++u) {
+                if (c0 + u < j1) {
+                    const long long b = nh * NC + c0 + u;
+                    #pragma unroll
+                    for (int jj = 0; jj < VJ; ++jj) {
+                        const int j = (jt + jj * NTC) * VW;
+                        if (j < V_DIM) {
+                            vpack o;
+                            #pragma unroll
+                            for (int w = 0; w < VW; ++w) {
+                                o.f[w] = s[jj][w];
+                                ok &= gda_bwd_in(s[jj][w], GDA_BWD_STATE_MAX);
+                                s[jj][w] = fmaf(a[u], s[jj][w], l[u][jj].f[w]);
+                            }
+                            *reinterpret_cast<typename gda_floats<VW>::t*>(
+                                st + (b * K_DIM + i) * V_DIM + j) = o.v;
+                        }
+                    }
+                }
+            }
+        }
+        for (int c1 = j1 - 1; c1 >= j0; c1 -= CU) {     // backward: E of each chunk, from the last
+            float a[CU], part[CU];
+            vpack l[CU][VJ], s0[CU][VJ];
+            #pragma unroll
+            for (int u = 0; u < CU; ++u) {
+                const long long b = nh * NC + max(c1 - u, j0);
+                a[u] = live ? ae[b * K_DIM + i] : 0.f;
+                #pragma unroll
+                for (int jj = 0; jj < VJ; ++jj) {
+                    const int j = (jt + jj * NTC) * VW;
+                    const long long x = (b * K_DIM + i) * V_DIM + j;
+                    l[u][jj] = gda_ld(et, x, live && j < V_DIM);
+                    s0[u][jj] = gda_ld(st, x, live && j < V_DIM);
+                }
+            }
+            #pragma unroll
+            for (int u = 0; u < CU; ++u) {
+                part[u] = 0.f;
+                if (live && c1 - u >= j0) {
+                    const long long b = nh * NC + c1 - u;
+                    #pragma unroll
+                    for (int jj = 0; jj < VJ; ++jj) {
+                        const int j = (jt + jj * NTC) * VW;
+                        if (j < V_DIM) {
+                            vpack o;
+                            #pragma unroll
+                            for (int w = 0; w < VW; ++w) {
+                                o.f[w] = e[jj][w];
+                                ok &= gda_bwd_in(e[jj][w], GDA_BWD_STATE_MAX);
+                                part[u] = fmaf(e[jj][w], s0[u][jj].f[w], part[u]);
+                                e[jj][w] = fmaf(a[u], e[jj][w], l[u][jj].f[w]);
+                            }
+                            *reinterpret_cast<typename gda_floats<VW>::t*>(
+                                et + (b * K_DIM + i) * V_DIM + j) = o.v;
+                        }
+                    }
+                }
+            }
+            // rowsum over the row's NTC threads: its warps' shuffle sums, then across them
+            #pragma unroll
+            for (int u = 0; u < CU; ++u) {
+                #pragma unroll
+                for (int o = 16; o > 0; o >>= 1) part[u] += __shfl_xor_sync(GDA_FULL_MASK, part[u], o);
+                if (threadIdx.x % 32 == 0) b_red[u][threadIdx.x / 32] = part[u];
+            }
+            __syncthreads();
+            if (live && jt < CU && c1 - jt >= j0) {
+                float sum = 0.f;
+                #pragma unroll
+                for (int w = 0; w < NTC / 32; ++w) sum += b_red[jt][r * (NTC / 32) + w];
+                es[(nh * NC + c1 - jt) * K_DIM + i] = sum;
+            }
+            __syncthreads();                             // b_red is rewritten by the next group
+        }
+        if (dh0 && live)
+            #pragma unroll
+            for (int jj = 0; jj < VJ; ++jj)
+                #pragma unroll
+                for (int w = 0; w < VW; ++w) {
+                    const int j = (jt + jj * NTC) * VW + w;
+                    if (j < V_DIM) dh0[srow * V_DIM + j] = e[jj][w];
+                }
+    }
     if (!ok) *flag = 1;
 }
 
@@ -280,7 +315,7 @@ extern "C" __global__ void __launch_bounds__(NTS) gda_chunk_bwd_scores(GDA_CHUNK
                                                         //   its stores are by key column)
     __shared__ float b_q[BT][KI + 1];
     const long long b = blockIdx.x;
-    gda_chunk_at ch(b, T, H, NC);
+    GDA_CHUNK;
     const int u = threadIdx.x;
     float w[BT];
     #pragma unroll
@@ -335,7 +370,7 @@ extern "C" __global__ void __launch_bounds__(KT) gda_chunk_bwd_intra(GDA_CHUNK_B
     const int i = (int)(blockIdx.x % ((K_DIM + KT - 1) / KT)) * KT + threadIdx.x;
     const int ti = threadIdx.x;
     const bool col = i < K_DIM;
-    gda_chunk_at ch(b, T, H, NC);
+    GDA_CHUNK;
     #pragma unroll 8
     for (int x = threadIdx.x; x < BT * BT; x += KT) b_m[x / BT][x % BT] = mm[b * BT * BT + x];
     const long long w0 = b * BT * K_DIM + i;            // (t, i) of the [b][BT][K] workspaces
@@ -422,7 +457,7 @@ extern "C" __global__ void __launch_bounds__(KT) gda_chunk_bwd_intra(GDA_CHUNK_B
 extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_dv(GDA_CHUNK_BWD_PARAMS)
 {
     const long long b = blockIdx.x;
-    gda_chunk_at ch(b, T, H, NC);
+    GDA_CHUNK;
     for (int t = 0; t < ch.rows; ++t)
         for (int j = threadIdx.x; j < V_DIM; j += NTP)
             dv[ch.at(t, V_DIM, j)] = io::store(vp[(b * BT + t) * V_DIM + j]);

@@ -234,7 +234,7 @@ def test_public_backward_on_numpy_meets_the_contract(case):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case, method", [
     pytest.param(c, m, id=f"{m}-{c.id}") for c in _verify.backward_cases() + GPU_EXTRA
-    for m in ("recurrent", "chunk") if not (m == "chunk" and c.lengths)])
+    for m in ("recurrent", "chunk")])
 def test_gpu_backward_meets_the_contract(case, method):
     """Every gradient (poisoned outputs: an unwritten element is NaN) within the contract, by
     each GPU method (the chunked one falling back to the loop where its guard is hit)."""
@@ -251,6 +251,9 @@ CHUNK_OWN = [
     _verify.Case(1, 300, 2, 256, 512, dtype="bfloat16", log=True, backward=True),
     _verify.Case(3, 64, 2, 5, 1000, gate="ones", init=False, backward=True),
     _verify.Case(1, 1, 1, 1, 1, backward=True),
+    _verify.varlen_case((130, 0, 1, 64, 65), K=128, V=128, dtype="bfloat16", backward=True),
+    _verify.varlen_case((1, 17, 64, 300, 0), K=40, V=24, log=True, backward=True),
+    _verify.varlen_case((0,), K=8, V=8, backward=True),
 ]
 
 
@@ -266,12 +269,13 @@ def test_gpu_chunked_backward_itself_meets_the_contract(case):
     ref, emu = _verify.backward_references(case, args, do, dht)
     dev = {n: cupy.asarray(x) for n, x in args.items()}
     g = dev.get("gate", dev.get("log_gate"))
+    cu = dev.get("cu_seqlens")
     p = check_backward("t", dev["q"], dev["k"], dev["v"], dev.get("gate"), dev.get("log_gate"),
-                       cupy.asarray(do), dev.get("initial_state"), cupy.asarray(dht), None,
+                       cupy.asarray(do), dev.get("initial_state"), cupy.asarray(dht), cu,
                        cpu=False)
-    grads, flag = chunk_bwd.plan(p).run(dev["q"], dev["k"], dev["v"], g, cupy.asarray(do), 1.0,
-                                        dev.get("initial_state"), cupy.asarray(dht),
-                                        fallback=False)
+    plan = chunk_bwd.plan(p, cu is not None, cu is not None and cu.dtype == np.int64)
+    grads, flag = plan.run(dev["q"], dev["k"], dev["v"], g, cupy.asarray(do), 1.0,
+                           dev.get("initial_state"), cupy.asarray(dht), cu, fallback=False)
     assert int(flag[0]) == 0
     for name, x, r, e in zip(ref._fields, grads, ref, emu):
         if r is None:
@@ -380,9 +384,9 @@ def test_gpu_backward_errors_name_the_argument():
     kw = _gpu_problem(rng, 1, 4, 1, 300, 2)
     with pytest.raises(ValueError, match="head dimension K must be between 1 and 256 on the GPU"):
         cupy_gda.gated_attention_backward(**kw)
-    kw = _gpu_problem(rng, 1, 4, 1, 3, 2, lens=(1, 3))
-    with pytest.raises(ValueError, match="method 'chunk' takes no cu_seqlens yet"):
-        cupy_gda.gated_attention_backward(**kw, method="chunk")
+    kw = _gpu_problem(rng, 1, 4, 1, 3, 2)
+    with pytest.raises(ValueError, match="method must be one of 'auto', 'recurrent', 'chunk'"):
+        cupy_gda.gated_attention_backward(**kw, method="fused")
 
 
 @pytest.mark.gpu

@@ -84,7 +84,7 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False):
         where = f"-NH{B * H}-KT{cfg.KT}-KG{cfg.KG}-VT{cfg.VT}-TC{cfg.TC}-TS{cfg.TS}"
     elif kernel == "gda_chunk_bwd":
         cfg = chunk_bwd.config(p)._replace(BT=64 if BH == MANY else 32)   # (both chunk lengths)
-        defines = chunk_bwd.defines(p, cfg)
+        defines = chunk_bwd.defines(p, cfg, int64)
         where = f"-BT{cfg.BT}-KT{cfg.KT}"
     else:
         defines = step.defines(p, idx_int64=int64, align=align)
@@ -99,7 +99,7 @@ def _cases():
     shape (most registers), so each (dtype, gate dtype, log_gate) compiles on both archs, with
     few and many sequence-heads: about 170 compiles, not the full product."""
     out = []
-    for kernel in ("gda_recurrent_fwd", "gda_step", "gda_recurrent_bwd", "gda_chunk_bwd"):
+    for kernel in ("gda_recurrent_fwd", "gda_step", "gda_recurrent_bwd"):
         for a, arch in enumerate(ARCHS):
             out += [_case(kernel, arch, K, V, VARIANTS[(i + 5 * a + 3 * n) % len(VARIANTS)], BH)
                     for i, (K, V) in enumerate(SHAPES) for n, BH in enumerate((FEW, MANY))
@@ -123,6 +123,14 @@ def _cases():
                                             (256, 256, FEW), (128, 48, FEW), (64, 64, MANY),
                                             (256, 256, MANY), (128, 128, FEW), (128, 128, MANY),
                                             (256, 512, MANY)))]
+    for a, arch in enumerate(ARCHS):
+        # gda_chunk_bwd (its tiles depend on K and the chunk length only): every shape with a
+        # rotating variant and chunk length (FEW heads: 32 steps, MANY: 64), half the variants
+        # at K = V = 256 on each arch
+        out += [_case("gda_chunk_bwd", arch, K, V, VARIANTS[(i + 5 * a) % len(VARIANTS)],
+                      (FEW, MANY)[(i + a) % 2]) for i, (K, V) in enumerate(SHAPES)]
+        out += [_case("gda_chunk_bwd", arch, 256, 256, variant, (FEW, MANY)[j % 2])
+                for j, variant in enumerate(VARIANTS) if j % 2 == a]
     for a, arch in enumerate(ARCHS):
         # gda_step's narrower state accesses: an 8- or 4-byte aligned state (VEC 2, VEC 1)
         out.append(_case("gda_step", arch, 128, 64, VARIANTS[a], align=8))

@@ -563,7 +563,9 @@ def test_launch_takes_exactly_the_declared_sizes(sizes):
     pytest.param(_p(T=511, K=64, B=4, H=8), False, "recurrent", id="T511"),
     pytest.param(_p(T=512, K=24, B=2, H=4), False, "chunk", id="T512"),
     pytest.param(_p(T=4096, K=128, B=8, H=16), False, "chunk", id="big128"),
-    pytest.param(_p(T=4096, K=64, B=1, H=4), True, "recurrent", id="varlen"),
+    pytest.param(P._replace(T=4096, K=64, V=64, B=1, N=8, H=4), True, "chunk", id="varlen-512"),
+    pytest.param(P._replace(T=4095, K=64, V=64, B=1, N=8, H=4), True, "recurrent",
+                 id="varlen-below-512"),
 ])
 def test_backward_auto_picks(p, varlen, want):
     assert _dispatch.pick_backward("f", "auto", p, True, varlen) == want
@@ -572,9 +574,8 @@ def test_backward_auto_picks(p, varlen, want):
 
 def test_backward_named_methods():
     assert _dispatch.pick_backward("f", "chunk", P, True, False) == "chunk"
+    assert _dispatch.pick_backward("f", "chunk", P, True, True) == "chunk"
     assert _dispatch.pick_backward("f", "recurrent", P, True, True) == "recurrent"
-    with pytest.raises(ValueError, match="method 'chunk' takes no cu_seqlens yet"):
-        _dispatch.pick_backward("f", "chunk", P, True, True)
     with pytest.raises(ValueError, match="method 'chunk' has no CPU implementation"):
         _dispatch.pick_backward("f", "chunk", P, False, False)
     with pytest.raises(ValueError, match="method must be one of 'auto', 'recurrent', 'chunk'"):
@@ -592,10 +593,24 @@ def test_chunk_backward_config(p, want):
     assert tuple(chunk_bwd.config(p)) == want
 
 
-def test_chunk_backward_workspace_sizes():
+@pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
+def test_chunk_backward_workspace_sizes(varlen):
     p = P._replace(T=100, K=5, V=7, B=2, N=2, H=3)
-    ws = chunk_bwd.workspace(p, chunk_bwd.Config(32, 32))
-    NB = 2 * 3 * 4                                     # ceil(100 / 32) = 4 chunks a sequence-head
+    if varlen:              # 5 sequences packed in 100 rows: H heads of 100 / 32 + 5 chunks
+        p = p._replace(B=1, N=5)
+    ws = chunk_bwd.workspace(p, chunk_bwd.Config(32, 32), varlen)
+    NB = 3 * (4 + 5) if varlen else 2 * 3 * 4          # ceil(100 / 32) = 4
+    assert chunk_bwd.chunks(p, 32, varlen) == ((3, 9) if varlen else (6, 4))
     assert ws["st"] == ws["et"] == NB * 5 * 7 and ws["mm"] == ws["ww"] == NB * 32 * 32
     assert ws["qa"] == ws["kd"] == ws["ev"] == NB * 32 * 5 and ws["ar"] == 2 * NB * 32 * 5
     assert ws["vp"] == ws["dp"] == NB * 32 * 7 and ws["ae"] == ws["es"] == NB * 5
+
+
+@pytest.mark.parametrize("lens", [(100,), (0, 5, 0, 95), (31, 33, 1, 35), (64, 0, 36)])
+def test_chunk_backward_varlen_chunks_fit(lens):
+    """Each sequence's chunks, at least one (an empty sequence's has no rows), fit chunks()'s
+    count for the packed length, for every chunk length."""
+    for BT in (32, 64):
+        p = P._replace(T=sum(lens), B=1, N=len(lens))
+        need = sum(max(1, -(-n // BT)) for n in lens)
+        assert need <= chunk_bwd.chunks(p, BT, True)[1]

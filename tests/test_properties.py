@@ -223,9 +223,7 @@ def _check_gradients(what, got, kw, emu, ref):
     """Each gradient (in its argument's dtype; dinitial_state float32, or float64 for float64
     inputs) against the reverse loop's (emu in the same math precision, rounded to that dtype;
     ref float64) by _check; dinitial_state None exactly where initial_state is."""
-    g = kw["gate"] if "gate" in kw else kw["log_gate"]
-    state = np.float64 if kw["q"].dtype == np.float64 else np.float32
-    dtypes = (kw["q"].dtype, kw["q"].dtype, kw["v"].dtype, g.dtype, state)
+    dtypes = _verify.gradient_dtypes(kw)
     for name, x, e, r, dt in zip(reference.Gradients._fields, got, emu, ref, dtypes):
         if r is None:
             assert x is None, f"{what} {name}"
