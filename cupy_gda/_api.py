@@ -148,14 +148,14 @@ def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0
         q, k, v, gate / log_gate, scale, initial_state, cu_seqlens: the forward call's.
         do: [B, T, H, V] the gradient of o, v's dtype.
         d_final_state: [N, H, K, V] the gradient of the final state (if the loss used it).
-        method: "auto" (the chunked form on the GPU from a mean sequence length of
-            _dispatch.BACKWARD_CHUNK_FROM steps, else the loop), "recurrent" (GPU and CPU: the
-            reverse loop, the states recomputed from kept ones; on the GPU one a chunk of up to
-            32 steps, or one every 64 steps where that would take over
-            recurrent_bwd.KEPT_BYTES) or "chunk" (GPU: chunks of 32 or 64 steps, the matmuls
-            in cuBLAS float32, the states kept at each chunk's start; where the inputs or
-            states leave the range its products are exact in, the reverse loop runs instead,
-            decided on the GPU).
+        method: "auto" (by _dispatch.pick_backward's measured rule), "recurrent" (the reverse
+            loop, the states recomputed from kept ones; on the GPU one a chunk of up to 32
+            steps, or one every 64 steps where that would take over recurrent_bwd.KEPT_BYTES)
+            or "chunk" (the states kept at each chunk's start and the chunked form's products
+            of gates; GPU: chunks of 32 or 64 steps, the matmuls in cuBLAS float32; CPU:
+            chunks of 8 or 16 steps, vectorised over every chunk). Where the inputs or states
+            leave the range the chunked products are exact in, the reverse loop runs instead
+            (on the GPU, decided there without a sync).
         check_indices: as in gated_attention.
 
     Returns :class:`Gradients` (dq, dk, dv, dgate, dinitial_state): dq, dk, dv in q's dtype,
@@ -184,9 +184,10 @@ def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0
                     else recurrent_bwd.plan(p, wide))
             grads = plan(q, k, v, g, do, scale, h0, dht, cu)
         else:
-            r = reference.gated_attention_backward_recurrent(
-                q, k, v, gate, do=do, log_gate=log_gate, scale=scale, initial_state=h0,
-                d_final_state=dht, cu_seqlens=cu, dtype=p.cpu_dtype)
+            cpu_fn = (reference.gated_attention_backward_chunked if m == "chunk"
+                      else reference.gated_attention_backward_recurrent)
+            r = cpu_fn(q, k, v, gate, do=do, log_gate=log_gate, scale=scale, initial_state=h0,
+                       d_final_state=dht, cu_seqlens=cu, dtype=p.cpu_dtype)
             with np.errstate(over="ignore"):        # (beyond float16's range: inf, as on the GPU)
                 grads = (r.dq.astype(q.dtype, copy=False), r.dk.astype(q.dtype, copy=False),
                          r.dv.astype(q.dtype, copy=False), r.dgate.astype(g.dtype, copy=False),

@@ -17,11 +17,15 @@ METHODS = {
 BACKWARD_METHODS = {
     "recurrent": ("cpu", "gpu"),   # GPU: cupy_gda/recurrent_bwd.py; CPU:
                                    #   reference.gated_attention_backward_recurrent
-    "chunk": ("gpu",),             # GPU: cupy_gda/chunk_bwd.py
-}
+    "chunk": ("cpu", "gpu"),       # GPU: cupy_gda/chunk_bwd.py; CPU:
+}                                  #   reference.gated_attention_backward_chunked
 # GPU: method="auto" runs the chunked backward where the mean sequence length is at least this;
 # the reverse loop below it (docs/perf-notes.md, v19)
 BACKWARD_CHUNK_FROM = 512
+# CPU: method="auto" runs the chunked backward from this mean sequence length where K V is at
+# least CPU_BACKWARD_CHUNK_KV, the loop elsewhere (2-core x86, NumPy: 1.3-2.2x faster from
+# K = V = 64 at every length measured from 63; slower or level at K = V = 24; v19)
+CPU_BACKWARD_CHUNK_FROM, CPU_BACKWARD_CHUNK_KV = 32, 4096
 
 # CPU: method="auto" runs the loop (reference.gated_attention_recurrent): it measured faster than
 # the chunked NumPy form at every shape tried (docs/perf-notes.md, "CPU paths")
@@ -60,14 +64,16 @@ def pick_backward(fn, method, p, gpu, varlen):
     """The family of a gated_attention_backward call of Problem ``p`` (``varlen``: with
     cu_seqlens) on the GPU (``gpu``) or the CPU; errors as pick's."""
     _check_method(fn, method, BACKWARD_METHODS, "gpu" if gpu else "cpu")
-    if not gpu or method == "recurrent":
-        return "recurrent"
-    why = chunk_bwd.refusal(p, varlen)
-    if method == "auto":
-        return "chunk" if why is None and mean_len(p) >= BACKWARD_CHUNK_FROM else "recurrent"
-    if why is None:
-        return "chunk"
-    raise ValueError(f"{fn}: method 'chunk' {why}; use method='recurrent' or 'auto'")
+    if method != "auto":
+        if gpu and chunk_bwd.refusal(p, varlen) is not None:
+            raise ValueError(f"{fn}: method 'chunk' {chunk_bwd.refusal(p, varlen)}; use "
+                             f"method='recurrent' or 'auto'")
+        return method
+    if not gpu:
+        wins = mean_len(p) >= CPU_BACKWARD_CHUNK_FROM and p.K * p.V >= CPU_BACKWARD_CHUNK_KV
+        return "chunk" if wins else "recurrent"
+    fits = chunk_bwd.refusal(p, varlen) is None
+    return "chunk" if fits and mean_len(p) >= BACKWARD_CHUNK_FROM else "recurrent"
 
 
 def pick(fn, method, p, gpu, limits=None):

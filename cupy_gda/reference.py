@@ -392,6 +392,132 @@ def gated_attention_backward_recurrent(q, k, v, gate=None, *, do, log_gate=None,
     return _gradients(p, dq, dk, dv, dg, g, log_gate, dh0, initial_state)
 
 
+# The chunked backward's range (as kernels/gda_chunk_bwd.cu's guard): inside it every product of
+# its form stays within float32's range; a group of sequences outside it runs the loop instead
+CHUNK_BWD_VAL_MAX, CHUNK_BWD_GATE_MAX, CHUNK_BWD_STATE_MAX = 2.0 ** 20, 2.0 ** 0.125, 2.0 ** 40
+CHUNK_BWD_BYTES = 64 << 20  # gated_attention_backward_chunked: a group's chunk states, at most
+
+
+def chunk_bwd_steps(K, V):
+    """gated_attention_backward_chunked's default chunk length: 16 steps where K V >= 65536, else
+    8 (the work inside a chunk grows as BT^2 K, its Python loops as BT; docs/perf-notes.md, v19)."""
+    return 16 if K * V >= 65536 else 8
+
+
+def gated_attention_backward_chunked(q, k, v, gate=None, *, do, log_gate=None, scale=1.0,
+                                     initial_state=None, d_final_state=None, cu_seqlens=None,
+                                     method="auto", dtype=None, BT=None):
+    """CPU gradients in chunks of ``BT`` steps, vectorised over every chunk of a group of
+    sequences at once: gda_chunk_bwd's form (its header; scripts/chunk_backward_exact.py),
+    every decay a product of gates, the matmuls by NumPy's BLAS, and Python loops only over the
+    steps of one chunk and over the chunks of the boundary scans. Where a group's inputs or
+    chunk states leave the form's range (CHUNK_BWD_*: NaN, inf, |gate| > 2^(1/8), ...), that
+    group runs the reverse loop (_backward_core) instead: the loop's gradients either way.
+    Extra memory: two chunk states a chunk, N·H·K·V·2T/BT floats, in groups of CHUNK_BWD_BYTES.
+
+    Math in float64 for float64 inputs, else float32 (``dtype`` overrides); output in ``dtype``.
+    """
+    fn = "gated_attention_backward_chunked"
+    p, dt, scale, q, k, v, g, h0, do, dht = _prepare_backward(
+        fn, q, k, v, gate, log_gate, do, initial_state, d_final_state, cu_seqlens, dtype, scale)
+    dq, dk, dv, dg, dh0 = _gradient_buffers(p, dt)
+    BT = BT or chunk_bwd_steps(p.K, p.V)
+    NC = max(1, -(-max((e - b for _, b, e in _segments(p, cu_seqlens)), default=0) // BT))
+    per = max(1, CHUNK_BWD_BYTES // max(1, 2 * NC * p.H * p.K * p.V * dt.itemsize))
+    for group, ns, lens, rows in _groups(p, cu_seqlens, per):
+        S = np.zeros((len(ns), p.H, p.K, p.V), dt) if h0 is None else h0[ns].astype(dt)
+        G = np.zeros_like(S) if dht is None else dht[ns].astype(dt)
+        with np.errstate(**_QUIET):
+            x = [a[rows] for a in (q, k, v, g, do)]
+            grads = _backward_chunks(*x[:4], scale * x[4], S, G, lens, BT)
+            if grads is None:                   # outside the range: the loop (G as it was)
+                G = np.zeros_like(S) if dht is None else dht[ns].astype(dt)
+                grads = _backward_core(*x[:4], scale * x[4], S, G, lens, BT)
+        for xg, dx in zip(grads, (dq, dk, dv, dg)):
+            for j, (n, bos, eos) in enumerate(group):
+                dx[bos:eos] = xg[:eos - bos, j]
+        dh0[ns] = G
+    return _gradients(p, dq, dk, dv, dg, g, log_gate, dh0, initial_state)
+
+
+def _backward_chunks(q, k, v, g, do, S, G, lens, BT):
+    """_backward_core's gradients by the chunked form, or None where the group is outside its
+    range (then S, G are left as they were). Time-major in and out: q, k, g [L, b, H, K], v and
+    do (times scale) [L, b, H, V]; S, G [b, H, K, V] (G becomes dinitial_state)."""
+    L, b, H, K = q.shape
+    if L == 0:
+        return tuple(np.zeros(x.shape, q.dtype) for x in (q, k, v, g))
+    live = (np.arange(L)[:, None] < np.asarray(lens)[None, :])[..., None, None]
+    if not (np.all(np.abs(g) <= CHUNK_BWD_GATE_MAX)
+            and all(np.all(np.abs(x) <= CHUNK_BWD_VAL_MAX) for x in (q, k, v, do))
+            and np.all(np.abs(S) <= CHUNK_BWD_STATE_MAX)
+            and np.all(np.abs(G) <= CHUNK_BWD_STATE_MAX)):
+        return None
+    NC = -(-L // BT)
+
+    def chunked(x, fill):       # [L, b, H, D] -> [b, H, NC, BT, D], rows past a sequence: fill
+        y = np.full((NC * BT, b, H, x.shape[-1]), fill, q.dtype)
+        y[:L] = np.where(live, x, fill)
+        return y.reshape(NC, BT, b, H, x.shape[-1]).transpose(2, 3, 0, 1, 4)
+
+    qc, kc, gc, vc, dc = (chunked(x, f) for x, f in ((q, 0), (k, 0), (g, 1), (v, 0), (do, 0)))
+    A = np.cumprod(gc, axis=3)                                          # P(0..t)
+    Aex = np.concatenate([np.ones_like(A[..., :1, :]), A[..., :-1, :]], axis=3)   # P(0..t-1)
+    D = np.ones_like(gc)                                                # P(t+1..BT-1)
+    D[..., :-1, :] = np.cumprod(gc[..., :0:-1, :], axis=3)[..., ::-1, :]
+    kD = kc * D
+    st = np.matmul(kD.swapaxes(-1, -2), vc)                            # [b, H, NC, K, V] local
+    et = np.matmul((qc * A).swapaxes(-1, -2), dc)
+    ae = A[..., -1, :, None]
+    for c in range(NC):                                                # S0, E in place
+        st[:, :, c], S = S, ae[:, :, c] * S + st[:, :, c]
+    for c in range(NC - 1, -1, -1):
+        et[:, :, c], G[...] = G.copy(), ae[:, :, c] * G + et[:, :, c]
+    if not (np.all(np.abs(st) <= CHUNK_BWD_STATE_MAX) and np.all(np.abs(et) <= CHUNK_BWD_STATE_MAX)):
+        return None
+    es = (et * st).sum(axis=-1)                                         # rowsum(E S0) [b, H, NC, K]
+    M = np.matmul(vc, dc.swapaxes(-1, -2))                              # (do carries scale)
+    sd = np.matmul(dc, st.swapaxes(-1, -2))                             # S0 do_t
+    ev = np.matmul(vc, et.swapaxes(-1, -2))                             # E v_s
+    W = np.zeros(M.shape, q.dtype)                                      # W[s, u], s <= u
+    for s_ in range(BT):
+        P = np.concatenate([np.ones_like(gc[..., :1, :]), np.cumprod(gc[..., s_ + 1:, :], axis=3)],
+                           axis=3)                                      # P(s+1..u), u >= s
+        W[..., s_, s_:] = np.matmul(P * qc[..., s_:, :], kc[..., s_, :, None])[..., 0]
+    dvc = np.matmul(kD, et) + np.matmul(W, dc)
+    R = np.zeros_like(qc)                                               # R_t, forward
+    for t in range(1, BT):
+        R[..., t, :] = gc[..., t - 1, :] * R[..., t - 1, :] + kc[..., t - 1, :] * ev[..., t - 1, :]
+    X = np.zeros_like(qc)                                               # X_t[s], s <= t
+    dqc, dkc, dgc = (np.zeros_like(qc) for _ in range(3))
+    F = np.zeros_like(qc[..., 0, :])
+    for t in range(BT - 1, -1, -1):
+        gnext = gc[..., t + 1, :] if t + 1 < BT else np.ones_like(F)
+        qt, gt = qc[..., t, :], gc[..., t, :]
+        F = qt * sd[..., t, :] + gnext * F
+        X[..., :t + 1, :] = gnext[..., None, :] * X[..., :t + 1, :] + qt[..., None, :] * M[..., :t + 1, t, None]
+        wk = kc[..., :t, :] * _decay_to(gc, t)                             # P(s+1..t-1) k_s, s < t
+        t4 = (wk * X[..., :t, :]).sum(axis=-2)
+        aq = (wk * M[..., :t, t, None]).sum(axis=-2)
+        dqc[..., t, :] = Aex[..., t, :] * gt * sd[..., t, :] + kc[..., t, :] * M[..., t, t, None] + gt * aq
+        dkc[..., t, :] = D[..., t, :] * ev[..., t, :] + X[..., t, :]
+        dgc[..., t, :] = (Aex[..., t, :] * D[..., t, :] * es + D[..., t, :] * R[..., t, :]
+                          + Aex[..., t, :] * F + t4)
+
+    def rows(x):                # [b, H, NC, BT, D] -> [L, b, H, D]
+        return x.transpose(2, 3, 0, 1, 4).reshape(NC * BT, b, H, x.shape[-1])[:L]
+
+    return rows(dqc), rows(dkc), rows(dvc), rows(dgc)
+
+
+def _decay_to(gc, t):
+    """P(s+1..t-1) for s < t over axis 3 of gc [..., BT, K]: [..., t, K] (1 at s = t - 1)."""
+    out = np.ones_like(gc[..., :t, :])
+    if t > 1:
+        out[..., :t - 1, :] = np.cumprod(gc[..., t - 1:0:-1, :], axis=3)[..., ::-1, :]
+    return out
+
+
 def _backward_core(q, k, v, g, do, S, G, lens, BT):
     """The reverse loop for b sequences at once, time-major: q, k, g [L, b, H, K]; v and do
     (times scale) [L, b, H, V]; S, G [b, H, K, V]: the initial state and d_final_state (G

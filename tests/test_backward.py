@@ -225,10 +225,43 @@ GPU_EXTRA = [
 ]
 
 
-@pytest.mark.parametrize("case", _verify.backward_cases(), ids=lambda c: c.id)
-def test_public_backward_on_numpy_meets_the_contract(case):
-    bad = [r for r in _verify.run_case(case, "numpy") if not r.ok]
+@pytest.mark.parametrize("case, method", [
+    pytest.param(c, m, id=f"{m}-{c.id}") for c in _verify.backward_cases()
+    for m in ("recurrent", "chunk")])
+def test_public_backward_on_numpy_meets_the_contract(case, method):
+    """The CPU backward by each method (the chunked one falling back to the loop where a group
+    of sequences is out of its range) within the contract."""
+    bad = [r for r in _verify.run_case(case, "numpy", method=method) if not r.ok]
     assert not bad, bad
+
+
+@pytest.mark.parametrize("regime", REGIMES + ("unif",))
+@pytest.mark.parametrize("BT", [8, 16, 32])
+def test_cpu_chunked_backward_itself_is_the_loop(regime, BT):
+    """The NumPy chunked form's own gradients (no fall-back: in range) for packed sequences with
+    an empty one and partial chunks: float64 equal to the reference to rounding, float32 within
+    the contract; out of range ('grow': gates above 2^(1/8)) _backward_chunks declines."""
+    rng = np.random.default_rng(15)
+    kw = _problem(rng, 1, 0, 2, 6, 5, regime, lens=(37, 0, 5, 64, 1))
+    kw["do"] = rng.standard_normal(kw["v"].shape)
+    kw["d_final_state"] = rng.standard_normal(kw["initial_state"].shape)
+    ref = R.gated_attention_backward_ref(**kw)
+    got = R.gated_attention_backward_chunked(**kw, BT=BT)
+    for name, x, r in zip(ref._fields, got, ref):
+        np.testing.assert_allclose(x, r, rtol=1e-9, atol=1e-9 * np.abs(r).max(), err_msg=name)
+    f32 = {n: x if n == "cu_seqlens" else x.astype(np.float32) for n, x in kw.items()}
+    emu = R.gated_attention_backward_ref(**f32, dtype=np.float32)
+    got = R.gated_attention_backward_chunked(**f32, BT=BT)
+    for name, x, r, e in zip(ref._fields, got, ref, emu):
+        _contract(name, x, r, e)
+    if regime == "grow":                    # (gates above 2^(1/8): that was the loop's)
+        f64 = {n: x if n == "cu_seqlens" else x.astype(np.float64) for n, x in kw.items()}
+        lens, rows = next(R._groups(R._checks.check_backward(
+            "t", f64["q"], f64["k"], f64["v"], f64["gate"], None, f64["do"],
+            f64["initial_state"], None, f64["cu_seqlens"], cpu=True), f64["cu_seqlens"], 8))[2:]
+        x = [f64[n].reshape(-1, 2, f64[n].shape[-1])[rows] for n in ("q", "k", "v", "gate", "do")]
+        S = np.zeros((len(lens), 2, 6, 5))
+        assert R._backward_chunks(*x, S, S.copy(), lens, BT) is None
 
 
 @pytest.mark.gpu

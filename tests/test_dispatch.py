@@ -558,26 +558,28 @@ def test_launch_takes_exactly_the_declared_sizes(sizes):
 
 # ---- the backward (gated_attention_backward): _dispatch.pick_backward, chunk_bwd's rules
 
-@pytest.mark.parametrize("p, varlen, want", [
-    pytest.param(P, False, "recurrent", id="seed-T63"),
-    pytest.param(_p(T=511, K=64, B=4, H=8), False, "recurrent", id="T511"),
-    pytest.param(_p(T=512, K=24, B=2, H=4), False, "chunk", id="T512"),
-    pytest.param(_p(T=4096, K=128, B=8, H=16), False, "chunk", id="big128"),
-    pytest.param(P._replace(T=4096, K=64, V=64, B=1, N=8, H=4), True, "chunk", id="varlen-512"),
-    pytest.param(P._replace(T=4095, K=64, V=64, B=1, N=8, H=4), True, "recurrent",
+@pytest.mark.parametrize("p, varlen, want, cpu", [
+    pytest.param(P, False, "recurrent", "recurrent", id="seed-T63"),
+    pytest.param(_p(T=511, K=64, B=4, H=8), False, "recurrent", "chunk", id="T511-K64"),
+    pytest.param(_p(T=512, K=24, B=2, H=4), False, "chunk", "recurrent", id="T512-K24"),
+    pytest.param(_p(T=4096, K=128, B=8, H=16), False, "chunk", "chunk", id="big128"),
+    pytest.param(_p(T=31, K=128, B=8, H=16), False, "recurrent", "recurrent", id="T31-K128"),
+    pytest.param(P._replace(T=4096, K=64, V=64, B=1, N=8, H=4), True, "chunk", "chunk",
+                 id="varlen-512"),
+    pytest.param(P._replace(T=4095, K=64, V=64, B=1, N=8, H=4), True, "recurrent", "chunk",
                  id="varlen-below-512"),
 ])
-def test_backward_auto_picks(p, varlen, want):
+def test_backward_auto_picks(p, varlen, want, cpu):
     assert _dispatch.pick_backward("f", "auto", p, True, varlen) == want
-    assert _dispatch.pick_backward("f", "auto", p, False, varlen) == "recurrent"    # the CPU's
+    assert _dispatch.pick_backward("f", "auto", p, False, varlen) == cpu
 
 
 def test_backward_named_methods():
     assert _dispatch.pick_backward("f", "chunk", P, True, False) == "chunk"
     assert _dispatch.pick_backward("f", "chunk", P, True, True) == "chunk"
     assert _dispatch.pick_backward("f", "recurrent", P, True, True) == "recurrent"
-    with pytest.raises(ValueError, match="method 'chunk' has no CPU implementation"):
-        _dispatch.pick_backward("f", "chunk", P, False, False)
+    assert _dispatch.pick_backward("f", "chunk", P, False, True) == "chunk"
+    assert _dispatch.pick_backward("f", "recurrent", P, False, False) == "recurrent"
     with pytest.raises(ValueError, match="method must be one of 'auto', 'recurrent', 'chunk'"):
         _dispatch.pick_backward("f", "fused", P, True, False)
 

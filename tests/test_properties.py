@@ -236,15 +236,17 @@ def _check_gradients(what, got, kw, emu, ref):
 @SETTINGS
 @given(st.data())
 def test_cpu_gradients_are_the_reverse_loop(data):
-    """gated_attention_backward on NumPy against the reverse loop, and the caller's arrays as
-    they were."""
+    """gated_attention_backward on NumPy by each method against the reverse loop, and the
+    caller's arrays as they were."""
     kw, what = data.draw(problems(), label="problem")
     kw = _with_gradients(kw, data.draw)
+    method = data.draw(st.sampled_from(["auto", "recurrent", "chunk"]), label="method")
     before = {k: v.copy() for k, v in kw.items() if isinstance(v, np.ndarray)}
     math = np.float64 if kw["q"].dtype == np.float64 else np.float32
     emu = reference.gated_attention_backward_ref(**kw, dtype=math)
     ref = reference.gated_attention_backward_ref(**kw)
-    _check_gradients(what, cupy_gda.gated_attention_backward(**kw), kw, emu, ref)
+    got = cupy_gda.gated_attention_backward(**kw, method=method)
+    _check_gradients(f"{what} {method}", got, kw, emu, ref)
     for k, v in before.items():
         assert kw[k].tobytes() == v.tobytes(), f"{what}: {k} was modified"
 
