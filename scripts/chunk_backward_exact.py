@@ -21,16 +21,18 @@ inside a chunk is independent of the other chunks, with
       T4 = sum_{s < t <= u} P(s+1..t-1) P(t+1..u) k_s q_u M[s, u]    (the products from s to u
                                                                        without step t)
 
-The V-contractions (S0 do_t, E v_s, M, the boundary updates) are matmuls, for the tensor cores;
-the rest is gated sums over one chunk. Here T4 is one einsum, O(C^3 K) a chunk; a kernel would
-run it as the scan Z_{t+1}[u] = g_t Z_t[u] + k_t M[t, u], T4_t = sum_{u >= t} P(t+1..u) q_u
-Z_t[u]: O(C^2 K), or with the forward's sub-blocks (products Q_j M_ji P_i between sub-blocks)
-for the tensor cores. No term divides by a gate, so a gate of 0 gives the loop's finite
+The V-contractions (S0 do_t, E v_s, M, the boundary updates) are matmuls; the rest is gated
+sums over one chunk. Here T4 is one einsum, O(C^3 K) a chunk; the shipped forms
+(kernels/gda_chunk_bwd.cu, reference.gated_attention_backward_chunked) run it in O(C^2 K) as a
+reverse scan of X_t[s] = sum_{u >= t} P(t+1..u) q_u M[s, u], which also gives dk's intra term
+(X_t[t]); the forward's sub-blocks (products Q_j M_ji P_i between sub-blocks) would put its
+cross-sub-block part on the tensor cores. No term divides by a gate, so a gate of 0 gives the loop's finite
 gradients; fla's chunk mode takes dlog g from the identity dlog g_t = sum_{u >= t} (q_u dq_u -
 k_u dk_u) instead, a difference of large sums, and has no dg for a multiplicative gate without
 dividing by it.
 
-See docs/perf-notes.md ("v18"); tests/test_chunk_design.py checks it against the reverse loop.
+See docs/perf-notes.md ("v18", "v19"); tests/test_chunk_design.py checks it against the reverse
+loop.
 """
 import numpy as np
 
