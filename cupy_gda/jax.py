@@ -18,9 +18,9 @@ written once more). Workspaces (the forward's segment states, the backward's kep
 states and partial sums) and those copies' sources come from CuPy's memory pool on XLA's
 stream, not from XLA's allocator: JAX preallocates 75 % of GPU memory by default, which leaves
 CuPy the rest; set XLA_PYTHON_CLIENT_PREALLOCATE=false (or a lower
-XLA_PYTHON_CLIENT_MEM_FRACTION) for large problems. Taking them as extra outputs instead (what the issue asks) needs the launchers to take
-every output and workspace as arguments and to say the workspace sizes before the call; they
-allocate inside so far.
+XLA_PYTHON_CLIENT_MEM_FRACTION) for large problems. Taking them as extra outputs instead (what
+the issue asks) needs the launchers to take every output and workspace as arguments and to say
+the workspace sizes before the call; they allocate inside so far.
 
 cu_seqlens' values are not checked on the GPU (that would cost a host sync): as with
 ``check_indices=False``, offsets out of order are clamped and nothing outside the arrays is read

@@ -430,8 +430,7 @@ def gated_attention_backward_chunked(q, k, v, gate=None, *, do, log_gate=None, s
         with np.errstate(**_QUIET):
             x = [a[rows] for a in (q, k, v, g, do)]
             grads = _backward_chunks(*x[:4], scale * x[4], S, G, lens, BT)
-            if grads is None:                   # outside the range: the loop (G as it was)
-                G = np.zeros_like(S) if dht is None else dht[ns].astype(dt)
+            if grads is None:                   # outside the range: the loop
                 grads = _backward_core(*x[:4], scale * x[4], S, G, lens, BT)
         for xg, dx in zip(grads, (dq, dk, dv, dg)):
             for j, (n, bos, eos) in enumerate(group):
@@ -442,8 +441,8 @@ def gated_attention_backward_chunked(q, k, v, gate=None, *, do, log_gate=None, s
 
 def _backward_chunks(q, k, v, g, do, S, G, lens, BT):
     """_backward_core's gradients by the chunked form, or None where the group is outside its
-    range (then S, G are left as they were). Time-major in and out: q, k, g [L, b, H, K], v and
-    do (times scale) [L, b, H, V]; S, G [b, H, K, V] (G becomes dinitial_state)."""
+    range (S and G then as they were). Time-major in and out: q, k, g [L, b, H, K], v and do
+    (times scale) [L, b, H, V]; S, G [b, H, K, V] (G becomes dinitial_state)."""
     L, b, H, K = q.shape
     if L == 0:
         return tuple(np.zeros(x.shape, q.dtype) for x in (q, k, v, g))
@@ -469,20 +468,22 @@ def _backward_chunks(q, k, v, g, do, S, G, lens, BT):
     st = np.matmul(kD.swapaxes(-1, -2), vc)                            # [b, H, NC, K, V] local
     et = np.matmul((qc * A).swapaxes(-1, -2), dc)
     ae = A[..., -1, :, None]
+    E = G
     for c in range(NC):                                                # S0, E in place
         st[:, :, c], S = S, ae[:, :, c] * S + st[:, :, c]
     for c in range(NC - 1, -1, -1):
-        et[:, :, c], G[...] = G.copy(), ae[:, :, c] * G + et[:, :, c]
-    if not (np.all(np.abs(st) <= CHUNK_BWD_STATE_MAX) and np.all(np.abs(et) <= CHUNK_BWD_STATE_MAX)):
+        et[:, :, c], E = E, ae[:, :, c] * E + et[:, :, c]
+    if not all(np.all(np.abs(x) <= CHUNK_BWD_STATE_MAX) for x in (st, et)):
         return None
+    G[...] = E
     es = (et * st).sum(axis=-1)                                         # rowsum(E S0) [b, H, NC, K]
     M = np.matmul(vc, dc.swapaxes(-1, -2))                              # (do carries scale)
     sd = np.matmul(dc, st.swapaxes(-1, -2))                             # S0 do_t
     ev = np.matmul(vc, et.swapaxes(-1, -2))                             # E v_s
     W = np.zeros(M.shape, q.dtype)                                      # W[s, u], s <= u
     for s_ in range(BT):
-        P = np.concatenate([np.ones_like(gc[..., :1, :]), np.cumprod(gc[..., s_ + 1:, :], axis=3)],
-                           axis=3)                                      # P(s+1..u), u >= s
+        P = np.concatenate([np.ones_like(gc[..., :1, :]),            # P(s+1..u), u >= s
+                            np.cumprod(gc[..., s_ + 1:, :], axis=3)], axis=3)
         W[..., s_, s_:] = np.matmul(P * qc[..., s_:, :], kc[..., s_, :, None])[..., 0]
     dvc = np.matmul(kD, et) + np.matmul(W, dc)
     R = np.zeros_like(qc)                                               # R_t, forward
@@ -495,11 +496,13 @@ def _backward_chunks(q, k, v, g, do, S, G, lens, BT):
         gnext = gc[..., t + 1, :] if t + 1 < BT else np.ones_like(F)
         qt, gt = qc[..., t, :], gc[..., t, :]
         F = qt * sd[..., t, :] + gnext * F
-        X[..., :t + 1, :] = gnext[..., None, :] * X[..., :t + 1, :] + qt[..., None, :] * M[..., :t + 1, t, None]
-        wk = kc[..., :t, :] * _decay_to(gc, t)                             # P(s+1..t-1) k_s, s < t
+        X[..., :t + 1, :] = (gnext[..., None, :] * X[..., :t + 1, :]
+                             + qt[..., None, :] * M[..., :t + 1, t, None])
+        wk = kc[..., :t, :] * _decay_to(gc, t)                         # P(s+1..t-1) k_s, s < t
         t4 = (wk * X[..., :t, :]).sum(axis=-2)
         aq = (wk * M[..., :t, t, None]).sum(axis=-2)
-        dqc[..., t, :] = Aex[..., t, :] * gt * sd[..., t, :] + kc[..., t, :] * M[..., t, t, None] + gt * aq
+        dqc[..., t, :] = (Aex[..., t, :] * gt * sd[..., t, :] + kc[..., t, :] * M[..., t, t, None]
+                          + gt * aq)
         dkc[..., t, :] = D[..., t, :] * ev[..., t, :] + X[..., t, :]
         dgc[..., t, :] = (Aex[..., t, :] * D[..., t, :] * es + D[..., t, :] * R[..., t, :]
                           + Aex[..., t, :] * F + t4)

@@ -26,8 +26,8 @@ sums over one chunk. Here T4 is one einsum, O(C^3 K) a chunk; the shipped forms
 (kernels/gda_chunk_bwd.cu, reference.gated_attention_backward_chunked) run it in O(C^2 K) as a
 reverse scan of X_t[s] = sum_{u >= t} P(t+1..u) q_u M[s, u], which also gives dk's intra term
 (X_t[t]); the forward's sub-blocks (products Q_j M_ji P_i between sub-blocks) would put its
-cross-sub-block part on the tensor cores. No term divides by a gate, so a gate of 0 gives the loop's finite
-gradients; fla's chunk mode takes dlog g from the identity dlog g_t = sum_{u >= t} (q_u dq_u -
+cross-sub-block part on the tensor cores. No term divides by a gate, so a gate of 0 gives the
+loop's finite gradients; fla's chunk mode takes dlog g from the identity dlog g_t = sum_{u >= t} (q_u dq_u -
 k_u dk_u) instead, a difference of large sums, and has no dg for a multiplicative gate without
 dividing by it.
 
