@@ -270,7 +270,8 @@ def plan(shapes, selectors, baselines=None):
 
 
 def _impl_rank(impl):
-    order = [*_ours_names(), "ours-auto" + HOST, "ours-step" + HOST, *CPU_IMPLS, "cpu-step",
+    order = [*_ours_names(), "ours-auto" + HOST, "ours-step" + HOST, *CPU_IMPLS, *CPU_FWD_BWD,
+             "cpu-step",
              *(n for b in BASELINES.values() for n in b.names), "floor"]
     return order.index(impl) if impl in order else len(order)
 
@@ -889,6 +890,8 @@ def run(units, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, seed=0, on_step=Non
 CPU_T_MAX = 256                 # CPU rows cut T to this: whole-T rows take minutes on a CPU
 CPU_SHAPES = ("seed", "gla64", "long24", "few24", "few64", "big128", "gla1.3b", "decode")
 CPU_IMPLS = ("cpu-auto", "cpu-recurrent", "cpu-chunk")     # forward; decode: cpu-step
+# forward+backward: the same method for both calls (auto: each call's own pick)
+CPU_FWD_BWD = tuple(f"{i}-{FWD_BWD}" for i in CPU_IMPLS)
 
 
 def cpu_header_info():
@@ -906,22 +909,32 @@ def cpu_header_line(h):
 def run_cpu(shapes, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, seed=0, t_max=CPU_T_MAX,
             on_step=None):
     """The CPU rows (NumPy inputs, the public API): per forward shape cpu-auto, cpu-recurrent
-    and cpu-chunk (``method=``), for decode cpu-step; T cut to ``t_max``. ms: the median of host
-    wall times per call (at least MIN_REPS calls, at most ``reps`` or ``budget_s`` seconds);
-    accuracy as the device rows'. Returns dict(header, copy (None), shapes ([]), rows, notes),
-    as run()."""
+    and cpu-chunk (``method=``) and the same three as forward+backward rows (a forward call
+    then a backward call by that method, with a random gradient of o; the gradients checked),
+    for decode cpu-step; T cut to ``t_max``. ms: the median of host wall times per call (at
+    least MIN_REPS calls, at most ``reps`` or ``budget_s`` seconds); accuracy as the device
+    rows'. Returns dict(header, copy (None), shapes ([]), rows, notes), as run()."""
     on_step = on_step or (lambda label: None)
     rows = []
     for shape in shapes:
         s = shape if shape.step else shape._replace(T=min(shape.T, t_max))
         x = _verify.make_inputs(s.case, seed)
+        if not s.step:
+            x["do"] = _verify.backward_inputs(s.case, x, seed)[0]
         refs = reference_slices(s, x)
         note = f"T cut to {s.T} of {shape.T}" if s.T != shape.T else ""
-        for impl in (("cpu-step",) if s.step else CPU_IMPLS):
+        for impl in cpu_impls(s):
             on_step(f"{s.name} {impl}")
-            method = impl[len("cpu-"):]
+            method = forward_of(impl)[len("cpu-"):]
             try:
-                if s.step:
+                if is_fwd_bwd(impl):
+                    def call():
+                        o = cupy_gda.gated_attention(x["q"], x["k"], x["v"], x["gate"],
+                                                     method=method)
+                        return o, cupy_gda.gated_attention_backward(
+                            x["q"], x["k"], x["v"], x["gate"], do=x["do"], method=method)
+                    acc = accuracy(refs, gradient_slices(s, call()[1]))
+                elif s.step:
                     state = x["state"].copy()
                     o = cupy_gda.gated_attention_step(x["q"], x["k"], x["v"], x["gate"],
                                                       state=state)
@@ -947,7 +960,13 @@ def run_cpu(shapes, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, seed=0, t_max=
     return dict(header=cpu_header_info(), copy=None, shapes=[], rows=rows,
                 notes=[f"CPU rows: host wall time per call of the public API on NumPy inputs "
                        f"(median), T cut to {t_max}; GB/s over the must-move bytes of the cut "
-                       f"shape"])
+                       f"shape; fwd+bwd rows: a forward call, then the backward by the same "
+                       f"method with a random do (rel_err: the worst gradient's)"])
+
+
+def cpu_impls(shape):
+    """The CPU rows of a shape: cpu-step at decode, else the forward and forward+backward ones."""
+    return ("cpu-step",) if shape.step else CPU_IMPLS + CPU_FWD_BWD
 
 
 def failures(rows):

@@ -235,7 +235,7 @@ def bench(shapes_text, impl_text, reps, budget, json_path, plot_path, quick, see
     if reps is None:
         reps = _bench.QUICK_REPS if quick else _bench.DEFAULT_REPS
     if cpu:
-        n = sum(1 if s.step else len(_bench.CPU_IMPLS) for s in shapes)
+        n = sum(len(_bench.cpu_impls(s)) for s in shapes)
         result = _with_progress("bench --cpu", n, lambda on_step: _bench.run_cpu(
             shapes, reps, budget, seed, on_step=on_step))
         _report(result, [_bench.cpu_header_line(result["header"])],

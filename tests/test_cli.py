@@ -284,8 +284,9 @@ def test_no_driver_is_named_as_such(installed, monkeypatch):
 
 
 def test_bench_cpu_rows(tmp_path):
-    """bench --cpu times the CPU path without a GPU: every CPU method at a forward shape, the
-    step at decode, each within the accuracy contract, as host rows in the table and the JSON."""
+    """bench --cpu times the CPU path without a GPU: every CPU method at a forward shape, forward
+    and forward+backward (the gradients checked), the step at decode, each within the accuracy
+    contract, as host rows in the table and the JSON."""
     import json
     path = tmp_path / "cpu.json"
     r = invoke("bench", "--cpu", "--shapes", "seed,decode", "--reps", "2", "--budget", "0",
@@ -295,8 +296,11 @@ def test_bench_cpu_rows(tmp_path):
     rows = json.loads(path.read_text())["rows"]
     assert [(x["shape"], x["impl"]) for x in rows] == [
         ("seed", "cpu-auto"), ("seed", "cpu-recurrent"), ("seed", "cpu-chunk"),
-        ("decode", "cpu-step")]
+        ("seed", "cpu-auto-fwd+bwd"), ("seed", "cpu-recurrent-fwd+bwd"),
+        ("seed", "cpu-chunk-fwd+bwd"), ("decode", "cpu-step")]
     for x in rows:
         assert x["family"] == "cpu" and x["kind"] == "host" and x["status"] == "ok", x
+        assert x["api"] == ("fwd+bwd" if x["impl"].endswith("fwd+bwd") else
+                            "step" if x["shape"] == "decode" else "forward"), x
         assert x["ms"] > 0 and x["reps"] >= 2 and x["contract_ok"] is True, x
         assert f"{x['shape']:<6} | {x['impl']}" in r.output
