@@ -93,6 +93,12 @@ def _cublas():
     return cublas, h
 
 
+def _stream():
+    """The current CuPy stream's handle (cuBLAS runs there)."""
+    from cupy.cuda import get_current_stream
+    return get_current_stream().ptr
+
+
 class Gemm:
     """Row-major batched C[b] = alpha op(A[b]) op(B[b]) + beta C[b] over NB batches: op(A) is
     m x k (A stored k x m where ta), op(B) k x n (stored n x k where tb); cuBLAS sees the
@@ -103,8 +109,7 @@ class Gemm:
 
     def __call__(self, c, a, b, alpha=1.0, beta=0.0):
         cublas, h = _cublas()
-        from cupy.cuda import get_current_stream
-        cublas.setStream(h, get_current_stream().ptr)
+        cublas.setStream(h, _stream())
         m, n, k = self.m, self.n, self.k
         ab = np.array([alpha, beta], np.float32)
         lda, ldb = (m if self.ta else k), (k if self.tb else n)
