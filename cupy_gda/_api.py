@@ -173,7 +173,7 @@ def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0
             q, k, v, gate, log_gate, do, initial_state, d_final_state, cu_seqlens))
         p = _checks.check_backward(fn, q, k, v, gate, log_gate, do, h0, dht, cu, cpu=not br.gpu)
         scale = _checks.check_scale(fn, scale)
-        m = _dispatch.pick_backward(fn, method, p, br.gpu, cu is not None)
+        m = _dispatch.pick_backward(fn, method, p, br.gpu)
         if cu is not None and (check_indices or not br.gpu):
             _checks.check_cu_seqlens_values(fn, host_array(cu), p.T)
         g = gate if gate is not None else log_gate

@@ -3,7 +3,7 @@
 ``method="auto"`` picks by the table below; a named family runs as asked, or the call ends in
 a ValueError that names the limit. Plain Python, so the table is unit-tested without a GPU.
 """
-from cupy_gda import chunk, chunk_bwd
+from cupy_gda import chunk
 from cupy_gda._launch import device_limits, mean_len
 
 # family -> where it exists
@@ -60,20 +60,18 @@ def _check_method(fn, method, methods, where, what=""):
                          f"{where.upper()} methods are {here}")
 
 
-def pick_backward(fn, method, p, gpu, varlen):
-    """The family of a gated_attention_backward call of Problem ``p`` (``varlen``: with
-    cu_seqlens) on the GPU (``gpu``) or the CPU; errors as pick's."""
+def pick_backward(fn, method, p, gpu):
+    """The family of a gated_attention_backward call of Problem ``p`` on the GPU (``gpu``) or the
+    CPU: a named one as asked (both run every Problem the checks let through), else by the
+    measured rules above; errors as pick's."""
     _check_method(fn, method, BACKWARD_METHODS, "gpu" if gpu else "cpu")
     if method != "auto":
-        if gpu and chunk_bwd.refusal(p, varlen) is not None:
-            raise ValueError(f"{fn}: method 'chunk' {chunk_bwd.refusal(p, varlen)}; use "
-                             f"method='recurrent' or 'auto'")
         return method
-    if not gpu:
+    if gpu:
+        wins = mean_len(p) >= BACKWARD_CHUNK_FROM
+    else:
         wins = mean_len(p) >= CPU_BACKWARD_CHUNK_FROM and p.K * p.V >= CPU_BACKWARD_CHUNK_KV
-        return "chunk" if wins else "recurrent"
-    fits = chunk_bwd.refusal(p, varlen) is None
-    return "chunk" if fits and mean_len(p) >= BACKWARD_CHUNK_FROM else "recurrent"
+    return "chunk" if wins else "recurrent"
 
 
 def pick(fn, method, p, gpu, limits=None):

@@ -43,12 +43,6 @@ def config(p):
     return Config(bt, 32 if p.K <= 32 else 64)
 
 
-def refusal(p, varlen):
-    """Why the chunked backward cannot run Problem ``p`` (completes "method 'chunk' ..."), or
-    None: it runs every Problem the GPU checks let through."""
-    return None
-
-
 def chunks(p, BT, varlen):
     """(NH, NC): NH sequence-heads of NC chunks each. Without cu_seqlens N H of ceil(T / BT);
     with them H (one a head) of every sequence's chunks in order, at most T / BT + N (a chunk

@@ -559,30 +559,29 @@ def test_launch_takes_exactly_the_declared_sizes(sizes):
 
 # ---- the backward (gated_attention_backward): _dispatch.pick_backward, chunk_bwd's rules
 
-@pytest.mark.parametrize("p, varlen, want, cpu", [
-    pytest.param(P, False, "recurrent", "recurrent", id="seed-T63"),
-    pytest.param(_p(T=511, K=64, B=4, H=8), False, "recurrent", "chunk", id="T511-K64"),
-    pytest.param(_p(T=512, K=24, B=2, H=4), False, "chunk", "recurrent", id="T512-K24"),
-    pytest.param(_p(T=4096, K=128, B=8, H=16), False, "chunk", "chunk", id="big128"),
-    pytest.param(_p(T=31, K=128, B=8, H=16), False, "recurrent", "recurrent", id="T31-K128"),
-    pytest.param(P._replace(T=4096, K=64, V=64, B=1, N=8, H=4), True, "chunk", "chunk",
+@pytest.mark.parametrize("p, want, cpu", [
+    pytest.param(P, "recurrent", "recurrent", id="seed-T63"),
+    pytest.param(_p(T=511, K=64, B=4, H=8), "recurrent", "chunk", id="T511-K64"),
+    pytest.param(_p(T=512, K=24, B=2, H=4), "chunk", "recurrent", id="T512-K24"),
+    pytest.param(_p(T=4096, K=128, B=8, H=16), "chunk", "chunk", id="big128"),
+    pytest.param(_p(T=31, K=128, B=8, H=16), "recurrent", "recurrent", id="T31-K128"),
+    pytest.param(P._replace(T=4096, K=64, V=64, B=1, N=8, H=4), "chunk", "chunk",
                  id="varlen-512"),
-    pytest.param(P._replace(T=4095, K=64, V=64, B=1, N=8, H=4), True, "recurrent", "chunk",
+    pytest.param(P._replace(T=4095, K=64, V=64, B=1, N=8, H=4), "recurrent", "chunk",
                  id="varlen-below-512"),
 ])
-def test_backward_auto_picks(p, varlen, want, cpu):
-    assert _dispatch.pick_backward("f", "auto", p, True, varlen) == want
-    assert _dispatch.pick_backward("f", "auto", p, False, varlen) == cpu
+def test_backward_auto_picks(p, want, cpu):
+    assert _dispatch.pick_backward("f", "auto", p, True) == want
+    assert _dispatch.pick_backward("f", "auto", p, False) == cpu
 
 
 def test_backward_named_methods():
-    assert _dispatch.pick_backward("f", "chunk", P, True, False) == "chunk"
-    assert _dispatch.pick_backward("f", "chunk", P, True, True) == "chunk"
-    assert _dispatch.pick_backward("f", "recurrent", P, True, True) == "recurrent"
-    assert _dispatch.pick_backward("f", "chunk", P, False, True) == "chunk"
-    assert _dispatch.pick_backward("f", "recurrent", P, False, False) == "recurrent"
+    assert _dispatch.pick_backward("f", "chunk", P, True) == "chunk"
+    assert _dispatch.pick_backward("f", "recurrent", P, True) == "recurrent"
+    assert _dispatch.pick_backward("f", "chunk", P, False) == "chunk"
+    assert _dispatch.pick_backward("f", "recurrent", P, False) == "recurrent"
     with pytest.raises(ValueError, match="method must be one of 'auto', 'recurrent', 'chunk'"):
-        _dispatch.pick_backward("f", "fused", P, True, False)
+        _dispatch.pick_backward("f", "fused", P, True)
 
 
 @pytest.mark.parametrize("p, want", [
