@@ -377,19 +377,27 @@ def gated_attention_backward_recurrent(q, k, v, gate=None, *, do, log_gate=None,
     fn = "gated_attention_backward_recurrent"
     p, dt, scale, q, k, v, g, h0, do, dht = _prepare_backward(
         fn, q, k, v, gate, log_gate, do, initial_state, d_final_state, cu_seqlens, dtype, scale)
-    dq, dk, dv, dg, dh0 = _gradient_buffers(p, dt)
     per = max(1, STATE_BYTES // max(1, p.H * p.K * p.V * dt.itemsize))
+    grads = _backward_groups(p, dt, cu_seqlens, per, (q, k, v, g, scale * do), h0, dht,
+                             lambda *x: _backward_core(*x, BT))
+    return _gradients(p, *grads[:4], g, log_gate, grads[4], initial_state)
+
+
+def _backward_groups(p, dt, cu_seqlens, per, inputs, h0, dht, core):
+    """dq, dk, dv, dg [B*T, H, *] and dh0 [N, H, K, V] of the CPU backwards: ``core(q, k, v, g,
+    do, S, G, lens)`` (_backward_core's arguments and returns, time-major) on the sequences in
+    groups of ``per`` (_groups); ``inputs`` (q, k, v, g, do times scale) as rows [B*T, H, *]."""
+    dq, dk, dv, dg, dh0 = _gradient_buffers(p, dt)
     for group, ns, lens, rows in _groups(p, cu_seqlens, per):
         S = np.zeros((len(ns), p.H, p.K, p.V), dt) if h0 is None else h0[ns].astype(dt)
         G = np.zeros_like(S) if dht is None else dht[ns].astype(dt)
         with np.errstate(**_QUIET):
-            grads = _backward_core(q[rows], k[rows], v[rows], g[rows], scale * do[rows], S, G,
-                                   lens, BT)
+            grads = core(*(x[rows] for x in inputs), S, G, lens)
         for x, dx in zip(grads, (dq, dk, dv, dg)):
             for j, (n, bos, eos) in enumerate(group):
                 dx[bos:eos] = x[:eos - bos, j]
         dh0[ns] = G                             # (an empty sequence's: d_final_state's, as S_T = S_0)
-    return _gradients(p, dq, dk, dv, dg, g, log_gate, dh0, initial_state)
+    return dq, dk, dv, dg, dh0
 
 
 # The chunked backward's range (as kernels/gda_chunk_bwd.cu's guard): inside it every product of
@@ -420,23 +428,16 @@ def gated_attention_backward_chunked(q, k, v, gate=None, *, do, log_gate=None, s
     fn = "gated_attention_backward_chunked"
     p, dt, scale, q, k, v, g, h0, do, dht = _prepare_backward(
         fn, q, k, v, gate, log_gate, do, initial_state, d_final_state, cu_seqlens, dtype, scale)
-    dq, dk, dv, dg, dh0 = _gradient_buffers(p, dt)
     BT = BT or chunk_bwd_steps(p.K, p.V)
     NC = max(1, -(-max((e - b for _, b, e in _segments(p, cu_seqlens)), default=0) // BT))
     per = max(1, CHUNK_BWD_BYTES // max(1, 2 * NC * p.H * p.K * p.V * dt.itemsize))
-    for group, ns, lens, rows in _groups(p, cu_seqlens, per):
-        S = np.zeros((len(ns), p.H, p.K, p.V), dt) if h0 is None else h0[ns].astype(dt)
-        G = np.zeros_like(S) if dht is None else dht[ns].astype(dt)
-        with np.errstate(**_QUIET):
-            x = [a[rows] for a in (q, k, v, g, do)]
-            grads = _backward_chunks(*x[:4], scale * x[4], S, G, lens, BT)
-            if grads is None:                   # outside the range: the loop
-                grads = _backward_core(*x[:4], scale * x[4], S, G, lens, BT)
-        for xg, dx in zip(grads, (dq, dk, dv, dg)):
-            for j, (n, bos, eos) in enumerate(group):
-                dx[bos:eos] = xg[:eos - bos, j]
-        dh0[ns] = G
-    return _gradients(p, dq, dk, dv, dg, g, log_gate, dh0, initial_state)
+
+    def core(*x):                               # the loop where the group is outside the range
+        grads = _backward_chunks(*x, BT)
+        return _backward_core(*x, BT) if grads is None else grads
+
+    grads = _backward_groups(p, dt, cu_seqlens, per, (q, k, v, g, scale * do), h0, dht, core)
+    return _gradients(p, *grads[:4], g, log_gate, grads[4], initial_state)
 
 
 def _backward_chunks(q, k, v, g, do, S, G, lens, BT):
