@@ -696,9 +696,11 @@ GRADS = ("dq", "dk", "dv", "dgate")     # the gradients a fwd+bwd row checks
 
 
 def call_ours_fwd_bwd(shape, s, method="auto"):
-    """(o, Gradients): our forward on input set ``s``, then our backward with its 'do'."""
+    """(o, Gradients): our forward on input set ``s``, then our backward with its 'do', both by
+    ``method``."""
     o = call_ours(shape, s, method)
-    return o, cupy_gda.gated_attention_backward(s["q"], s["k"], s["v"], s["gate"], do=s["do"])
+    return o, cupy_gda.gated_attention_backward(s["q"], s["k"], s["v"], s["gate"], do=s["do"],
+                                                method=method)
 
 
 def _slice_dims(shape):
@@ -929,10 +931,7 @@ def run_cpu(shapes, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, seed=0, t_max=
             try:
                 if is_fwd_bwd(impl):
                     def call():
-                        o = cupy_gda.gated_attention(x["q"], x["k"], x["v"], x["gate"],
-                                                     method=method)
-                        return o, cupy_gda.gated_attention_backward(
-                            x["q"], x["k"], x["v"], x["gate"], do=x["do"], method=method)
+                        return call_ours_fwd_bwd(s, x, method)
                     acc = accuracy(refs, gradient_slices(s, call()[1]))
                 elif s.step:
                     state = x["state"].copy()
