@@ -127,8 +127,8 @@ class BackwardPlan:
         n_kt = -(-K // self.cfg.KT)
 
         def launch(entry, grid, block):
-            return Launch(FAMILY.function(entry, d), CHUNK_BACKWARD, grid, block, 0,
-                          T=p.B * p.T if varlen else p.T, NH=NH, N=p.N, H=p.H, NC=self.NC)
+            return Launch(FAMILY.function(entry, d), CHUNK_BACKWARD, grid, block, 0, T=p.T,
+                          NH=NH, N=p.N, H=p.H, NC=self.NC)
 
         self.pack = launch("gda_chunk_bwd_pack", NB, NTP)
         vecs = V // 4 if V % 4 == 0 else V                           # loads a key row
