@@ -152,8 +152,9 @@ def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0
             loop, the states recomputed from kept ones; on the GPU one a chunk of up to 32
             steps, or one every 64 steps where that would take over recurrent_bwd.KEPT_BYTES)
             or "chunk" (the states kept at each chunk's start and the chunked form's products
-            of gates; GPU: chunks of 32 or 64 steps, the matmuls in cuBLAS float32; CPU:
-            chunks of 8 or 16 steps, vectorised over every chunk). Where the inputs or states
+            of gates; GPU: chunks of 32 or 64 steps, the matmuls on the tensor cores exact
+            to float32 (split operands, never TF32); CPU: chunks of 8 or 16 steps,
+            vectorised over every chunk). Where the inputs or states
             leave the range the chunked products are exact in, the reverse loop runs instead
             (on the GPU, decided there without a sync).
         check_indices: as in gated_attention.

@@ -1,19 +1,19 @@
-"""Launcher of gda_chunk_bwd (kernels/gda_chunk_bwd.cu): the gradients in chunks of BT steps, the
-matmuls in cuBLAS float32 (no TF32), exact for every gate (the guarded fall back to the reverse
-loop, recurrent_bwd, on the GPU itself). Any K and V, sequences of T steps or packed ones
-(cu_seqlens: each sequence's chunks in order, their offsets counted on the GPU).
+"""Launcher of gda_chunk_bwd (kernels/gda_chunk_bwd.cu): the gradients in chunks of BT steps,
+the matmuls on the tensor cores with split operands (exact to float32, never plain TF32), exact
+for every gate (the guarded fall back to the reverse loop, recurrent_bwd, on the GPU itself). Any
+K and V, sequences of T steps or packed ones (cu_seqlens: each sequence's chunks in order, their
+offsets counted on the GPU).
 
 The pipeline of one call, all on the current stream, no host sync (NB chunks, chunks()):
   1. pack       q A, k D, A_end, v, do as float32 rows [NB][BT][*]; the guard on the inputs
-  2. GEMMs      st = (k D)^T v, et = scale (q A)^T do                     (local states)
+  2. local      st = (k D)^T v, et = scale (q A)^T do                     (local states, GEMMs)
   3. states     st -> S0, et -> E chunk by chunk; rowsum(E S0); d_initial_state; the guard
-  4. GEMMs      M = scale v do^T, sd = scale do S0^T, ev = v E^T
+  4. rows       M = scale v do^T, sd = scale do S0^T, ev = v E^T          (GEMMs)
   5. scores     W (gated q.k scores of each chunk)
   6. intra      dq, dk, dg
-  7. GEMMs      dv rows = (k D) E + scale W do;  dv: the rows to [B, T, H, V]
+  7. dv         (k D) E + scale W do (GEMMs), into [B, T, H, V]
   8. the reverse loop (gda_recurrent_bwd), run only where the guard was hit, over everything
 """
-import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -22,12 +22,14 @@ from cupy_gda import recurrent_bwd
 from cupy_gda._launch import (CHUNK_BACKWARD, DTYPE_CODE, Family, Launch, address, cached, empty,
                               np_dtype)
 
-ENTRIES = ("gda_chunk_bwd_pack", "gda_chunk_bwd_states", "gda_chunk_bwd_scores",
-           "gda_chunk_bwd_intra", "gda_chunk_bwd_dv")
-FAMILY = Family("gda_chunk_bwd", ("common.cuh",), {e: CHUNK_BACKWARD for e in ENTRIES})
+ENTRIES = ("gda_chunk_bwd_pack", "gda_chunk_bwd_local", "gda_chunk_bwd_states",
+           "gda_chunk_bwd_rows", "gda_chunk_bwd_scores", "gda_chunk_bwd_intra", "gda_chunk_bwd_dv")
+FAMILY = Family("gda_chunk_bwd", ("common.cuh", "mma.cuh"), {e: CHUNK_BACKWARD for e in ENTRIES})
 
 CHUNKS_64 = 1024         # chunks of 64 steps from which config picks them
-NTP = 128                # the kernel's threads of pack, states and dv
+NTP = 128                # the kernel's threads of pack and states
+NTG, GT = 128, 64        # the GEMM entries' threads and output tile (GT x GT)
+ALIGN = 64               # floats: each workspace starts 256-byte aligned (the GEMMs load float4)
 
 
 class Config(NamedTuple):
@@ -59,7 +61,7 @@ def defines(p, cfg, seq_int64=False):
 
 def workspace(p, cfg, varlen=False):
     """{name: floats} of the float32 workspaces, in order (the kernel's parameter names); qa's
-    room is reused by sd and vp's by dv's rows, each written after the other's last read."""
+    room is reused by sd, written after qa's last read."""
     NH, NC = chunks(p, cfg.BT, varlen)
     NB = NH * NC
     C, K, V = cfg.BT, p.K, p.V
@@ -68,48 +70,20 @@ def workspace(p, cfg, varlen=False):
                 ar=2 * NB * C * K)
 
 
-_TLS = threading.local()
+def layout(sizes):
+    """({name: float offset} in one workspace, its floats): each workspace ALIGN-aligned, sd in
+    qa's room."""
+    at, base = {}, 0
+    for name, n in sizes.items():
+        at[name] = base
+        base += -(-n // ALIGN) * ALIGN
+    at["sd"] = at["qa"]
+    return at, base
 
 
-def _cublas():
-    """This thread's cuBLAS handle for the current device, its own (so no caller's math mode
-    applies): CUBLAS_DEFAULT_MATH, under which sgemm never uses TF32."""
-    from cupy.cuda import runtime
-    from cupy_backends.cuda.libs import cublas
-    handles = getattr(_TLS, "handles", None)
-    if handles is None:
-        handles = _TLS.handles = {}
-    dev = runtime.getDevice()
-    h = handles.get(dev)
-    if h is None:
-        h = handles[dev] = cublas.create()
-        cublas.setMathMode(h, 0)            # CUBLAS_DEFAULT_MATH
-    return cublas, h
-
-
-def _stream():
-    """The current CuPy stream's handle (cuBLAS runs there)."""
-    from cupy.cuda import get_current_stream
-    return get_current_stream().ptr
-
-
-class Gemm:
-    """Row-major batched C[b] = alpha op(A[b]) op(B[b]) + beta C[b] over NB batches: op(A) is
-    m x k (A stored k x m where ta), op(B) k x n (stored n x k where tb); cuBLAS sees the
-    column-major transpose, C^T = op(B)^T op(A)^T."""
-
-    def __init__(self, NB, m, n, k, ta=False, tb=False):
-        self.NB, self.m, self.n, self.k, self.ta, self.tb = NB, m, n, k, ta, tb
-
-    def __call__(self, c, a, b, alpha=1.0, beta=0.0):
-        cublas, h = _cublas()
-        cublas.setStream(h, _stream())
-        m, n, k = self.m, self.n, self.k
-        ab = np.array([alpha, beta], np.float32)
-        lda, ldb = (m if self.ta else k), (k if self.tb else n)
-        cublas.sgemmStridedBatched(
-            h, int(self.tb), int(self.ta), n, m, k, ab.ctypes.data, b, ldb, k * n, a, lda, m * k,
-            ab.ctypes.data + 4, c, n, m * n, self.NB)
+def tiles(n):
+    """The GEMM entries' output tiles over n columns (or rows)."""
+    return -(-n // GT)
 
 
 class BackwardPlan:
@@ -131,20 +105,18 @@ class BackwardPlan:
                           NH=NH, N=p.N, H=p.H, NC=self.NC)
 
         self.pack = launch("gda_chunk_bwd_pack", NB, NTP)
+        self.local = launch("gda_chunk_bwd_local", NB * 2 * tiles(K) * tiles(V), NTG)
         vecs = V // 4 if V % 4 == 0 else V                           # loads a key row
         rows = NTP // (128 if vecs >= 128 else -(-vecs // 32) * 32)  # key rows a block
         self.states = launch("gda_chunk_bwd_states", -(-NH * K // rows), NTP)
+        self.rows = launch("gda_chunk_bwd_rows", NB * 3 * tiles(K), NTG)
         self.scores = launch("gda_chunk_bwd_scores", NB, C)
         self.intra = launch("gda_chunk_bwd_intra", NB * n_kt, self.cfg.KT)
-        self.dv = launch("gda_chunk_bwd_dv", NB, NTP)
-        self.local = Gemm(NB, K, V, C, ta=True)          # (k D)^T v, (q A)^T do
-        self.scores_m = Gemm(NB, C, C, V, tb=True)       # v do^T
-        self.rows_k = Gemm(NB, C, K, V, tb=True)         # do S0^T, v E^T
-        self.dv_inter = Gemm(NB, C, V, K)                # (k D) E
-        self.dv_intra = Gemm(NB, C, V, C)                # W do
+        self.dv = launch("gda_chunk_bwd_dv", NB * tiles(V), NTG)
         self.sizes = workspace(p, self.cfg, varlen)
         self.loop = recurrent_bwd.plan(p, seq_int64)
-        self.ws_floats = max(sum(self.sizes.values()), sum(self.loop.ws))
+        self.at, floats = layout(self.sizes)
+        self.ws_floats = max(floats, sum(self.loop.ws))
 
     def __call__(self, q, k, v, g, do, scale, h0, dht, cu_seqlens=None):
         """(dq, dk, dv, dg, dh0) as recurrent_bwd.BackwardPlan's; arrays are contiguous CuPy."""
@@ -161,9 +133,11 @@ class BackwardPlan:
         cupy.cumsum(cupy.maximum((eos - bos + self.cfg.BT - 1) // self.cfg.BT, 1), out=coff[1:])
         return coff
 
-    def run(self, q, k, v, g, do, scale, h0, dht, cu_seqlens=None, fallback=True):
-        """(gradients, the guard's flag: a device int, 1 where it was hit); ``fallback=False``
-        leaves out the reverse loop (tests: the chunked form's own results)."""
+    def run(self, q, k, v, g, do, scale, h0, dht, cu_seqlens=None, fallback=True, stages=7,
+            ws=None):
+        """(gradients, the guard's flag: a device int, 1 where it was hit). Tests: ``fallback=False``
+        leaves out the reverse loop (the chunked form's own results), ``stages`` stops after that
+        stage, and ``ws`` (float32, at least ws_floats) is the workspace to use."""
         import cupy
         p = self.p
         dq, dk = (empty((p.B, p.T, p.H, p.K), np_dtype(p.dtype)) for _ in range(2))
@@ -175,29 +149,17 @@ class BackwardPlan:
         if self.NB == 0:
             return self.loop(q, k, v, g, do, scale, h0, dht, cu_seqlens, out=grads), flag
         coff = self.chunk_offsets(cu_seqlens) if self.varlen else None
-        ws = empty((self.ws_floats,), np_dtype("float32"))   # kept alive until all are queued
-        at, base = {}, ws.data.ptr
-        for name, n in self.sizes.items():
-            at[name] = base
-            base += 4 * n
-        at["sd"], dvp = at["qa"], at["vp"]
+        if ws is None:
+            ws = empty((self.ws_floats,), np_dtype("float32"))   # kept alive until all are queued
+        at = {name: ws.data.ptr + 4 * x for name, x in self.at.items()}
         ptrs = (q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, do.data.ptr, address(h0),
                 address(dht), at["st"], at["et"], at["qa"], at["kd"], at["vp"], at["dp"],
                 at["ae"], at["es"], at["mm"], at["ww"], at["sd"], at["ev"], at["ar"],
                 flag.data.ptr, dq.data.ptr, dk.data.ptr, dv.data.ptr, dg.data.ptr, address(dh0),
                 address(cu_seqlens), address(coff))
-        self.pack(ptrs, scale)                                              # 1
-        self.local(at["st"], at["kd"], at["vp"])                           # 2
-        self.local(at["et"], at["qa"], at["dp"], alpha=scale)
-        self.states(ptrs, scale)                                            # 3
-        self.scores_m(at["mm"], at["vp"], at["dp"], alpha=scale)           # 4
-        self.rows_k(at["sd"], at["dp"], at["st"], alpha=scale)
-        self.rows_k(at["ev"], at["vp"], at["et"])
-        self.scores(ptrs, scale)                                            # 5
-        self.intra(ptrs, scale)                                             # 6
-        self.dv_inter(dvp, at["kd"], at["et"])                              # 7
-        self.dv_intra(dvp, at["ww"], at["dp"], alpha=scale, beta=1.0)
-        self.dv(ptrs, scale)
+        for stage in (self.pack, self.local, self.states, self.rows, self.scores, self.intra,
+                      self.dv)[:stages]:                                    # 1 .. 7
+            stage(ptrs, scale)
         if fallback:                                                        # 8
             self.loop(q, k, v, g, do, scale, h0, dht, cu_seqlens, out=grads, ws=ws,
                       only_if=flag.data.ptr)

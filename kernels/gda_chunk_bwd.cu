@@ -1,5 +1,5 @@
-// gda_chunk_bwd: gated linear attention, backward, in chunks of BT steps (the kernels around
-// cuBLAS's float32 GEMMs; launcher cupy_gda/chunk_bwd.py, which lists the whole pipeline).
+// gda_chunk_bwd: gated linear attention, backward, in chunks of BT steps (launcher
+// cupy_gda/chunk_bwd.py).
 //
 //   forward:  S_t = diag(g_t) S_{t-1} + k_t v_t^T,   o_t = scale * S_t^T q_t
 //   backward: dS_t = scale * q_t do_t^T + diag(g_{t+1}) dS_{t+1}   (dS_T += d_final_state)
@@ -17,18 +17,20 @@
 //     R_t = sum_{s < t} P(s+1..t-1) k_s (E v_s),  F_t = sum_{u >= t} P(t+1..u) q_u (scale S0 do_u),
 //     X_t[s] = sum_{u >= t} P(t+1..u) q_u M[s, u]          (so dk's first term is X_t[t])
 // Every decay is a product of gates (never a quotient or a difference of logs), so gates of 0
-// give the loop's gradients. The matmuls (M, scale S0 do, E v, the local states and dv) run in
-// cuBLAS float32 (no TF32); these kernels do the rest:
-//   gda_chunk_bwd_pack:   per chunk, q A, k D, A_end and v, do as float32 rows [NB][BT][*] (rows
-//                         past the sequence: gate 1, q = k = v = do = 0, which changes nothing);
-//                         the guard (below) on the inputs.
-//   gda_chunk_bwd_states: per (sequence-head, key row), chunk by chunk: the local states (k D)^T v
-//                         and scale (q A)^T do become S0 (forward) and E (backward) in place, and
-//                         rowsum(E (.) S0); d_initial_state; the guard on S0 and E.
-//   gda_chunk_bwd_scores: W of each chunk, a thread per column u.
-//   gda_chunk_bwd_intra:  dq, dk, dg of each chunk, a thread per key column, the steps in reverse
-//                         (X_t in registers, the chunk's k and g in shared memory).
-//   gda_chunk_bwd_dv:     dv from its float32 rows to [B, T, H, V] in v's dtype.
+// give the loop's gradients. The pipeline, one kernel a stage, on float32 rows [NB][BT][*]:
+//   1. gda_chunk_bwd_pack:   per chunk, q A, k D, A_end and v, do as float32 rows (rows past the
+//                            sequence: gate 1, q = k = v = do = 0, which changes nothing); the
+//                            guard (below) on the inputs.
+//   2. gda_chunk_bwd_local:  the local states (k D)^T v and scale (q A)^T do (GEMMs).
+//   3. gda_chunk_bwd_states: per (sequence-head, key row), chunk by chunk: the local states
+//                            become S0 (forward) and E (backward) in place, and rowsum(E (.) S0);
+//                            d_initial_state; the guard on S0 and E.
+//   4. gda_chunk_bwd_rows:   M, scale do S0^T, v E^T (GEMMs).
+//   5. gda_chunk_bwd_scores: W of each chunk, a thread per column u.
+//   6. gda_chunk_bwd_intra:  dq, dk, dg of each chunk, a thread per key column, the steps in
+//                            reverse (X_t in registers, the chunk's k and g in shared memory).
+//   7. gda_chunk_bwd_dv:     dv = (k D) E + scale W do (GEMMs), into [B, T, H, V].
+// The GEMMs run on the tensor cores with split operands, exact to float32 (never plain TF32).
 // The guard: the chunked form's products are bounded while |q|, |k|, |v|, |do| <= 2^20, |g| <=
 //   2^(1/8) (a chunk's gate products within 2^8) and |S0|, |E| <= 2^40 (no sum above 2^120:
 //   docs/perf-notes.md, v19). Outside it (NaN, inf, large gates or values) the kernels set
@@ -38,7 +40,7 @@
 // Layout: chunk b = nh * NC + j of NH sequence-heads: without cu_seqlens nh = n * H + h, j the
 //   chunk c of sequence n (NC = chunks of T steps); with them nh = h and j runs over every
 //   sequence's chunks in order (NC = their most, T / BT + N; gda_chunk_at). Its rows [b][BT][*]
-//   in the float32 workspaces.
+//   in the float32 workspaces (each 16-byte aligned: the GEMMs load 4 floats at once).
 // Required defines: K_DIM, V_DIM, IO_DTYPE, G_DTYPE, LOG_GATE, SEQ_INT64, BT (steps a chunk,
 //   16..64, a multiple of 16), KT (key columns a block of gda_chunk_bwd_intra, a multiple of 32).
 //   Reference: cupy_gda.reference.gated_attention_backward_ref.
@@ -61,8 +63,8 @@ static_assert(KT % 32 == 0 && KT <= 256, "KT: a multiple of 32, at most 256");
     const float* __restrict__ dht, float* __restrict__ st, float* __restrict__ et,               \
     float* __restrict__ qa, float* __restrict__ kd, float* __restrict__ vp,                      \
     float* __restrict__ dp, float* __restrict__ ae, float* __restrict__ es,                      \
-    const float* __restrict__ mm, float* __restrict__ ww, const float* __restrict__ sd,          \
-    const float* __restrict__ ev, float2* __restrict__ ar, int* __restrict__ flag,               \
+    float* __restrict__ mm, float* __restrict__ ww, float* __restrict__ sd,                      \
+    float* __restrict__ ev, float2* __restrict__ ar, int* __restrict__ flag,                     \
     io::t* __restrict__ dq, io::t* __restrict__ dk, io::t* __restrict__ dv,                      \
     gt::t* __restrict__ dg, float* __restrict__ dh0, const seq_t* __restrict__ cu_seqlens,       \
     const long long* __restrict__ coff, long long T, long long NH, long long N, int H, int NC,   \
@@ -106,6 +108,7 @@ struct gda_chunk_at {
 
 #define GDA_CHUNK gda_chunk_at ch(b, T, H, NC, cu_seqlens, coff, N)
 
+// 1. Block (chunk b): a thread per key column (q A forward, k D backward), then per value column
 extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_pack(GDA_CHUNK_BWD_PARAMS)
 {
     const long long b = blockIdx.x;
@@ -156,6 +159,217 @@ extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_pack(GDA_CHUNK_B
     if (!ok) *flag = 1;
 }
 
+// ---- The GEMMs (stages 2, 4, 7): C[b] = op(A[b]) op(B[b]) of each chunk b, summed over one or
+// two terms, exact to float32 on the tensor cores (never plain TF32):
+// - an operand x is split into three bfloat16 terms h + m + l that equal it exactly (x - h has
+//   at most 16 significant bits, x - h - m at most 8), once an element, as it is staged in
+//   shared memory;
+// - a product is summed as the six terms down to 2^-16 of it (l h, m m, m h, h l, h m, h h);
+//   the three left out (m l, l m, l l) are below 2^-23 of it;
+// - a tensor core adds to its accumulator without rounding to nearest (it truncates), so every
+//   k-step of 16 sums into a fresh accumulator that is then added to the float32 total: the
+//   truncation is once a k-step, of that step's sum, not of the running total.
+// A block: one GM x GN tile of C, 4 warps of 32 x 32 (2 x 4 mma tiles each), the inner
+// dimension GK at a time, the next stage's loads in registers while this one is multiplied
+// (docs/perf-notes.md, v20: a ring of cp.async copies measured slower).
+#define GM 64                                           // rows of C a block
+#define GN 64                                           // columns of C a block
+#define GK 32                                           // inner steps a stage (16 or 32)
+#define NTG 128                                         // threads of the GEMM entries
+#define GW (GM * (GK / 2 + 4))                          // words of one staged term of an operand
+#define GDA_GEMM_SMEM (4 * 6 * GW)                      // bytes: the six staged terms
+static_assert(GM == GN && GK / 2 * (GM + 8) <= GW && (GK == 16 || GK == 32), "GK: 16 or 32");
+static_assert(BT <= GM, "a chunk's rows in one tile");
+
+// (x0, x1) as three bfloat16 pairs (x0 in the low halves) h + m + l, exactly
+__device__ __forceinline__ void gda_split3(float x0, float x1, unsigned& h, unsigned& m, unsigned& l) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(x1), "f"(x0));
+    const float r0 = x0 - __uint_as_float(h << 16), r1 = x1 - __uint_as_float(h & 0xffff0000u);
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(m) : "f"(r1), "f"(r0));
+    const float s0 = r0 - __uint_as_float(m << 16), s1 = r1 - __uint_as_float(m & 0xffff0000u);
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(l) : "f"(s1), "f"(s0));
+}
+
+// An operand: a row-major ROWS x COLS matrix, its inner (k) index along the rows where KROWS
+// (else along the columns). A stage (GK inner steps of 64 outer ones) is loaded into registers,
+// NL loads of 4 floats a thread (KROWS: two rows of the same 4 columns at a time; else 4 inner
+// steps of one row), and split into three terms of words of two consecutive inner steps
+// ([GK / 2][64 + 8] or [64][GK / 2 + 4]: the fragments' reads are free of bank conflicts).
+template <int ROWS, int COLS, bool KROWS>
+struct gda_operand {
+    static constexpr int LD = KROWS ? GM + 8 : GK / 2 + 4, NL = GK / 8, C4 = GK / 4;
+    float4 buf[NL];
+
+    __device__ __forceinline__ static float4 ld4(const float* src, int r, int c) {
+        const float* p = src + r * COLS + c;
+        if (COLS % 4 == 0)
+            return r < ROWS && c < COLS ? *reinterpret_cast<const float4*>(p) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const bool on = r < ROWS;
+        return make_float4(on && c < COLS ? p[0] : 0.f, on && c + 1 < COLS ? p[1] : 0.f,
+                           on && c + 2 < COLS ? p[2] : 0.f, on && c + 3 < COLS ? p[3] : 0.f);
+    }
+    // the stage of outer indices mn0.., inner k0.. into registers (0 outside the matrix)
+    __device__ __forceinline__ void load(const float* src, int mn0, int k0) {
+        #pragma unroll
+        for (int l = 0; l < NL; ++l) {
+            if (KROWS) {
+                const int x = threadIdx.x + l / 2 * NTG;
+                buf[l] = ld4(src, k0 + x / 16 * 2 + l % 2, mn0 + x % 16 * 4);
+            } else {
+                const int x = threadIdx.x + l * NTG;
+                buf[l] = ld4(src, mn0 + x / C4, k0 + x % C4 * 4);
+            }
+        }
+    }
+    // the registers, times alpha, split into the three terms' words at t[0], t[GW], t[2 GW]
+    __device__ __forceinline__ void store(unsigned* t, float alpha) const {
+        if (KROWS) {
+            #pragma unroll
+            for (int u = 0; u < NL / 2; ++u) {
+                const int x = threadIdx.x + u * NTG, at = x / 16 * LD + x % 16 * 4;
+                const float4 a = buf[2 * u], b = buf[2 * u + 1];
+                uint4 h, m, l;
+                gda_split3(alpha * a.x, alpha * b.x, h.x, m.x, l.x);
+                gda_split3(alpha * a.y, alpha * b.y, h.y, m.y, l.y);
+                gda_split3(alpha * a.z, alpha * b.z, h.z, m.z, l.z);
+                gda_split3(alpha * a.w, alpha * b.w, h.w, m.w, l.w);
+                *reinterpret_cast<uint4*>(t + at) = h;
+                *reinterpret_cast<uint4*>(t + GW + at) = m;
+                *reinterpret_cast<uint4*>(t + 2 * GW + at) = l;
+            }
+        } else {
+            #pragma unroll
+            for (int u = 0; u < NL; ++u) {
+                const int x = threadIdx.x + u * NTG, at = x / C4 * LD + x % C4 * 2;
+                uint2 h, m, l;
+                gda_split3(alpha * buf[u].x, alpha * buf[u].y, h.x, m.x, l.x);
+                gda_split3(alpha * buf[u].z, alpha * buf[u].w, h.y, m.y, l.y);
+                *reinterpret_cast<uint2*>(t + at) = h;
+                *reinterpret_cast<uint2*>(t + GW + at) = m;
+                *reinterpret_cast<uint2*>(t + 2 * GW + at) = l;
+            }
+        }
+    }
+    // the word of outer index i, inner pair kp
+    static __device__ __forceinline__ int at(int i, int kp) { return KROWS ? kp * LD + i : i * LD + kp; }
+};
+
+// acc (the thread's part of the block's tile at rows m0.., columns n0..) += op(A) op(B): op(A)
+// M x KK (A stored KK x M where TA), op(B) KK x N (stored N x KK where TB), alpha scaling A.
+// sm: GDA_GEMM_SMEM bytes. Every thread of the block calls it.
+template <int M, int N, int KK, bool TA, bool TB>
+__device__ __forceinline__ void gda_gemm(float (&acc)[2][4][4], const float* a, const float* b,
+                                         float alpha, int m0, int n0, unsigned* sm)
+{
+    typedef gda_operand<TA ? KK : M, TA ? M : KK, TA> opa;
+    typedef gda_operand<TB ? N : KK, TB ? KK : N, !TB> opb;
+    const int lane = threadIdx.x % 32, wm = threadIdx.x / 64 * 32, wn = threadIdx.x / 32 % 2 * 32;
+    const int g = lane / 4, t = lane % 4;
+    const int mn = M - m0 - wm > 16 ? 2 : 1, nn = min(4, (N - n0 - wn + 7) / 8);  // live mma tiles
+    const bool live = M - m0 - wm > 0 && nn > 0;
+    unsigned* sb = sm + 3 * GW;
+    opa A;
+    opb B;
+    A.load(a, m0, 0);
+    B.load(b, n0, 0);
+    for (int k0 = 0; k0 < KK; k0 += GK) {
+        __syncthreads();                                // the last stage's fragments are read
+        A.store(sm, alpha);
+        B.store(sb, 1.f);
+        __syncthreads();
+        if (k0 + GK < KK) {
+            A.load(a, m0, k0 + GK);
+            B.load(b, n0, k0 + GK);
+        }
+        #pragma unroll
+        for (int ks = 0; ks < GK; ks += 16) {
+            if (!live || k0 + ks >= KK) continue;       // (the same in the whole warp)
+            const int kp = ks / 2 + t;
+            unsigned fb[3][4][2];                       // B's fragments [term h, m, l][tile]
+            #pragma unroll
+            for (int e = 0; e < 3; ++e)
+                #pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    #pragma unroll
+                    for (int j = 0; j < 2; ++j) fb[e][i][j] = sb[e * GW + opb::at(wn + 8 * i + g, kp + 4 * j)];
+            float d[2][4][4] = {};                      // this k-step's sums
+            // A's terms l, m, h in turn, each with the B terms down to 2^-16 of the product:
+            // l h; m m, m h; h l, h m, h h (last: what the small terms were added to is 2^-7 of it)
+            #pragma unroll
+            for (int ea = 2; ea >= 0; --ea) {
+                unsigned fa[2][4];
+                #pragma unroll
+                for (int i = 0; i < 2; ++i)
+                    #pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        fa[i][j] = sm[ea * GW + opa::at(wm + 16 * i + g + 8 * (j & 1), kp + 4 * (j >> 1))];
+                #pragma unroll
+                for (int eb = 2 - ea; eb >= 0; --eb)
+                    #pragma unroll
+                    for (int i = 0; i < 2; ++i)
+                        #pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            if (i < mn && j < nn) gda_mma_bf16(d[i][j], fa[i], fb[eb][j]);
+            }
+            #pragma unroll
+            for (int i = 0; i < 2; ++i)
+                #pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    #pragma unroll
+                    for (int r = 0; r < 4; ++r) acc[i][j][r] += d[i][j][r];
+        }
+    }
+}
+
+// put(row, col, x0, x1) of the block's tile at rows m0.., columns n0.. (elements (row, col) and
+// (row, col + 1), col even): the rows below M (columns past N are the functor's to drop)
+template <int M, typename F>
+__device__ __forceinline__ void gda_gemm_put(const float (&acc)[2][4][4], int m0, int n0, const F& put)
+{
+    const int lane = threadIdx.x % 32, wm = threadIdx.x / 64 * 32, wn = threadIdx.x / 32 % 2 * 32;
+    #pragma unroll
+    for (int i = 0; i < 2; ++i)
+        #pragma unroll
+        for (int j = 0; j < 4; ++j)
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = m0 + wm + 16 * i + lane / 4 + 8 * h;
+                if (row < M) put(row, n0 + wn + 8 * j + lane % 4 * 2, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            }
+}
+
+// the tile into the row-major M x N matrix c
+template <int M, int N>
+__device__ __forceinline__ void gda_gemm_store(float* c, const float (&acc)[2][4][4], int m0, int n0)
+{
+    gda_gemm_put<M>(acc, m0, n0, [=](int row, int col, float x0, float x1) {
+        float* p = c + (long long)row * N + col;
+        if (N % 2 == 0) {
+            if (col < N) *reinterpret_cast<float2*>(p) = make_float2(x0, x1);
+        } else {
+            if (col < N) p[0] = x0;
+            if (col + 1 < N) p[1] = x1;
+        }
+    });
+}
+
+#define GDA_TILES(n) (((n) + GN - 1) / GN)              // tiles of GN over n columns (GM rows)
+
+// 2. The local states of chunk b: st = (k D)^T v (z = 0), et = scale (q A)^T do (z = 1).
+// Block: (b, z, tile of K x V).
+extern "C" __global__ void __launch_bounds__(NTG) gda_chunk_bwd_local(GDA_CHUNK_BWD_PARAMS)
+{
+    __shared__ __align__(16) unsigned b_op[GDA_GEMM_SMEM / 4];
+    constexpr int TN = GDA_TILES(V_DIM), TILES = GDA_TILES(K_DIM) * TN;
+    const long long b = blockIdx.x / (2 * TILES);
+    const int z = blockIdx.x / TILES % 2, tile = blockIdx.x % TILES;
+    const int m0 = tile / TN * GM, n0 = tile % TN * GN;
+    float acc[2][4][4] = {};
+    gda_gemm<K_DIM, V_DIM, BT, true, false>(acc, (z ? qa : kd) + b * BT * K_DIM,
+                                            (z ? dp : vp) + b * BT * V_DIM, z ? scale : 1.f, m0, n0, b_op);
+    gda_gemm_store<K_DIM, V_DIM>((z ? et : st) + b * K_DIM * V_DIM, acc, m0, n0);
+}
+
 #define VW (V_DIM % 4 == 0 ? 4 : 1)                     // value columns a load of states
 #define NTC (V_DIM / VW >= 128 ? 128 : (V_DIM / VW + 31) / 32 * 32)  // threads a key row
 #define RB (NTP / NTC)                                  // key rows a block of states
@@ -173,7 +387,7 @@ __device__ __forceinline__ vpack gda_ld(const float* p, long long x, bool on) {
     return r;
 }
 
-// Block: RB rows (sequence-head nh, key row i) of NTC threads, thread jt: the columns
+// 3. Block: RB rows (sequence-head nh, key row i) of NTC threads, thread jt: the columns
 // (jt + jj NTC) VW .. + VW - 1. st[b][i][:] holds (k D)^T v of chunk b and becomes S0 (the state
 // before the chunk); et[b][i][:] holds scale (q A)^T do and becomes E; es[b][i] = rowsum(E (.)
 // S0); dh0 = the gradient reaching each sequence's initial state. A row runs its sequences one
@@ -305,9 +519,30 @@ extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_states(GDA_CHUNK
     if (!ok) *flag = 1;
 }
 
+// 4. Chunk b's rows from V-contractions: M = scale v do^T (z = 0), sd = scale do S0^T (z = 1),
+// ev = v E^T (z = 2). Block: (b, z, tile of K columns; M has one).
+extern "C" __global__ void __launch_bounds__(NTG) gda_chunk_bwd_rows(GDA_CHUNK_BWD_PARAMS)
+{
+    __shared__ __align__(16) unsigned b_op[GDA_GEMM_SMEM / 4];
+    constexpr int TILES = GDA_TILES(K_DIM);
+    const long long b = blockIdx.x / (3 * TILES);
+    const int z = blockIdx.x / TILES % 3, n0 = blockIdx.x % TILES * GN;
+    const float *rv = vp + b * BT * V_DIM, *rd = dp + b * BT * V_DIM;
+    float acc[2][4][4] = {};
+    if (z == 0) {
+        if (n0 >= BT) return;                           // (the whole block)
+        gda_gemm<BT, BT, V_DIM, false, true>(acc, rv, rd, scale, 0, n0, b_op);
+        gda_gemm_store<BT, BT>(mm + b * BT * BT, acc, 0, n0);
+    } else {
+        gda_gemm<BT, K_DIM, V_DIM, false, true>(acc, z == 1 ? rd : rv, (z == 1 ? st : et) + b * K_DIM * V_DIM,
+                                                z == 1 ? scale : 1.f, 0, n0, b_op);
+        gda_gemm_store<BT, K_DIM>((z == 1 ? sd : ev) + b * BT * K_DIM, acc, 0, n0);
+    }
+}
+
 #define KI 32                                           // key columns a step of scores
 
-// Block (chunk b), thread u: W[b][s][u] = sum_i k_s[i] P(s+1..u)[i] q_u[i] for s <= u, 0 below
+// 5. Block (chunk b), thread u: W[b][s][u] = sum_i k_s[i] P(s+1..u)[i] q_u[i] for s <= u, 0 below
 // (the running product p = P(s+1..u) from s = u down; 0 above u, so those terms add nothing).
 extern "C" __global__ void __launch_bounds__(NTS) gda_chunk_bwd_scores(GDA_CHUNK_BWD_PARAMS)
 {
@@ -358,7 +593,7 @@ extern "C" __global__ void __launch_bounds__(NTS) gda_chunk_bwd_scores(GDA_CHUNK
     for (int s = 0; s < BT; ++s) ww[(b * BT + s) * BT + u] = w[s];
 }
 
-// Block (chunk b, key tile kt), thread: key column i. Load: the chunk's k, g of the column into
+// 6. Block (chunk b, key tile kt), thread: key column i. Load: the chunk's k, g of the column into
 // shared memory, M into shared memory, and (Aex_t, R_t) forward into ar. Then t from the last
 // step down: X (over s <= t, registers) <- q_t M[s, t] + g_{t+1} X, and the sums over s < t with
 // weights P(s+1..t-1) k_s (a running product down from s = t - 1) give dq's and dg's terms.
@@ -453,12 +688,21 @@ extern "C" __global__ void __launch_bounds__(KT) gda_chunk_bwd_intra(GDA_CHUNK_B
     }
 }
 
-// dv from its float32 rows [b][BT][V] (vp, after cuBLAS) into [B, T, H, V]
-extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_dv(GDA_CHUNK_BWD_PARAMS)
+// 7. dv of chunk b: (k D) E + scale W do, into [B, T, H, V] in v's dtype. Block: (b, tile of V).
+// (two GEMMs: where ptxas would keep it to 168 registers, 3 blocks an SM, it spilled)
+extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_dv(GDA_CHUNK_BWD_PARAMS)
 {
-    const long long b = blockIdx.x;
+    __shared__ __align__(16) unsigned b_op[GDA_GEMM_SMEM / 4];
+    const long long b = blockIdx.x / GDA_TILES(V_DIM);
+    const int n0 = blockIdx.x % GDA_TILES(V_DIM) * GN;
+    float acc[2][4][4] = {};
+    gda_gemm<BT, V_DIM, K_DIM, false, false>(acc, kd + b * BT * K_DIM, et + b * K_DIM * V_DIM, 1.f, 0, n0, b_op);
+    gda_gemm<BT, V_DIM, BT, false, false>(acc, ww + b * BT * BT, dp + b * BT * V_DIM, scale, 0, n0, b_op);
     GDA_CHUNK;
-    for (int t = 0; t < ch.rows; ++t)
-        for (int j = threadIdx.x; j < V_DIM; j += NTP)
-            dv[ch.at(t, V_DIM, j)] = io::store(vp[(b * BT + t) * V_DIM + j]);
+    gda_gemm_put<BT>(acc, 0, n0, [=](int t, int j, float x0, float x1) {
+        if (t < ch.rows) {
+            if (j < V_DIM) dv[ch.at(t, V_DIM, j)] = io::store(x0);
+            if (j + 1 < V_DIM) dv[ch.at(t, V_DIM, j + 1)] = io::store(x1);
+        }
+    });
 }

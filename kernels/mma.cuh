@@ -1,5 +1,6 @@
 // Tensor-core helpers (mma.sync, sm_80+): operand splits, fragment loads, the products of one
-// k-step. Prepended as text after common.cuh to the kernels that take them (gda_chunk_fwd).
+// k-step. Prepended as text after common.cuh to the kernels that take them (gda_chunk_fwd;
+// gda_chunk_bwd's GEMMs take gda_mma_bf16).
 //
 // Float32 accuracy from low-precision operands: every operand that is not exact in the mma's
 // input type is split a = hi + lo and a product is summed as lo*hi + hi*lo + hi*hi (fp32
@@ -45,16 +46,27 @@ __device__ __forceinline__ void gda_split2(float x0, float x1, unsigned& hi, uns
     }
 }
 
-// d += a b over one k-step
-__device__ __forceinline__ void gda_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-#if GDA_BF16
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-#else
+// d += a b over one k-step of the type named, whatever IO_DTYPE is (gda_chunk_bwd's GEMMs)
+__device__ __forceinline__ void gda_mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
     asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-#endif
         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void gda_mma_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// d += a b over one k-step
+__device__ __forceinline__ void gda_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+#if GDA_BF16
+    gda_mma_bf16(d, a, b);
+#else
+    gda_mma_tf32(d, a, b);
+#endif
 }
 
 // d[j] += a * b[j], j < J (those with j < jn), over one k-step: the small terms first, each pass

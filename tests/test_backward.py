@@ -315,6 +315,63 @@ def test_gpu_chunked_backward_itself_meets_the_contract(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("B, T, H, K, V, BT", [
+    pytest.param(2, 100, 3, 100, 72, 32, id="K100-V72-BT32"),
+    pytest.param(1, 130, 2, 5, 1, 64, id="K5-V1-BT64"),
+    pytest.param(1, 64, 2, 128, 130, 64, id="K128-V130-BT64"),
+])
+def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT):
+    """Each GEMM stage (2: local states, 4: M, scale do S0^T, v E^T, 7: dv) against float64
+    products of the very workspaces it read: every element within float32's worst case for n
+    terms, with room for the split's left-out terms and the tensor cores' truncation, (n + 12)
+    2^-24 sum |a b|, where plain TF32 (or bf16) would be off by about 2^-11 / sqrt(n) (2^-8 /
+    sqrt(n)) of it; tiles cut by K, V and the chunk's rows; values and scale that round in
+    bf16 and TF32."""
+    import cupy
+    from cupy_gda import chunk_bwd
+    from cupy_gda._checks import Problem
+    rng = np.random.default_rng(20)
+    p = Problem(B, T, H, K, V, B, "float32", "float32", False)
+    plan = chunk_bwd.BackwardPlan(p, cfg=chunk_bwd.Config(BT, 32 if K <= 32 else 64))
+    x = {n: cupy.asarray(rng.standard_normal((B, T, H, d)), np.float32)
+         for n, d in (("q", K), ("k", K), ("v", V), ("do", V))}
+    g = cupy.asarray(rng.uniform(0.9, 1.0, (B, T, H, K)), np.float32)
+    scale = np.float32(0.3)
+    ws = cupy.full((plan.ws_floats,), np.nan, np.float32)
+    NB, C = plan.NB, BT
+
+    def view(name, *shape):
+        return cupy.asnumpy(ws[plan.at[name]:plan.at[name] + NB * int(np.prod(shape))]).astype(
+            np.float64).reshape(NB, *shape)
+
+    def check(got, a, b):       # got = a @ b, batched
+        want, mag = a @ b, np.abs(a) @ np.abs(b)
+        assert np.isfinite(got).all()
+        bad = np.abs(got - want) > (a.shape[-1] + 12) * 2.0 ** -24 * mag
+        assert not bad.any(), (np.abs(got - want) / mag)[bad].max()
+
+    args = (x["q"], x["k"], x["v"], g, x["do"], float(scale), None, None)
+    plan.run(*args, fallback=False, stages=2, ws=ws)
+    kd, qa, vp, dp = view("kd", C, K), view("qa", C, K), view("vp", C, V), view("dp", C, V)
+    check(view("st", K, V), kd.swapaxes(1, 2), vp)
+    check(view("et", K, V), qa.swapaxes(1, 2), float(scale) * dp)
+    plan.run(*args, fallback=False, stages=4, ws=ws)
+    s0, e = view("st", K, V), view("et", K, V)
+    sd = view("sd", C, K)                   # (before scores and intra overwrite nothing of it)
+    check(view("mm", C, C), vp, float(scale) * dp.swapaxes(1, 2))
+    check(sd, float(scale) * dp, s0.swapaxes(1, 2))
+    check(view("ev", C, K), vp, e.swapaxes(1, 2))
+    grads, _ = plan.run(*args, fallback=False, stages=7, ws=ws)
+    ww = view("ww", C, C)
+    want = kd @ e + ww @ (float(scale) * dp)
+    mag = np.abs(kd) @ np.abs(e) + np.abs(ww) @ np.abs(float(scale) * dp)
+    rows = want.reshape(B, H, -1, V)[:, :, :T].transpose(0, 2, 1, 3)      # chunk rows -> [B, T, H, V]
+    rmag = mag.reshape(B, H, -1, V)[:, :, :T].transpose(0, 2, 1, 3)
+    got = cupy.asnumpy(grads[2]).astype(np.float64)
+    assert not (np.abs(got - rows) > (K + BT + 12) * 2.0 ** -24 * rmag).any()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("what", ["big-gate", "nan-q", "inf-do", "large-v", "large-state"])
 def test_gpu_chunked_backward_guard_flags_and_falls_back(what):
     """Inputs or states outside the range the chunked form is exact in set the flag, and the
