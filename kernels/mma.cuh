@@ -46,7 +46,7 @@ __device__ __forceinline__ void gda_split2(float x0, float x1, unsigned& hi, uns
     }
 }
 
-// d += a b over one k-step of the type named, whatever IO_DTYPE is (gda_chunk_bwd's GEMMs)
+// d += a b over one k-step of the type named (TF32: 8, bf16: 16), whatever IO_DTYPE is
 __device__ __forceinline__ void gda_mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
     asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
