@@ -25,11 +25,17 @@ def _xdist_worker(config):
     return hasattr(config, "workerinput")
 
 
+def _build_order(item):
+    return item.module.build_order(item) if _starts_compiles(item) else ()
+
+
 def pytest_collection_modifyitems(config, items):
-    # the modules whose compiles start_compiles runs in the background go last (stable order);
-    # under pytest-xdist, which runs no such pool, first: the longest tests, dealt out before
-    # the short ones so that no worker is left with a run of them at the end
-    items.sort(key=lambda item: _starts_compiles(item) != _xdist_worker(config))
+    # the modules whose compiles start_compiles runs in the background go last (stable order),
+    # their tests in the order their builds start (build_order), so that they pass one by one
+    # as the builds finish rather than all at once after the last; under pytest-xdist, which
+    # runs no such pool, first: the longest tests, dealt out before the short ones so that no
+    # worker is left with a run of them at the end
+    items.sort(key=lambda item: (_starts_compiles(item) != _xdist_worker(config), _build_order(item)))
     if HAS_GPU:
         return
     skip = pytest.mark.skip(reason=f"no GPU: {GPU_WHY}")

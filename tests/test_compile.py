@@ -97,7 +97,7 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False):
 def _cases():
     """Per kernel and arch: every shape with a rotating variant, and every variant at the largest
     shape (most registers), so each (dtype, gate dtype, log_gate) compiles on both archs, with
-    few and many sequence-heads: about 170 compiles, not the full product."""
+    few and many sequence-heads: about 250 compiles, not the full product."""
     out = []
     for kernel in ("gda_recurrent_fwd", "gda_step", "gda_recurrent_bwd"):
         for a, arch in enumerate(ARCHS):
@@ -145,30 +145,48 @@ def _build(kernel, items, arch):
     return FAMILIES[kernel].cubin(dict(items), arch)
 
 
-# the kernels by the time a compile takes (chunk 1.5-6 s of CPU, recurrent 0.5-1, step 0.1)
-_COST = {"gda_chunk_fwd": 2, "gda_recurrent_fwd": 1, "gda_recurrent_bwd": 1, "gda_step": 0,
-         "gda_chunk_bwd": 0}
+# the kernels by the CPU time a compile takes (NVRTC 12.9: chunk_fwd 1.5-5.6 s, recurrent_fwd
+# and chunk_bwd 0.3-1, recurrent_bwd 0.2-0.5, step 0.1-0.2; 5 CPU minutes in all, 3/4 chunk_fwd)
+_COST = {"gda_chunk_fwd": 2, "gda_recurrent_fwd": 1, "gda_recurrent_bwd": 1, "gda_chunk_bwd": 1,
+         "gda_step": 0}
 _jobs = {}          # (kernel, items, arch) -> its compile's Future
+
+
+def _build_key(item):
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return tuple(params[n] for n in ("kernel", "items", "arch")) if "items" in params else None
+
+
+def build_order(item):
+    """conftest.py's sort key for this module's tests: those without a build first, then the
+    slowest builds first (the fewer cores a run has, the more a slow one left to the end costs),
+    the order start_compiles starts them in."""
+    key = _build_key(item)
+    return (0,) if key is None else (1, -_COST[key[0]], -dict(key[1])["K_DIM"])
 
 
 def start_compiles(session):
     """Start the compile of every selected test of this module that takes (kernel, items, arch),
-    each once, slowest first, on all CPU cores (NVRTC compiles on one; fresh processes, no CUDA
-    context). conftest.py calls this when collection ends and runs this module's tests last, so
-    the compiles run while the other modules' tests do and these tests only take the results."""
+    each once, in the tests' order (build_order), on all CPU cores (NVRTC compiles on one; fresh
+    processes, no CUDA context). conftest.py calls this when collection ends and runs this
+    module's tests last, so the compiles run while the other modules' tests do and these tests
+    only take the results, one by one as they come."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
-    wanted = dict.fromkeys(tuple(item.callspec.params[n] for n in ("kernel", "items", "arch"))
-                           for item in session.items
-                           if hasattr(item, "callspec") and item.module.__name__ == __name__
-                           and {"kernel", "items", "arch"} <= set(item.callspec.params))
+    wanted = [key for key in dict.fromkeys(_build_key(item) for item in session.items
+                                           if item.module.__name__ == __name__) if key]
     workers = min(len(wanted), os.cpu_count() or 1)
     if workers < 2:             # nothing to overlap: the tests compile as they go
         return
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
     session.config.add_cleanup(lambda: pool.shutdown(cancel_futures=True))
-    for key in sorted(wanted, key=lambda key: (_COST[key[0]], dict(key[1])["K_DIM"]), reverse=True):
+    for key in wanted:
         _jobs[key] = pool.submit(_build, *key)
+    # the only sign of the minutes of compiling behind the other modules' tests' dots
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter:
+        reporter.write_line(f"{__name__}: {len(wanted)} NVRTC builds started in {workers} background "
+                            f"processes; its tests run last, as the builds finish")
 
 
 _build_here = functools.lru_cache(maxsize=None)(_build)
