@@ -63,3 +63,9 @@ def test_baselines_register_with_the_bench_at_import():
     from scripts import baselines
     assert bench.BASELINES["textbook"] is baselines.TEXTBOOK
     assert bench.BASELINES["fla"].names == baselines.FLA_IMPLS
+
+
+def test_profile_chunk_bwd_names_unknown_shapes():
+    from scripts import profile_chunk_bwd
+    with pytest.raises(SystemExit, match="unknown shapes.*'nope'.*known: seed"):
+        profile_chunk_bwd.main(["seed,nope", "--stages"])

@@ -1,0 +1,156 @@
+"""gda_chunk_bwd by stage, on the device, beside the reverse loop (docs/perf-notes.md v19, v20).
+
+    python -m scripts.profile_chunk_bwd [NAMES] [--stages]
+        NAMES: comma-separated names of SHAPES (all by default). A line a shape: the median
+        device ms of the forward, of the backward by the reverse loop and by the chunked form at
+        its chunk length and at the other one (32 <-> 64), the chunked form's workspace, the
+        guard's flag, and each gradient's largest difference between the two methods relative
+        to its largest element. --stages: then each launch of the chunked backward, its median
+        ms over 3 calls (CUDA events around it).
+    python -m scripts.profile_chunk_bwd --varlen
+        the packed batches of VARLEN instead (cu_seqlens, initial states): chunk against loop.
+"""
+import sys
+from collections import defaultdict
+
+import numpy as np
+
+SHAPES = {"seed": (2, 128, 4, 24, 24, "float32"), "gla64": (4, 2048, 8, 64, 64, "float32"),
+          "long24": (8, 4096, 16, 24, 24, "float32"), "big128": (8, 4096, 16, 128, 128, "float32"),
+          "big128-bf16": (8, 4096, 16, 128, 128, "bfloat16"),
+          "gla1.3b-bf16": (8, 4096, 4, 256, 512, "bfloat16"),
+          "T256-64": (4, 256, 8, 64, 64, "float32"), "T512-24": (2, 512, 4, 24, 24, "float32"),
+          "T1024-128": (2, 1024, 4, 128, 128, "float32")}
+# (name, sequence lengths, H, K, V, dtype): one packed batch each
+VARLEN = [("varlen-big128", (4096,) * 8, 16, 128, 128, "float32"),
+          ("varlen-mixed-gla1.3b", (3000, 0, 5000, 17, 8000, 2367, 1, 4000), 4, 256, 512, "bfloat16"),
+          ("varlen-short", (300, 200, 700, 50, 800) * 8, 8, 64, 64, "float32")]
+
+
+def median_ms(f, n=10):
+    """Median device ms of f() over n calls (after one warm-up), CUDA events around each."""
+    import cupy as cp
+    f()
+    cp.cuda.Device().synchronize()
+    times = []
+    for _ in range(n):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        f()
+        b.record()
+        b.synchronize()
+        times.append(cp.cuda.get_elapsed_time(a, b))
+    return float(np.median(times))
+
+
+def inputs(B, T, H, K, V, dtype):
+    """Bench-like inputs: q, k of scale K^-1/2, gates sigmoid(x)^(1/16), and do."""
+    import cupy as cp
+    rng = cp.random.default_rng(0)
+    q, k = ((rng.standard_normal((B, T, H, K), dtype=np.float32) * K ** -0.5).astype(dtype)
+            for _ in range(2))
+    v, do = (rng.standard_normal((B, T, H, V), dtype=np.float32).astype(dtype) for _ in range(2))
+    g = cp.exp(-cp.logaddexp(0, -rng.standard_normal((B, T, H, K), dtype=np.float32)) / 16)
+    return q, k, v, g, do
+
+
+def differences(a, b):
+    """Each gradient's max |a - b| / max |a|, as 'name=x.xe-xx' words."""
+    import cupy as cp
+    out = []
+    for name, x, y in zip(a._fields, a, b):
+        if x is not None:
+            x, y = x.astype(cp.float32), y.astype(cp.float32)
+            out.append(f"{name}={float(cp.abs(x - y).max() / cp.abs(x).max()):.1e}")
+    return " ".join(out)
+
+
+def stage_times(call, rounds=3):
+    """{entry point: median ms} of each launch of call() (by _launch.Launch), over rounds calls."""
+    import cupy as cp
+    from cupy_gda import _launch
+    events = defaultdict(list)
+    launch = _launch.Launch.__call__
+
+    def timed(self, *args):
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record()
+        launch(self, *args)
+        e1.record()
+        events[self.fn.name].append((e0, e1))
+
+    _launch.Launch.__call__ = timed
+    try:
+        for _ in range(rounds):
+            call()
+        cp.cuda.Device().synchronize()
+    finally:
+        _launch.Launch.__call__ = launch
+    return {name: float(np.median([cp.cuda.get_elapsed_time(*e) for e in evs]))
+            for name, evs in events.items()}
+
+
+def shape_line(name, stages):
+    import cupy_gda
+    from cupy_gda import chunk_bwd
+    from cupy_gda._checks import Problem
+    B, T, H, K, V, dtype = SHAPES[name]
+    q, k, v, g, do = inputs(B, T, H, K, V, dtype)
+    n = 5 if B * T > 8000 else 10
+
+    def backward(method):
+        return cupy_gda.gated_attention_backward(q, k, v, g, do=do, method=method)
+
+    fwd = median_ms(lambda: cupy_gda.gated_attention(q, k, v, g))
+    rec, chk = (median_ms(lambda: backward(m), n) for m in ("recurrent", "chunk"))
+    p = Problem(B, T, H, K, V, B, dtype, "float32", False)
+    plan = chunk_bwd.plan(p)
+    _, flag = plan.run(q, k, v, g, do, 1.0, None, None, fallback=False)
+    other = chunk_bwd.BackwardPlan(p, cfg=plan.cfg._replace(BT=96 - plan.cfg.BT))
+    alt = median_ms(lambda: other(q, k, v, g, do, 1.0, None, None), n)
+    print(f"{name:13s} fwd {fwd:8.3f}  bwd rec {rec:8.3f}  chunk {chk:8.3f} (BT{other.cfg.BT} "
+          f"{alt:8.3f}) ms  fwd+bwd(chunk) {fwd + chk:8.3f}  ws {plan.ws_floats * 4 / 2**20:.0f} MiB"
+          f"  flag {int(flag[0])}  {differences(backward('recurrent'), backward('chunk'))}",
+          flush=True)
+    if stages:
+        for entry, ms in stage_times(lambda: backward("chunk")).items():
+            print(f"    {entry:40s} {ms:8.3f} ms")
+
+
+def varlen_line(name, lens, H, K, V, dtype):
+    import cupy as cp
+    import cupy_gda
+    from cupy_gda import chunk_bwd
+    from cupy_gda._checks import Problem
+    T = sum(lens)
+    q, k, v, g, do = inputs(1, T, H, K, V, dtype)
+    cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+    h0 = cp.random.default_rng(1).standard_normal((len(lens), H, K, V), dtype=np.float32)
+
+    def backward(method):
+        return cupy_gda.gated_attention_backward(q, k, v, g, do=do, cu_seqlens=cu,
+                                                 initial_state=h0, method=method)
+
+    rec, chk = (median_ms(lambda: backward(m), 5) for m in ("recurrent", "chunk"))
+    p = Problem(1, T, H, K, V, len(lens), dtype, "float32", False)
+    _, flag = chunk_bwd.plan(p, True, False).run(q, k, v, g, do, 1.0, h0, None, cu, fallback=False)
+    print(f"{name:22s} T {T:6d} N {len(lens):3d}  bwd rec {rec:8.3f}  chunk {chk:8.3f} ms  "
+          f"flag {int(flag[0])}  {differences(backward('recurrent'), backward('chunk'))}", flush=True)
+
+
+def main(argv):
+    if "--varlen" in argv:
+        for case in VARLEN:
+            varlen_line(*case)
+        return
+    names = [a for a in argv if not a.startswith("--")]
+    names = names[0].split(",") if names else list(SHAPES)
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown:
+        raise SystemExit(f"profile_chunk_bwd: unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    for name in names:
+        shape_line(name, "--stages" in argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
