@@ -21,12 +21,15 @@
 #            tests/test_segments.py, memcheck and racecheck over a few cases of the Hopper wgmma
 #            variant (tests/test_chunk.py); each run within its cap and what is left of the
 #            call's first 530 s (a run cut off says so in its rc, 124; one not begun, "skipped")
+#   bwd:     install, the backward's GPU tests, then `python -m scripts.profile_chunk_bwd
+#            [NAMES] --stages` (the chunked backward's launches timed, against the reverse loop)
 #   compare: `cupy-gda bench --shapes SHAPES --impl ours` of an older tree (its files in .old/,
 #            e.g. `git archive <commit> | tar -x -C .old`) and of this one, in one run, ROUNDS
 #            times each, interleaved (old, new, old, new, ...), and the ratios of the best times
 # Usage (device tool; carry [".vendor"] for suite and suite-a, [".baselines"] for fla, [".old"]
 # for compare):
 #   bash scripts/device_run.sh <commit> suite|suite-a|suite-b|sanitize|bench|fla
+#   bash scripts/device_run.sh <commit> bwd [NAMES (all)]
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
 commit="${1:-unknown}"
@@ -157,6 +160,18 @@ for key in old:
         print(f"{key[0]:12s} {key[1]:22s} {' '.join(f'{x:.4f}' for x in o):>18s} "
               f"{' '.join(f'{x:.4f}' for x in n):>18s} {min(n) / min(o):16.3f}")
 PY
+    exit 0
+fi
+if [ "$phase" = "bwd" ]; then
+    # the backward's GPU tests (in pytest-xdist's workers where it imports), then its stages
+    xd=()
+    python3 -c "import xdist" 2>/dev/null && xd=(-n 8)
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py -k gpu "${xd[@]}" \
+        > "$out/pytest-bwd.txt" 2>&1
+    tail -3 "$out/pytest-bwd.txt"
+    timeout $((560 - SECONDS)) python3 -m scripts.profile_chunk_bwd "${3:-}" --stages \
+        > "$out/bwd-stages.txt" 2>&1
+    cat "$out/bwd-stages.txt"
     exit 0
 fi
 shapes="seed,gla64,long24,big128,big128-bf16,decode,few24,few64"
