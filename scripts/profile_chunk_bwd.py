@@ -1,8 +1,8 @@
 """gda_chunk_bwd by stage, on the device, beside the reverse loop (docs/perf-notes.md v19, v20).
 
     python -m scripts.profile_chunk_bwd [NAMES] [--stages]
-        NAMES: comma-separated names of SHAPES (all by default). A line a shape: the median
-        device ms of the forward, of the backward by the reverse loop and by the chunked form at
+        NAMES: comma-separated names of SHAPES (all by default), on the benchmark's inputs. A
+        line a shape: the median device ms (as the benchmark times a call) of the forward, of the backward by the reverse loop and by the chunked form at
         its chunk length and at the other one (32 <-> 64), the chunked form's workspace, the
         guard's flag, and each gradient's largest difference between the two methods relative
         to its largest element. --stages: then each launch of the chunked backward, its median
@@ -10,10 +10,13 @@
     python -m scripts.profile_chunk_bwd --varlen
         the packed batches of VARLEN instead (cu_seqlens, initial states): chunk against loop.
 """
+import functools
 import sys
 from collections import defaultdict
 
 import numpy as np
+
+from cupy_gda import _verify, bench
 
 SHAPES = {"seed": (2, 128, 4, 24, 24, "float32"), "gla64": (4, 2048, 8, 64, 64, "float32"),
           "long24": (8, 4096, 16, 24, 24, "float32"), "big128": (8, 4096, 16, 128, 128, "float32"),
@@ -21,37 +24,28 @@ SHAPES = {"seed": (2, 128, 4, 24, 24, "float32"), "gla64": (4, 2048, 8, 64, 64, 
           "gla1.3b-bf16": (8, 4096, 4, 256, 512, "bfloat16"),
           "T256-64": (4, 256, 8, 64, 64, "float32"), "T512-24": (2, 512, 4, 24, 24, "float32"),
           "T1024-128": (2, 1024, 4, 128, 128, "float32")}
-# (name, sequence lengths, H, K, V, dtype): one packed batch each
+# (name, sequence lengths, H, K, V, dtype): one packed batch each, with initial states
 VARLEN = [("varlen-big128", (4096,) * 8, 16, 128, 128, "float32"),
           ("varlen-mixed-gla1.3b", (3000, 0, 5000, 17, 8000, 2367, 1, 4000), 4, 256, 512, "bfloat16"),
           ("varlen-short", (300, 200, 700, 50, 800) * 8, 8, 64, 64, "float32")]
 
 
-def median_ms(f, n=10):
-    """Median device ms of f() over n calls (after one warm-up), CUDA events around each."""
-    import cupy as cp
-    f()
-    cp.cuda.Device().synchronize()
-    times = []
-    for _ in range(n):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        f()
-        b.record()
-        b.synchronize()
-        times.append(cp.cuda.get_elapsed_time(a, b))
-    return float(np.median(times))
+@functools.lru_cache(maxsize=None)
+def _clock():
+    return bench.CupyClock()
 
 
-def inputs(B, T, H, K, V, dtype):
-    """Bench-like inputs: q, k of scale K^-1/2, gates sigmoid(x)^(1/16), and do."""
-    import cupy as cp
-    rng = cp.random.default_rng(0)
-    q, k = ((rng.standard_normal((B, T, H, K), dtype=np.float32) * K ** -0.5).astype(dtype)
-            for _ in range(2))
-    v, do = (rng.standard_normal((B, T, H, V), dtype=np.float32).astype(dtype) for _ in range(2))
-    g = cp.exp(-cp.logaddexp(0, -rng.standard_normal((B, T, H, K), dtype=np.float32)) / 16)
-    return q, k, v, g, do
+def median_ms(f, reps=10):
+    """Median device ms of f(), as the benchmark times a call (bench.measure)."""
+    return bench.measure(_clock(), f, reps, 60.0)["ms"]
+
+
+def inputs(case):
+    """The benchmark's inputs of a Case (float32 gates) on the GPU, with a do of q's dtype."""
+    import cupy
+    args = _verify.make_inputs(case._replace(g_dtype="float32"), 0, cupy)
+    do, _ = _verify.backward_inputs(case, args)
+    return args, cupy.asarray(do)
 
 
 def differences(a, b):
@@ -95,13 +89,14 @@ def shape_line(name, stages):
     from cupy_gda import chunk_bwd
     from cupy_gda._checks import Problem
     B, T, H, K, V, dtype = SHAPES[name]
-    q, k, v, g, do = inputs(B, T, H, K, V, dtype)
+    args, do = inputs(_verify.Case(B, T, H, K, V, dtype=dtype, init=False))
+    q, k, v, g = (args[n] for n in ("q", "k", "v", "gate"))
     n = 5 if B * T > 8000 else 10
 
     def backward(method):
-        return cupy_gda.gated_attention_backward(q, k, v, g, do=do, method=method)
+        return cupy_gda.gated_attention_backward(**args, do=do, method=method)
 
-    fwd = median_ms(lambda: cupy_gda.gated_attention(q, k, v, g))
+    fwd = median_ms(lambda: cupy_gda.gated_attention(**args))
     rec, chk = (median_ms(lambda: backward(m), n) for m in ("recurrent", "chunk"))
     p = Problem(B, T, H, K, V, B, dtype, "float32", False)
     plan = chunk_bwd.plan(p)
@@ -118,22 +113,20 @@ def shape_line(name, stages):
 
 
 def varlen_line(name, lens, H, K, V, dtype):
-    import cupy as cp
     import cupy_gda
     from cupy_gda import chunk_bwd
     from cupy_gda._checks import Problem
+    args, do = inputs(_verify.varlen_case(lens, H=H, K=K, V=V, dtype=dtype))
     T = sum(lens)
-    q, k, v, g, do = inputs(1, T, H, K, V, dtype)
-    cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
-    h0 = cp.random.default_rng(1).standard_normal((len(lens), H, K, V), dtype=np.float32)
 
     def backward(method):
-        return cupy_gda.gated_attention_backward(q, k, v, g, do=do, cu_seqlens=cu,
-                                                 initial_state=h0, method=method)
+        return cupy_gda.gated_attention_backward(**args, do=do, method=method)
 
     rec, chk = (median_ms(lambda: backward(m), 5) for m in ("recurrent", "chunk"))
     p = Problem(1, T, H, K, V, len(lens), dtype, "float32", False)
-    _, flag = chunk_bwd.plan(p, True, False).run(q, k, v, g, do, 1.0, h0, None, cu, fallback=False)
+    _, flag = chunk_bwd.plan(p, True, False).run(
+        *(args[n] for n in ("q", "k", "v", "gate")), do, 1.0, args["initial_state"], None,
+        args["cu_seqlens"], fallback=False)
     print(f"{name:22s} T {T:6d} N {len(lens):3d}  bwd rec {rec:8.3f}  chunk {chk:8.3f} ms  "
           f"flag {int(flag[0])}  {differences(backward('recurrent'), backward('chunk'))}", flush=True)
 
