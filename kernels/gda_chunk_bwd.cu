@@ -54,7 +54,7 @@ static_assert(KT % 32 == 0 && KT <= 256, "KT: a multiple of 32, at most 256");
 #define GDA_BWD_VAL_MAX 0x1p20f         // the guard: |q|, |k|, |v|, |do| at most this,
 #define GDA_BWD_GATE_MAX 1.09050773f    //   |g| at most 2^(1/8),
 #define GDA_BWD_STATE_MAX 0x1p40f       //   |S0|, |E| at most this
-#define NTP 128                         // threads of pack, states, dv
+#define NTP 128                         // threads of pack and states
 #define NTS BT                          // threads of scores (one a column u)
 
 #define GDA_CHUNK_BWD_PARAMS                                                                       \

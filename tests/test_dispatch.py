@@ -626,3 +626,14 @@ def test_chunk_backward_workspaces_are_aligned():
     assert all(at[n] % 64 == 0 for n in at) and at["sd"] == at["qa"]
     assert all(at[a] + sizes[a] <= at[b] for a, b in zip(names, names[1:]))
     assert at[names[-1]] + sizes[names[-1]] <= total < at[names[-1]] + sizes[names[-1]] + 64
+
+
+def test_chunk_backward_launcher_sizes_are_the_kernels():
+    """The threads and GEMM tile that chunk_bwd launches with are the kernel's own #defines (a
+    mismatch would leave tiles unwritten or write past them)."""
+    import re
+    from cupy_gda import _compile
+    src = (_compile.KERNEL_DIR / "gda_chunk_bwd.cu").read_text()
+    defined = {m.group(1): int(m.group(2)) for m in re.finditer(r"^#define (\w+) (\d+)\b", src, re.M)}
+    assert (defined["NTP"], defined["NTG"]) == (chunk_bwd.NTP, chunk_bwd.NTG)
+    assert defined["GM"] == defined["GN"] == chunk_bwd.GT
