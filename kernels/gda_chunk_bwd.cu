@@ -181,9 +181,12 @@ extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_pack(GDA_CHUNK_B
 static_assert(GM == GN && GK / 2 * (GM + 8) <= GW && (GK == 16 || GK == 32), "GK: 16 or 32");
 static_assert(BT <= GM, "a chunk's rows in one tile");
 
-// (x0, x1) as three bfloat16 pairs (x0 in the low halves) h + m + l, exactly
+// (x0, x1) as three bfloat16 pairs (x0 in the low halves) h + m + l, exactly (X: they are
+// bfloat16 values, h alone)
+template <bool X>
 __device__ __forceinline__ void gda_split3(float x0, float x1, unsigned& h, unsigned& m, unsigned& l) {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(x1), "f"(x0));
+    if (X) return;
     const float r0 = x0 - __uint_as_float(h << 16), r1 = x1 - __uint_as_float(h & 0xffff0000u);
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(m) : "f"(r1), "f"(r0));
     const float s0 = r0 - __uint_as_float(m << 16), s1 = r1 - __uint_as_float(m & 0xffff0000u);
@@ -191,11 +194,11 @@ __device__ __forceinline__ void gda_split3(float x0, float x1, unsigned& h, unsi
 }
 
 // An operand: a row-major ROWS x COLS matrix, its inner (k) index along the rows where KROWS
-// (else along the columns). A stage (GK inner steps of 64 outer ones) is loaded into registers,
+// (else along the columns); X: exact in bfloat16 (v and do of bfloat16 inputs), one term. A stage (GK inner steps of 64 outer ones) is loaded into registers,
 // NL loads of 4 floats a thread (KROWS: two rows of the same 4 columns at a time; else 4 inner
 // steps of one row), and split into three terms of words of two consecutive inner steps
 // ([GK / 2][64 + 8] or [64][GK / 2 + 4]: the fragments' reads are free of bank conflicts).
-template <int ROWS, int COLS, bool KROWS>
+template <int ROWS, int COLS, bool KROWS, bool X>
 struct gda_operand {
     static constexpr int LD = KROWS ? GM + 8 : GK / 2 + 4, NL = GK / 8, C4 = GK / 4;
     float4 buf[NL];
@@ -221,7 +224,8 @@ struct gda_operand {
             }
         }
     }
-    // the registers, times alpha, split into the three terms' words at t[0], t[GW], t[2 GW]
+    // the registers, times alpha (1 where X), split into the three terms' words at t[0], t[GW],
+    // t[2 GW] (X: the first only)
     __device__ __forceinline__ void store(unsigned* t, float alpha) const {
         if (KROWS) {
             #pragma unroll
@@ -229,24 +233,28 @@ struct gda_operand {
                 const int x = threadIdx.x + u * NTG, at = x / 16 * LD + x % 16 * 4;
                 const float4 a = buf[2 * u], b = buf[2 * u + 1];
                 uint4 h, m, l;
-                gda_split3(alpha * a.x, alpha * b.x, h.x, m.x, l.x);
-                gda_split3(alpha * a.y, alpha * b.y, h.y, m.y, l.y);
-                gda_split3(alpha * a.z, alpha * b.z, h.z, m.z, l.z);
-                gda_split3(alpha * a.w, alpha * b.w, h.w, m.w, l.w);
+                gda_split3<X>(alpha * a.x, alpha * b.x, h.x, m.x, l.x);
+                gda_split3<X>(alpha * a.y, alpha * b.y, h.y, m.y, l.y);
+                gda_split3<X>(alpha * a.z, alpha * b.z, h.z, m.z, l.z);
+                gda_split3<X>(alpha * a.w, alpha * b.w, h.w, m.w, l.w);
                 *reinterpret_cast<uint4*>(t + at) = h;
-                *reinterpret_cast<uint4*>(t + GW + at) = m;
-                *reinterpret_cast<uint4*>(t + 2 * GW + at) = l;
+                if (!X) {
+                    *reinterpret_cast<uint4*>(t + GW + at) = m;
+                    *reinterpret_cast<uint4*>(t + 2 * GW + at) = l;
+                }
             }
         } else {
             #pragma unroll
             for (int u = 0; u < NL; ++u) {
                 const int x = threadIdx.x + u * NTG, at = x / C4 * LD + x % C4 * 2;
                 uint2 h, m, l;
-                gda_split3(alpha * buf[u].x, alpha * buf[u].y, h.x, m.x, l.x);
-                gda_split3(alpha * buf[u].z, alpha * buf[u].w, h.y, m.y, l.y);
+                gda_split3<X>(alpha * buf[u].x, alpha * buf[u].y, h.x, m.x, l.x);
+                gda_split3<X>(alpha * buf[u].z, alpha * buf[u].w, h.y, m.y, l.y);
                 *reinterpret_cast<uint2*>(t + at) = h;
-                *reinterpret_cast<uint2*>(t + GW + at) = m;
-                *reinterpret_cast<uint2*>(t + 2 * GW + at) = l;
+                if (!X) {
+                    *reinterpret_cast<uint2*>(t + GW + at) = m;
+                    *reinterpret_cast<uint2*>(t + 2 * GW + at) = l;
+                }
             }
         }
     }
@@ -255,14 +263,15 @@ struct gda_operand {
 };
 
 // acc (the thread's part of the block's tile at rows m0.., columns n0..) += op(A) op(B): op(A)
-// M x KK (A stored KK x M where TA), op(B) KK x N (stored N x KK where TB), alpha scaling A.
-// sm: GDA_GEMM_SMEM bytes. Every thread of the block calls it.
-template <int M, int N, int KK, bool TA, bool TB>
+// M x KK (A stored KK x M where TA), op(B) KK x N (stored N x KK where TB), alpha scaling A
+// (1 where XA); XA, XB: the operand is exact in bfloat16, one term (the products with its other
+// terms, 0, left out). sm: GDA_GEMM_SMEM bytes. Every thread of the block calls it.
+template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false>
 __device__ __forceinline__ void gda_gemm(float (&acc)[2][4][4], const float* a, const float* b,
                                          float alpha, int m0, int n0, unsigned* sm)
 {
-    typedef gda_operand<TA ? KK : M, TA ? M : KK, TA> opa;
-    typedef gda_operand<TB ? N : KK, TB ? KK : N, !TB> opb;
+    typedef gda_operand<TA ? KK : M, TA ? M : KK, TA, XA> opa;
+    typedef gda_operand<TB ? N : KK, TB ? KK : N, !TB, XB> opb;
     const int lane = threadIdx.x % 32, wm = threadIdx.x / 64 * 32, wn = threadIdx.x / 32 % 2 * 32;
     const int g = lane / 4, t = lane % 4;
     const int mn = M - m0 - wm > 16 ? 2 : 1, nn = min(4, (N - n0 - wn + 7) / 8);  // live mma tiles
@@ -287,7 +296,7 @@ __device__ __forceinline__ void gda_gemm(float (&acc)[2][4][4], const float* a, 
             const int kp = ks / 2 + t;
             unsigned fb[3][4][2];                       // B's fragments [term h, m, l][tile]
             #pragma unroll
-            for (int e = 0; e < 3; ++e)
+            for (int e = 0; e < (XB ? 1 : 3); ++e)
                 #pragma unroll
                 for (int i = 0; i < 4; ++i)
                     #pragma unroll
@@ -296,7 +305,7 @@ __device__ __forceinline__ void gda_gemm(float (&acc)[2][4][4], const float* a, 
             // A's terms l, m, h in turn, each with the B terms down to 2^-16 of the product:
             // l h; m m, m h; h l, h m, h h (last: what the small terms were added to is 2^-7 of it)
             #pragma unroll
-            for (int ea = 2; ea >= 0; --ea) {
+            for (int ea = XA ? 0 : 2; ea >= 0; --ea) {
                 unsigned fa[2][4];
                 #pragma unroll
                 for (int i = 0; i < 2; ++i)
@@ -304,7 +313,7 @@ __device__ __forceinline__ void gda_gemm(float (&acc)[2][4][4], const float* a, 
                     for (int j = 0; j < 4; ++j)
                         fa[i][j] = sm[ea * GW + opa::at(wm + 16 * i + g + 8 * (j & 1), kp + 4 * (j >> 1))];
                 #pragma unroll
-                for (int eb = 2 - ea; eb >= 0; --eb)
+                for (int eb = XB ? 0 : 2 - ea; eb >= 0; --eb)
                     #pragma unroll
                     for (int i = 0; i < 2; ++i)
                         #pragma unroll
@@ -338,20 +347,23 @@ __device__ __forceinline__ void gda_gemm_put(const float (&acc)[2][4][4], int m0
             }
 }
 
-// the tile into the row-major M x N matrix c
+// the tile times post into the row-major M x N matrix c
 template <int M, int N>
-__device__ __forceinline__ void gda_gemm_store(float* c, const float (&acc)[2][4][4], int m0, int n0)
+__device__ __forceinline__ void gda_gemm_store(float* c, const float (&acc)[2][4][4], int m0, int n0,
+                                               float post = 1.f)
 {
     gda_gemm_put<M>(acc, m0, n0, [=](int row, int col, float x0, float x1) {
         float* p = c + (long long)row * N + col;
         if (N % 2 == 0) {
-            if (col < N) *reinterpret_cast<float2*>(p) = make_float2(x0, x1);
+            if (col < N) *reinterpret_cast<float2*>(p) = make_float2(post * x0, post * x1);
         } else {
-            if (col < N) p[0] = x0;
-            if (col + 1 < N) p[1] = x1;
+            if (col < N) p[0] = post * x0;
+            if (col + 1 < N) p[1] = post * x1;
         }
     });
 }
+
+#define GDA_VX (IO_DTYPE == 2)                          // v, do (vp, dp) exact in bfloat16
 
 #define GDA_TILES(n) (((n) + GN - 1) / GN)              // tiles of GN over n columns (GM rows)
 
@@ -365,7 +377,7 @@ extern "C" __global__ void __launch_bounds__(NTG) gda_chunk_bwd_local(GDA_CHUNK_
     const int z = blockIdx.x / TILES % 2, tile = blockIdx.x % TILES;
     const int m0 = tile / TN * GM, n0 = tile % TN * GN;
     float acc[2][4][4] = {};
-    gda_gemm<K_DIM, V_DIM, BT, true, false>(acc, (z ? qa : kd) + b * BT * K_DIM,
+    gda_gemm<K_DIM, V_DIM, BT, true, false, false, GDA_VX>(acc, (z ? qa : kd) + b * BT * K_DIM,
                                             (z ? dp : vp) + b * BT * V_DIM, z ? scale : 1.f, m0, n0, b_op);
     gda_gemm_store<K_DIM, V_DIM>((z ? et : st) + b * K_DIM * V_DIM, acc, m0, n0);
 }
@@ -521,7 +533,8 @@ extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_states(GDA_CHUNK
 
 // 4. Chunk b's rows from V-contractions: M = scale v do^T (z = 0), sd = scale do S0^T (z = 1),
 // ev = v E^T (z = 2). Block: (b, z, tile of K columns; M has one).
-extern "C" __global__ void __launch_bounds__(NTG) gda_chunk_bwd_rows(GDA_CHUNK_BWD_PARAMS)
+// (as dv: where ptxas would keep it to 168 registers it spilled at some shapes)
+extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_rows(GDA_CHUNK_BWD_PARAMS)
 {
     __shared__ __align__(16) unsigned b_op[GDA_GEMM_SMEM / 4];
     constexpr int TILES = GDA_TILES(K_DIM);
@@ -531,12 +544,12 @@ extern "C" __global__ void __launch_bounds__(NTG) gda_chunk_bwd_rows(GDA_CHUNK_B
     float acc[2][4][4] = {};
     if (z == 0) {
         if (n0 >= BT) return;                           // (the whole block)
-        gda_gemm<BT, BT, V_DIM, false, true>(acc, rv, rd, scale, 0, n0, b_op);
-        gda_gemm_store<BT, BT>(mm + b * BT * BT, acc, 0, n0);
+        gda_gemm<BT, BT, V_DIM, false, true, GDA_VX, GDA_VX>(acc, rv, rd, GDA_VX ? 1.f : scale, 0, n0, b_op);
+        gda_gemm_store<BT, BT>(mm + b * BT * BT, acc, 0, n0, GDA_VX ? scale : 1.f);
     } else {
-        gda_gemm<BT, K_DIM, V_DIM, false, true>(acc, z == 1 ? rd : rv, (z == 1 ? st : et) + b * K_DIM * V_DIM,
-                                                z == 1 ? scale : 1.f, 0, n0, b_op);
-        gda_gemm_store<BT, K_DIM>((z == 1 ? sd : ev) + b * BT * K_DIM, acc, 0, n0);
+        gda_gemm<BT, K_DIM, V_DIM, false, true, GDA_VX>(acc, z == 1 ? rd : rv, (z == 1 ? st : et) + b * K_DIM * V_DIM,
+                                                        GDA_VX || z == 2 ? 1.f : scale, 0, n0, b_op);
+        gda_gemm_store<BT, K_DIM>((z == 1 ? sd : ev) + b * BT * K_DIM, acc, 0, n0, GDA_VX && z == 1 ? scale : 1.f);
     }
 }
 
@@ -697,7 +710,7 @@ extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_dv(GDA_CHUNK_
     const int n0 = blockIdx.x % GDA_TILES(V_DIM) * GN;
     float acc[2][4][4] = {};
     gda_gemm<BT, V_DIM, K_DIM, false, false>(acc, kd + b * BT * K_DIM, et + b * K_DIM * V_DIM, 1.f, 0, n0, b_op);
-    gda_gemm<BT, V_DIM, BT, false, false>(acc, ww + b * BT * BT, dp + b * BT * V_DIM, scale, 0, n0, b_op);
+    gda_gemm<BT, V_DIM, BT, false, false, false, GDA_VX>(acc, ww + b * BT * BT, dp + b * BT * V_DIM, scale, 0, n0, b_op);
     GDA_CHUNK;
     gda_gemm_put<BT>(acc, 0, n0, [=](int t, int j, float x0, float x1) {
         if (t < ch.rows) {

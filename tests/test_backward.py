@@ -315,25 +315,27 @@ def test_gpu_chunked_backward_itself_meets_the_contract(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B, T, H, K, V, BT", [
-    pytest.param(2, 100, 3, 100, 72, 32, id="K100-V72-BT32"),
-    pytest.param(1, 130, 2, 5, 1, 64, id="K5-V1-BT64"),
-    pytest.param(1, 64, 2, 128, 130, 64, id="K128-V130-BT64"),
+@pytest.mark.parametrize("B, T, H, K, V, BT, dtype", [
+    pytest.param(2, 100, 3, 100, 72, 32, "float32", id="K100-V72-BT32"),
+    pytest.param(1, 130, 2, 5, 1, 64, "float32", id="K5-V1-BT64"),
+    pytest.param(1, 64, 2, 128, 130, 64, "float32", id="K128-V130-BT64"),
+    pytest.param(2, 100, 3, 100, 72, 32, "bfloat16", id="K100-V72-BT32-bf16"),
+    pytest.param(1, 64, 2, 128, 130, 64, "bfloat16", id="K128-V130-BT64-bf16"),
 ])
-def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT):
+def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT, dtype):
     """Each GEMM stage (2: local states, 4: M, scale do S0^T, v E^T, 7: dv) against float64
     products of the very workspaces it read: every element within float32's worst case for n
     terms, with room for the split's left-out terms and the tensor cores' truncation, (n + 12)
     2^-24 sum |a b|, where plain TF32 (or bf16) would be off by about 2^-11 / sqrt(n) (2^-8 /
     sqrt(n)) of it; tiles cut by K, V and the chunk's rows; values and scale that round in
-    bf16 and TF32."""
+    bf16 and TF32; bf16 inputs, whose v and do take one term."""
     import cupy
     from cupy_gda import chunk_bwd
     from cupy_gda._checks import Problem
     rng = np.random.default_rng(20)
-    p = Problem(B, T, H, K, V, B, "float32", "float32", False)
+    p = Problem(B, T, H, K, V, B, dtype, "float32", False)
     plan = chunk_bwd.BackwardPlan(p, cfg=chunk_bwd.Config(BT, 32 if K <= 32 else 64))
-    x = {n: cupy.asarray(rng.standard_normal((B, T, H, d)), np.float32)
+    x = {n: cupy.asarray(rng.standard_normal((B, T, H, d)), np.float32).astype(dtype)
          for n, d in (("q", K), ("k", K), ("v", V), ("do", V))}
     g = cupy.asarray(rng.uniform(0.9, 1.0, (B, T, H, K)), np.float32)
     scale = np.float32(0.3)
@@ -367,8 +369,9 @@ def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT):
     mag = np.abs(kd) @ np.abs(e) + np.abs(ww) @ np.abs(float(scale) * dp)
     rows = want.reshape(B, H, -1, V)[:, :, :T].transpose(0, 2, 1, 3)      # chunk rows -> [B, T, H, V]
     rmag = mag.reshape(B, H, -1, V)[:, :, :T].transpose(0, 2, 1, 3)
-    got = cupy.asnumpy(grads[2]).astype(np.float64)
-    assert not (np.abs(got - rows) > (K + BT + 12) * 2.0 ** -24 * rmag).any()
+    got = cupy.asnumpy(grads[2].astype(np.float32)).astype(np.float64)
+    rounding = 2.0 ** -24 if dtype == "float32" else 2.0 ** -8      # dv in v's dtype
+    assert not (np.abs(got - rows) > (K + BT + 12) * 2.0 ** -24 * rmag + rounding * np.abs(rows)).any()
 
 
 @pytest.mark.gpu
