@@ -8,6 +8,7 @@ The pipeline of one call, all on the current stream, no host sync (NB chunks, ch
   1. pack       q A, k D, A_end, v, do as float32 rows [NB][BT][*]; the guard on the inputs
   2. local      st = (k D)^T v, et = scale (q A)^T do                     (local states, GEMMs)
   3. states     st -> S0, et -> E chunk by chunk; rowsum(E S0); d_initial_state; the guard
+     (2-3. scan: the two as one kernel where there are enough state tiles; config())
   4. rows       M = scale v do^T, sd = scale do S0^T, ev = v E^T          (GEMMs)
   5. scores     W (gated q.k scores of each chunk)
   6. intra      dq, dk, dg
@@ -23,10 +24,12 @@ from cupy_gda._launch import (CHUNK_BACKWARD, DTYPE_CODE, Family, Launch, addres
                               np_dtype)
 
 ENTRIES = ("gda_chunk_bwd_pack", "gda_chunk_bwd_local", "gda_chunk_bwd_states",
-           "gda_chunk_bwd_rows", "gda_chunk_bwd_scores", "gda_chunk_bwd_intra", "gda_chunk_bwd_dv")
+           "gda_chunk_bwd_scan", "gda_chunk_bwd_rows", "gda_chunk_bwd_scores", "gda_chunk_bwd_intra", "gda_chunk_bwd_dv")
 FAMILY = Family("gda_chunk_bwd", ("common.cuh", "mma.cuh"), {e: CHUNK_BACKWARD for e in ENTRIES})
 
 CHUNKS_64 = 1024         # chunks of 64 steps from which config picks them
+SCAN_FROM = 256          # state tiles (sequence-heads x GT x GT tiles of K x V) from which the
+                         # boundary scan runs as one kernel (config)
 NTP = 128                # the kernel's threads of pack and states
 NTG, GT = 128, 64        # the GEMM entries' threads and output tile (GT x GT)
 ALIGN = 64               # floats: each workspace starts 256-byte aligned (the GEMMs load float4)
@@ -35,14 +38,18 @@ ALIGN = 64               # floats: each workspace starts 256-byte aligned (the G
 class Config(NamedTuple):
     BT: int              # steps a chunk
     KT: int              # key columns a block of intra (its shared memory: BT^2 + 2 BT KT floats)
+    SCAN: bool = False   # stages 2 and 3 as one kernel (gda_chunk_bwd_scan), a block a state tile
 
 
-def config(p):
+def config(p, varlen=False):
     """Chunks of 64 steps where K >= 128 and there are at least CHUNKS_64 of them (the chunk
     states and local-state GEMMs shrink with BT); else of 32 (the work inside a chunk, O(BT^2 K),
-    shrinks, and more chunks fill the GPU): measured in docs/perf-notes.md, v19."""
+    shrinks, and more chunks fill the GPU): measured in docs/perf-notes.md, v19. The fused
+    boundary scan where its blocks, one a state tile running every chunk in turn, number at
+    least SCAN_FROM (fewer, each runs a long chain: v21)."""
     bt = 64 if p.K >= 128 and p.H * -(-p.B * p.T // 64) >= CHUNKS_64 else 32
-    return Config(bt, 32 if p.K <= 32 else 64)
+    scan = chunks(p, bt, varlen)[0] * tiles(p.K) * tiles(p.V) >= SCAN_FROM
+    return Config(bt, 32 if p.K <= 32 else 64, scan)
 
 
 def chunks(p, BT, varlen):
@@ -56,18 +63,21 @@ def chunks(p, BT, varlen):
 
 def defines(p, cfg, seq_int64=False):
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
-                LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BT=cfg.BT, KT=cfg.KT)
+                LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BT=cfg.BT, KT=cfg.KT,
+                SCAN=int(cfg.SCAN))
 
 
 def workspace(p, cfg, varlen=False):
     """{name: floats} of the float32 workspaces, in order (the kernel's parameter names); qa's
-    room is reused by sd, written after qa's last read."""
+    room is reused by sd, written after qa's last read. es holds rowsum(E S0) in one part a
+    state tile's columns where the scan is fused (intra adds them)."""
     NH, NC = chunks(p, cfg.BT, varlen)
     NB = NH * NC
     C, K, V = cfg.BT, p.K, p.V
+    parts = tiles(V) if cfg.SCAN else 1
     return dict(st=NB * K * V, et=NB * K * V, qa=NB * C * K, kd=NB * C * K, vp=NB * C * V,
-                dp=NB * C * V, ae=NB * K, es=NB * K, mm=NB * C * C, ww=NB * C * C, ev=NB * C * K,
-                ar=2 * NB * C * K)
+                dp=NB * C * V, ae=NB * K, es=parts * NB * K, mm=NB * C * C, ww=NB * C * C,
+                ev=NB * C * K, ar=2 * NB * C * K)
 
 
 def layout(sizes):
@@ -93,7 +103,7 @@ class BackwardPlan:
     families') and queues every launch without a host sync."""
 
     def __init__(self, p, varlen=False, seq_int64=False, cfg=None):
-        self.p, self.cfg, self.varlen = p, cfg or config(p), varlen
+        self.p, self.cfg, self.varlen = p, cfg or config(p, varlen), varlen
         C, K, V = self.cfg.BT, p.K, p.V
         NH, self.NC = chunks(p, C, varlen)
         NB = self.NB = NH * self.NC if p.N else 0
@@ -104,15 +114,20 @@ class BackwardPlan:
             return Launch(FAMILY.function(entry, d), CHUNK_BACKWARD, grid, block, 0, T=p.T,
                           NH=NH, N=p.N, H=p.H, NC=self.NC)
 
-        self.pack = launch("gda_chunk_bwd_pack", NB, NTP)
-        self.local = launch("gda_chunk_bwd_local", NB * 2 * tiles(K) * tiles(V), NTG)
-        vecs = V // 4 if V % 4 == 0 else V                           # loads a key row
-        rows = NTP // (128 if vecs >= 128 else -(-vecs // 32) * 32)  # key rows a block
-        self.states = launch("gda_chunk_bwd_states", -(-NH * K // rows), NTP)
-        self.rows = launch("gda_chunk_bwd_rows", NB * 3 * tiles(K), NTG)
-        self.scores = launch("gda_chunk_bwd_scores", NB, C)
-        self.intra = launch("gda_chunk_bwd_intra", NB * n_kt, self.cfg.KT)
-        self.dv = launch("gda_chunk_bwd_dv", NB * tiles(V), NTG)
+        if self.cfg.SCAN:
+            scan = launch("gda_chunk_bwd_scan", NH * tiles(K) * tiles(V), NTG)
+            boundary = [(3, scan)]
+        else:
+            vecs = V // 4 if V % 4 == 0 else V                           # loads a key row
+            rows = NTP // (128 if vecs >= 128 else -(-vecs // 32) * 32)  # key rows a block
+            boundary = [(2, launch("gda_chunk_bwd_local", NB * 2 * tiles(K) * tiles(V), NTG)),
+                        (3, launch("gda_chunk_bwd_states", -(-NH * K // rows), NTP))]
+        # (stage number, launch), in order: run(stages=n) stops after stage n
+        self.stages = [(1, launch("gda_chunk_bwd_pack", NB, NTP))] + boundary + [
+            (4, launch("gda_chunk_bwd_rows", NB * 3 * tiles(K), NTG)),
+            (5, launch("gda_chunk_bwd_scores", NB, C)),
+            (6, launch("gda_chunk_bwd_intra", NB * n_kt, self.cfg.KT)),
+            (7, launch("gda_chunk_bwd_dv", NB * tiles(V), NTG))]
         self.sizes = workspace(p, self.cfg, varlen)
         self.loop = recurrent_bwd.plan(p, seq_int64)
         self.at, floats = layout(self.sizes)
@@ -157,9 +172,9 @@ class BackwardPlan:
                 at["ae"], at["es"], at["mm"], at["ww"], at["sd"], at["ev"], at["ar"],
                 flag.data.ptr, dq.data.ptr, dk.data.ptr, dv.data.ptr, dg.data.ptr, address(dh0),
                 address(cu_seqlens), address(coff))
-        for stage in (self.pack, self.local, self.states, self.rows, self.scores, self.intra,
-                      self.dv)[:stages]:                                    # 1 .. 7
-            stage(ptrs, scale)
+        for n, stage in self.stages:                                        # 1 .. 7
+            if n <= stages:
+                stage(ptrs, scale)
         if fallback:                                                        # 8
             self.loop(q, k, v, g, do, scale, h0, dht, cu_seqlens, out=grads, ws=ws,
                       only_if=flag.data.ptr)

@@ -25,6 +25,8 @@
 //   3. gda_chunk_bwd_states: per (sequence-head, key row), chunk by chunk: the local states
 //                            become S0 (forward) and E (backward) in place, and rowsum(E (.) S0);
 //                            d_initial_state; the guard on S0 and E.
+//   2-3. gda_chunk_bwd_scan: (SCAN) the two as one, a block a tile of the state: the local states
+//                            stay in registers.
 //   4. gda_chunk_bwd_rows:   M, scale do S0^T, v E^T (GEMMs).
 //   5. gda_chunk_bwd_scores: W of each chunk, a thread per column u.
 //   6. gda_chunk_bwd_intra:  dq, dk, dg of each chunk, a thread per key column, the steps in
@@ -42,11 +44,13 @@
 //   sequence's chunks in order (NC = their most, T / BT + N; gda_chunk_at). Its rows [b][BT][*]
 //   in the float32 workspaces (each 16-byte aligned: the GEMMs load 4 floats at once).
 // Required defines: K_DIM, V_DIM, IO_DTYPE, G_DTYPE, LOG_GATE, SEQ_INT64, BT (steps a chunk,
-//   16..64, a multiple of 16), KT (key columns a block of gda_chunk_bwd_intra, a multiple of 32).
+//   16..64, a multiple of 16), KT (key columns a block of gda_chunk_bwd_intra, a multiple of 32),
+//   SCAN (1: stages 2 and 3 as one kernel, gda_chunk_bwd_scan, whose rowsum comes in one part a
+//   tile of GN value columns; 0: local, then states).
 //   Reference: cupy_gda.reference.gated_attention_backward_ref.
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
-    || !defined(BT) || !defined(KT)
-#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT and KT are required"
+    || !defined(BT) || !defined(KT) || !defined(SCAN)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT and SCAN are required"
 #endif
 static_assert(BT % 16 == 0 && BT >= 16 && BT <= 64, "BT: 16..64, a multiple of 16");
 static_assert(KT % 32 == 0 && KT <= 256, "KT: a multiple of 32, at most 256");
@@ -262,25 +266,30 @@ struct gda_operand {
     static __device__ __forceinline__ int at(int i, int kp) { return KROWS ? kp * LD + i : i * LD + kp; }
 };
 
-// acc (the thread's part of the block's tile at rows m0.., columns n0..) += op(A) op(B): op(A)
-// M x KK (A stored KK x M where TA), op(B) KK x N (stored N x KK where TB), alpha scaling A
-// (1 where XA); XA, XB: the operand is exact in bfloat16, one term (the products with its other
-// terms, 0, left out). sm: GDA_GEMM_SMEM bytes. Every thread of the block calls it.
 template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false>
-__device__ __forceinline__ void gda_gemm(float (&acc)[2][4][4], const float* a, const float* b,
-                                         float alpha, int m0, int n0, unsigned* sm)
+struct gda_gemm_ops {                                   // gda_gemm's operand types
+    typedef gda_operand<TA ? KK : M, TA ? M : KK, TA, XA> A;
+    typedef gda_operand<TB ? N : KK, TB ? KK : N, !TB, XB> B;
+};
+
+// gda_gemm with the first stage of its operands already in A and B; while its last stage is
+// multiplied, the first of the next product's (an, bn: the same shapes, the same tile; none
+// where an is null) is loaded into them, so a chain of products (the scan's chunks) does not
+// wait on its loads
+template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false>
+__device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4],
+                                               typename gda_gemm_ops<M, N, KK, TA, TB, XA, XB>::A& A,
+                                               typename gda_gemm_ops<M, N, KK, TA, TB, XA, XB>::B& B,
+                                               const float* a, const float* b, float alpha, int m0,
+                                               int n0, unsigned* sm, const float* an, const float* bn)
 {
-    typedef gda_operand<TA ? KK : M, TA ? M : KK, TA, XA> opa;
-    typedef gda_operand<TB ? N : KK, TB ? KK : N, !TB, XB> opb;
+    typedef typename gda_gemm_ops<M, N, KK, TA, TB, XA, XB>::A opa;
+    typedef typename gda_gemm_ops<M, N, KK, TA, TB, XA, XB>::B opb;
     const int lane = threadIdx.x % 32, wm = threadIdx.x / 64 * 32, wn = threadIdx.x / 32 % 2 * 32;
     const int g = lane / 4, t = lane % 4;
     const int mn = M - m0 - wm > 16 ? 2 : 1, nn = min(4, (N - n0 - wn + 7) / 8);  // live mma tiles
     const bool live = M - m0 - wm > 0 && nn > 0;
     unsigned* sb = sm + 3 * GW;
-    opa A;
-    opb B;
-    A.load(a, m0, 0);
-    B.load(b, n0, 0);
     for (int k0 = 0; k0 < KK; k0 += GK) {
         __syncthreads();                                // the last stage's fragments are read
         A.store(sm, alpha);
@@ -289,6 +298,9 @@ __device__ __forceinline__ void gda_gemm(float (&acc)[2][4][4], const float* a, 
         if (k0 + GK < KK) {
             A.load(a, m0, k0 + GK);
             B.load(b, n0, k0 + GK);
+        } else if (an) {
+            A.load(an, m0, 0);
+            B.load(bn, n0, 0);
         }
         #pragma unroll
         for (int ks = 0; ks < GK; ks += 16) {
@@ -330,6 +342,21 @@ __device__ __forceinline__ void gda_gemm(float (&acc)[2][4][4], const float* a, 
     }
 }
 
+// acc (the thread's part of the block's tile at rows m0.., columns n0..) += op(A) op(B): op(A)
+// M x KK (A stored KK x M where TA), op(B) KK x N (stored N x KK where TB), alpha scaling A
+// (1 where XA); XA, XB: the operand is exact in bfloat16, one term (the products with its other
+// terms, 0, left out). sm: GDA_GEMM_SMEM bytes. Every thread of the block calls it.
+template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false>
+__device__ __forceinline__ void gda_gemm(float (&acc)[2][4][4], const float* a, const float* b,
+                                         float alpha, int m0, int n0, unsigned* sm)
+{
+    typename gda_gemm_ops<M, N, KK, TA, TB, XA, XB>::A A;
+    typename gda_gemm_ops<M, N, KK, TA, TB, XA, XB>::B B;
+    A.load(a, m0, 0);
+    B.load(b, n0, 0);
+    gda_gemm_chain<M, N, KK, TA, TB, XA, XB>(acc, A, B, a, b, alpha, m0, n0, sm, nullptr, nullptr);
+}
+
 // put(row, col, x0, x1) of the block's tile at rows m0.., columns n0.. (elements (row, col) and
 // (row, col + 1), col even): the rows below M (columns past N are the functor's to drop)
 template <int M, typename F>
@@ -363,9 +390,47 @@ __device__ __forceinline__ void gda_gemm_store(float* c, const float (&acc)[2][4
     });
 }
 
+// acc = the tile at rows m0.., columns n0.. of the row-major M x N matrix c (0 outside it, or
+// where c is null), in gda_gemm_put's layout: each thread reads back what it would store
+template <int M, int N>
+__device__ __forceinline__ void gda_gemm_get(float (&acc)[2][4][4], const float* c, int m0, int n0)
+{
+    const int lane = threadIdx.x % 32, wm = threadIdx.x / 64 * 32, wn = threadIdx.x / 32 % 2 * 32;
+    #pragma unroll
+    for (int i = 0; i < 2; ++i)
+        #pragma unroll
+        for (int j = 0; j < 4; ++j)
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = m0 + wm + 16 * i + lane / 4 + 8 * h, col = n0 + wn + 8 * j + lane % 4 * 2;
+                const float* p = c + (long long)row * N + col;
+                const bool on = c != nullptr && row < M;
+                if (N % 2 == 0 && on && col < N) {
+                    const float2 x = *reinterpret_cast<const float2*>(p);
+                    acc[i][j][2 * h] = x.x;
+                    acc[i][j][2 * h + 1] = x.y;
+                } else {
+                    acc[i][j][2 * h] = on && col < N ? p[0] : 0.f;
+                    acc[i][j][2 * h + 1] = on && col + 1 < N ? p[1] : 0.f;
+                }
+            }
+}
+
+// x[i][h] = the thread's row m0 + wm + 16 i + lane / 4 + 8 h of the vector r (0 from M on)
+template <int M>
+__device__ __forceinline__ void gda_gemm_rows(float (&x)[2][2], const float* r, int m0)
+{
+    const int row = m0 + threadIdx.x / 64 * 32 + threadIdx.x % 32 / 4;
+    #pragma unroll
+    for (int i = 0; i < 2; ++i)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) x[i][h] = row + 16 * i + 8 * h < M ? r[row + 16 * i + 8 * h] : 0.f;
+}
+
 #define GDA_VX (IO_DTYPE == 2)                          // v, do (vp, dp) exact in bfloat16
 
 #define GDA_TILES(n) (((n) + GN - 1) / GN)              // tiles of GN over n columns (GM rows)
+#define ES_PARTS (SCAN ? GDA_TILES(V_DIM) : 1)          // parts of rowsum(E (.) S0) in es
 
 // 2. The local states of chunk b: st = (k D)^T v (z = 0), et = scale (q A)^T do (z = 1).
 // Block: (b, z, tile of K x V).
@@ -531,6 +596,96 @@ extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_states(GDA_CHUNK
     if (!ok) *flag = 1;
 }
 
+// 2-3 fused (SCAN = 1; launched instead of local and states). Block: (sequence-head nh, a GM x
+// GN tile of the K x V state at rows m0, columns n0), the state in the GEMM accumulators' layout,
+// the chunks in order: forward, S is stored as chunk b's S0, scaled by A_end, and the GEMM adds
+// (k D)^T v to it; backward from the last chunk, E is stored as its E, the tile's part of
+// rowsum(E (.) S0) goes to es[part n0 / GN] (intra adds the ES_PARTS parts), E is scaled by
+// A_end and the GEMM adds scale (q A)^T do. The local states never go through memory, and one
+// kernel replaces two (docs/perf-notes.md, v21). (Summing into the state itself, not into a
+// fresh tile added after, keeps 32 registers free: with both, ptxas spilled.)
+extern "C" __global__ void __launch_bounds__(NTG) gda_chunk_bwd_scan(GDA_CHUNK_BWD_PARAMS)
+{
+    __shared__ __align__(16) unsigned b_op[GDA_GEMM_SMEM / 4];
+    __shared__ float b_red[2][GM];                      // the rowsum's halves (wn = 0, 32)
+    constexpr int TN = GDA_TILES(V_DIM), TILES = GDA_TILES(K_DIM) * TN;
+    const long long nh = blockIdx.x / TILES;
+    const int tile = blockIdx.x % TILES, m0 = tile / TN * GM, n0 = tile % TN * GN;
+    const int lane = threadIdx.x % 32, wm = threadIdx.x / 64 * 32, wn = threadIdx.x / 32 % 2 * 32;
+    bool ok = true;
+    const long long nseq = coff ? N : 1;
+    for (long long sq = 0; sq < nseq; ++sq) {
+        const long long n = coff ? sq : nh / H;
+        const int j0 = coff ? (int)coff[n] : 0, j1 = coff ? (int)coff[n + 1] : NC;
+        const long long srow = (n * H + (coff ? nh : nh % H)) * K_DIM;   // row 0 of h0, dht, dh0
+        float x[2][4][4], a[2][2];                      // S, then E
+        gda_gemm_get<K_DIM, V_DIM>(x, h0 ? h0 + srow * V_DIM : nullptr, m0, n0);
+        typedef gda_gemm_ops<K_DIM, V_DIM, BT, true, false, false, GDA_VX> ops;
+        typename ops::A A;                              // the next product's first stage
+        typename ops::B B;
+        A.load(kd + (nh * NC + j0) * BT * K_DIM, m0, 0);
+        B.load(vp + (nh * NC + j0) * BT * V_DIM, n0, 0);
+        for (int c = j0; c < j1; ++c) {                 // forward: S0 of each chunk
+            const long long b = nh * NC + c;
+            const bool more = c + 1 < j1;               // (then the backward's first, the last)
+            const float* an = more ? kd + (b + 1) * BT * K_DIM : qa + b * BT * K_DIM;
+            const float* bn = more ? vp + (b + 1) * BT * V_DIM : dp + b * BT * V_DIM;
+            gda_gemm_rows<K_DIM>(a, ae + b * K_DIM, m0);
+            gda_gemm_store<K_DIM, V_DIM>(st + b * K_DIM * V_DIM, x, m0, n0);
+            #pragma unroll
+            for (int i = 0; i < 2; ++i)
+                #pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    #pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        ok &= gda_bwd_in(x[i][j][r], GDA_BWD_STATE_MAX);
+                        x[i][j][r] *= a[i][r / 2];
+                    }
+            gda_gemm_chain<K_DIM, V_DIM, BT, true, false, false, GDA_VX>(
+                x, A, B, kd + b * BT * K_DIM, vp + b * BT * V_DIM, 1.f, m0, n0, b_op, an, bn);
+        }
+        gda_gemm_get<K_DIM, V_DIM>(x, dht ? dht + srow * V_DIM : nullptr, m0, n0);
+        for (int c = j1 - 1; c >= j0; --c) {            // backward: E of each chunk, from the last
+            const long long b = nh * NC + c;
+            float s0[2][4][4], part[2][2] = {};
+            gda_gemm_get<K_DIM, V_DIM>(s0, st + b * K_DIM * V_DIM, m0, n0);   // (this thread's own stores)
+            gda_gemm_rows<K_DIM>(a, ae + b * K_DIM, m0);
+            gda_gemm_store<K_DIM, V_DIM>(et + b * K_DIM * V_DIM, x, m0, n0);
+            #pragma unroll
+            for (int i = 0; i < 2; ++i)
+                #pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    #pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        ok &= gda_bwd_in(x[i][j][r], GDA_BWD_STATE_MAX);
+                        part[i][r / 2] = fmaf(x[i][j][r], s0[i][j][r], part[i][r / 2]);
+                        x[i][j][r] *= a[i][r / 2];
+                    }
+            // rowsum over the tile's columns: the quad's lanes, then the two warps of its rows
+            #pragma unroll
+            for (int i = 0; i < 2; ++i)
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float y = part[i][h];
+                    y += __shfl_xor_sync(GDA_FULL_MASK, y, 1);
+                    y += __shfl_xor_sync(GDA_FULL_MASK, y, 2);
+                    if (lane % 4 == 0) b_red[wn / 32][wm + 16 * i + lane / 4 + 8 * h] = y;
+                }
+            __syncthreads();                            // (b_red's next writes are past the
+            const int row = m0 + threadIdx.x;           //  GEMM's barriers)
+            if (threadIdx.x < GM && row < K_DIM)
+                es[((long long)n0 / GN * NH * NC + b) * K_DIM + row] = b_red[0][threadIdx.x] + b_red[1][threadIdx.x];
+            const bool more = c > j0;
+            gda_gemm_chain<K_DIM, V_DIM, BT, true, false, false, GDA_VX>(
+                x, A, B, qa + b * BT * K_DIM, dp + b * BT * V_DIM, scale, m0, n0, b_op,
+                more ? qa + (b - 1) * BT * K_DIM : nullptr, more ? dp + (b - 1) * BT * V_DIM : nullptr);
+        }
+        if (dh0)
+            gda_gemm_store<K_DIM, V_DIM>(dh0 + srow * V_DIM, x, m0, n0);
+    }
+    if (!ok) *flag = 1;
+}
+
 // 4. Chunk b's rows from V-contractions: M = scale v do^T (z = 0), sd = scale do S0^T (z = 1),
 // ev = v E^T (z = 2). Block: (b, z, tile of K columns; M has one).
 // (as dv: where ptxas would keep it to 168 registers it spilled at some shapes)
@@ -645,7 +800,9 @@ extern "C" __global__ void __launch_bounds__(KT) gda_chunk_bwd_intra(GDA_CHUNK_B
     }
     __syncthreads();
     if (!col) return;
-    const float esum = es[b * K_DIM + i];
+    float esum = 0.f;                                   // rowsum(E (.) S0), its parts in order
+    #pragma unroll
+    for (int pt = 0; pt < ES_PARTS; ++pt) esum += es[(pt * NH * NC + b) * K_DIM + i];
     float x[BT];
     #pragma unroll
     for (int s = 0; s < BT; ++s) x[s] = 0.f;

@@ -2,11 +2,13 @@
 
     python -m scripts.profile_chunk_bwd [NAMES] [--stages]
         NAMES: comma-separated names of SHAPES (all by default), on the benchmark's inputs. A
-        line a shape: the median device ms (as the benchmark times a call) of the forward, of the backward by the reverse loop and by the chunked form at
-        its chunk length and at the other one (32 <-> 64), the chunked form's workspace, the
+        line a shape: the median device ms (as the benchmark times a call) of the forward, of the
+        backward by the reverse loop and by the chunked form at its chunk length, at the other one
+        (32 <-> 64) and with the boundary scan the other way (SCAN), the chunked form's workspace, the
         guard's flag, and each gradient's largest difference between the two methods relative
-        to its largest element. --stages: then each launch of the chunked backward, its median
-        ms over 3 calls (CUDA events around it).
+        to its largest element (and between the two ways of the scan). --stages: then each launch
+        of the chunked backward, both ways of the scan, its median ms over 3 calls (CUDA events
+        around it).
     python -m scripts.profile_chunk_bwd --varlen
         the packed batches of VARLEN instead (cu_seqlens, initial states): chunk against loop.
 """
@@ -103,13 +105,18 @@ def shape_line(name, stages):
     _, flag = plan.run(q, k, v, g, do, 1.0, None, None, fallback=False)
     other = chunk_bwd.BackwardPlan(p, cfg=plan.cfg._replace(BT=96 - plan.cfg.BT))
     alt = median_ms(lambda: other(q, k, v, g, do, 1.0, None, None), n)
+    flip = chunk_bwd.BackwardPlan(p, cfg=plan.cfg._replace(SCAN=not plan.cfg.SCAN))
+    fl = median_ms(lambda: flip(q, k, v, g, do, 1.0, None, None), n)
     print(f"{name:13s} fwd {fwd:8.3f}  bwd rec {rec:8.3f}  chunk {chk:8.3f} (BT{other.cfg.BT} "
-          f"{alt:8.3f}) ms  fwd+bwd(chunk) {fwd + chk:8.3f}  ws {plan.ws_floats * 4 / 2**20:.0f} MiB"
-          f"  flag {int(flag[0])}  {differences(backward('recurrent'), backward('chunk'))}",
-          flush=True)
+          f"{alt:8.3f}, scan {int(flip.cfg.SCAN)} {fl:8.3f}) ms  fwd+bwd(chunk) {fwd + chk:8.3f}  "
+          f"ws {plan.ws_floats * 4 / 2**20:.0f} MiB  flag {int(flag[0])}  "
+          f"{differences(backward('recurrent'), backward('chunk'))}  scan {int(flip.cfg.SCAN)}: "
+          f"{differences(backward('chunk'), flip(q, k, v, g, do, 1.0, None, None))}", flush=True)
     if stages:
-        for entry, ms in stage_times(lambda: backward("chunk")).items():
-            print(f"    {entry:40s} {ms:8.3f} ms")
+        for what, call in ((f"scan {int(plan.cfg.SCAN)}", lambda: backward("chunk")),
+                           (f"scan {int(flip.cfg.SCAN)}", lambda: flip(q, k, v, g, do, 1.0, None, None))):
+            for entry, ms in stage_times(call).items():
+                print(f"    {what}  {entry:40s} {ms:8.3f} ms")
 
 
 def varlen_line(name, lens, H, K, V, dtype):

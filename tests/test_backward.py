@@ -287,9 +287,11 @@ CHUNK_OWN = [
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("scan", [False, True], ids=["local-states", "scan"])
 @pytest.mark.parametrize("case", CHUNK_OWN, ids=lambda c: c.id)
-def test_gpu_chunked_backward_itself_meets_the_contract(case):
-    """The chunked form's own gradients (the reverse loop left out), with the guard not hit."""
+def test_gpu_chunked_backward_itself_meets_the_contract(case, scan):
+    """The chunked form's own gradients (the reverse loop left out), with the guard not hit, with
+    the boundary scan as two kernels and as one (chunk_bwd.Config.SCAN)."""
     import cupy
     from cupy_gda import chunk_bwd
     from cupy_gda._checks import check_backward
@@ -302,7 +304,9 @@ def test_gpu_chunked_backward_itself_meets_the_contract(case):
     p = check_backward("t", dev["q"], dev["k"], dev["v"], dev.get("gate"), dev.get("log_gate"),
                        cupy.asarray(do), dev.get("initial_state"), cupy.asarray(dht), cu,
                        cpu=False)
-    plan = chunk_bwd.plan(p, cu is not None, cu is not None and cu.dtype == np.int64)
+    varlen = cu is not None
+    plan = chunk_bwd.BackwardPlan(p, varlen, varlen and cu.dtype == np.int64,
+                                  chunk_bwd.config(p, varlen)._replace(SCAN=scan))
     grads, flag = plan.run(dev["q"], dev["k"], dev["v"], g, cupy.asarray(do), 1.0,
                            dev.get("initial_state"), cupy.asarray(dht), cu, fallback=False)
     assert int(flag[0]) == 0
@@ -314,27 +318,57 @@ def test_gpu_chunked_backward_itself_meets_the_contract(case):
         assert res.ok, res
 
 
+def _check_scan(view, plan, kd, qa, vp, dp, scale, h0, dht):
+    """The fused scan's S0 and E (st, et) against the float64 scan of the workspaces it read, each
+    chunk adding (BT + 16) 2^-24 of the magnitudes' scan to the bound; es (its parts summed)
+    against rowsum(E S0) of those very S0 and E."""
+    from cupy_gda import chunk_bwd
+    C, K, V, NC, NB = plan.cfg.BT, plan.p.K, plan.p.V, plan.NC, plan.NB
+    ae = view("ae", K)
+    s0, e = view("st", K, V), view("et", K, V)
+    parts = chunk_bwd.tiles(V)                           # es: [parts][NB][K]
+    es = view("es", parts, K).reshape(parts, NB, K).sum(0)
+    u = 2.0 ** -24 * (C + 16)
+    for nh, h in enumerate(h0.reshape(-1, K, V)):
+        chunks = range(nh * NC, (nh + 1) * NC)
+        s, m = h.astype(np.float64), np.abs(h.astype(np.float64))
+        for n, b in enumerate(chunks):                   # S0 forward
+            assert (np.abs(s0[b] - s) <= u * n * m + 1e-300).all(), ("S0", b)
+            s = ae[b][:, None] * s + kd[b].T @ vp[b]
+            m = np.abs(ae[b])[:, None] * m + np.abs(kd[b]).T @ np.abs(vp[b])
+        e_, m = dht.reshape(-1, K, V)[nh].astype(np.float64), np.abs(dht.reshape(-1, K, V)[nh])
+        for n, b in enumerate(reversed(chunks)):         # E backward
+            assert (np.abs(e[b] - e_) <= u * n * m + 1e-300).all(), ("E", b)
+            e_ = ae[b][:, None] * e_ + scale * qa[b].T @ dp[b]
+            m = np.abs(ae[b])[:, None] * m + np.abs(scale * qa[b]).T @ np.abs(dp[b])
+    want, mag = (e * s0).sum(-1), np.abs(e * s0).sum(-1)
+    assert (np.abs(es - want) <= (V + 4) * 2.0 ** -24 * mag).all()
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("scan", [False, True], ids=["local-states", "scan"])
 @pytest.mark.parametrize("B, T, H, K, V, BT, dtype", [
     pytest.param(2, 100, 3, 100, 72, 32, "float32", id="K100-V72-BT32"),
     pytest.param(1, 130, 2, 5, 1, 64, "float32", id="K5-V1-BT64"),
-    pytest.param(1, 64, 2, 128, 130, 64, "float32", id="K128-V130-BT64"),
+    pytest.param(1, 200, 2, 128, 130, 64, "float32", id="K128-V130-BT64"),
     pytest.param(2, 100, 3, 100, 72, 32, "bfloat16", id="K100-V72-BT32-bf16"),
-    pytest.param(1, 64, 2, 128, 130, 64, "bfloat16", id="K128-V130-BT64-bf16"),
+    pytest.param(1, 200, 2, 128, 130, 64, "bfloat16", id="K128-V130-BT64-bf16"),
 ])
-def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT, dtype):
+def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT, dtype, scan):
     """Each GEMM stage (2: local states, 4: M, scale do S0^T, v E^T, 7: dv) against float64
     products of the very workspaces it read: every element within float32's worst case for n
     terms, with room for the split's left-out terms and the tensor cores' truncation, (n + 12)
     2^-24 sum |a b|, where plain TF32 (or bf16) would be off by about 2^-11 / sqrt(n) (2^-8 /
     sqrt(n)) of it; tiles cut by K, V and the chunk's rows; values and scale that round in
-    bf16 and TF32; bf16 inputs, whose v and do take one term."""
+    bf16 and TF32; bf16 inputs, whose v and do take one term. With the fused boundary scan
+    (2-3), its S0, E and rowsum(E S0) against the float64 scan of the same workspaces, within
+    (BT + 16) 2^-24 a chunk of its sums of magnitudes."""
     import cupy
     from cupy_gda import chunk_bwd
     from cupy_gda._checks import Problem
     rng = np.random.default_rng(20)
     p = Problem(B, T, H, K, V, B, dtype, "float32", False)
-    plan = chunk_bwd.BackwardPlan(p, cfg=chunk_bwd.Config(BT, 32 if K <= 32 else 64))
+    plan = chunk_bwd.BackwardPlan(p, cfg=chunk_bwd.Config(BT, 32 if K <= 32 else 64, scan))
     x = {n: cupy.asarray(rng.standard_normal((B, T, H, d)), np.float32).astype(dtype)
          for n, d in (("q", K), ("k", K), ("v", V), ("do", V))}
     g = cupy.asarray(rng.uniform(0.9, 1.0, (B, T, H, K)), np.float32)
@@ -352,11 +386,15 @@ def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT, dtyp
         bad = np.abs(got - want) > (a.shape[-1] + 12) * 2.0 ** -24 * mag
         assert not bad.any(), (np.abs(got - want) / mag)[bad].max()
 
-    args = (x["q"], x["k"], x["v"], g, x["do"], float(scale), None, None)
-    plan.run(*args, fallback=False, stages=2, ws=ws)
+    h0, dht = (cupy.asarray(rng.standard_normal((B, H, K, V)), np.float32) for _ in range(2))
+    args = (x["q"], x["k"], x["v"], g, x["do"], float(scale), h0, dht)
+    plan.run(*args, fallback=False, stages=3 if scan else 2, ws=ws)
     kd, qa, vp, dp = view("kd", C, K), view("qa", C, K), view("vp", C, V), view("dp", C, V)
-    check(view("st", K, V), kd.swapaxes(1, 2), vp)
-    check(view("et", K, V), qa.swapaxes(1, 2), float(scale) * dp)
+    if scan:
+        _check_scan(view, plan, kd, qa, vp, dp, float(scale), cupy.asnumpy(h0), cupy.asnumpy(dht))
+    else:
+        check(view("st", K, V), kd.swapaxes(1, 2), vp)
+        check(view("et", K, V), qa.swapaxes(1, 2), float(scale) * dp)
     plan.run(*args, fallback=False, stages=4, ws=ws)
     s0, e = view("st", K, V), view("et", K, V)
     sd = view("sd", C, K)                   # (before scores and intra overwrite nothing of it)
