@@ -603,7 +603,8 @@ extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_states(GDA_CHUNK
 // rowsum(E (.) S0) goes to es[part n0 / GN] (intra adds the ES_PARTS parts), E is scaled by
 // A_end and the GEMM adds scale (q A)^T do. The local states never go through memory, and one
 // kernel replaces two (docs/perf-notes.md, v21). (Summing into the state itself, not into a
-// fresh tile added after, keeps 32 registers free: with both, ptxas spilled.)
+// fresh tile added after, keeps 32 registers free: with both, ptxas spilled.) Chunks past the
+// last sequence's (cu_seqlens) get no S0 or E: rows, intra and dv skip every chunk of no rows.
 extern "C" __global__ void __launch_bounds__(NTG) gda_chunk_bwd_scan(GDA_CHUNK_BWD_PARAMS)
 {
     __shared__ __align__(16) unsigned b_op[GDA_GEMM_SMEM / 4];
@@ -695,6 +696,8 @@ extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_rows(GDA_CHUN
     constexpr int TILES = GDA_TILES(K_DIM);
     const long long b = blockIdx.x / (3 * TILES);
     const int z = blockIdx.x / TILES % 3, n0 = blockIdx.x % TILES * GN;
+    GDA_CHUNK;
+    if (ch.rows == 0) return;                           // (no row to take a gradient: see scan)
     const float *rv = vp + b * BT * V_DIM, *rd = dp + b * BT * V_DIM;
     float acc[2][4][4] = {};
     if (z == 0) {
@@ -774,6 +777,7 @@ extern "C" __global__ void __launch_bounds__(KT) gda_chunk_bwd_intra(GDA_CHUNK_B
     const int ti = threadIdx.x;
     const bool col = i < K_DIM;
     GDA_CHUNK;
+    if (ch.rows == 0) return;                           // (the whole block)
     #pragma unroll 8
     for (int x = threadIdx.x; x < BT * BT; x += KT) b_m[x / BT][x % BT] = mm[b * BT * BT + x];
     const long long w0 = b * BT * K_DIM + i;            // (t, i) of the [b][BT][K] workspaces
@@ -865,10 +869,11 @@ extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_dv(GDA_CHUNK_
     __shared__ __align__(16) unsigned b_op[GDA_GEMM_SMEM / 4];
     const long long b = blockIdx.x / GDA_TILES(V_DIM);
     const int n0 = blockIdx.x % GDA_TILES(V_DIM) * GN;
+    GDA_CHUNK;
+    if (ch.rows == 0) return;
     float acc[2][4][4] = {};
     gda_gemm<BT, V_DIM, K_DIM, false, false>(acc, kd + b * BT * K_DIM, et + b * K_DIM * V_DIM, 1.f, 0, n0, b_op);
     gda_gemm<BT, V_DIM, BT, false, false, false, GDA_VX>(acc, ww + b * BT * BT, dp + b * BT * V_DIM, scale, 0, n0, b_op);
-    GDA_CHUNK;
     gda_gemm_put<BT>(acc, 0, n0, [=](int t, int j, float x0, float x1) {
         if (t < ch.rows) {
             if (j < V_DIM) dv[ch.at(t, V_DIM, j)] = io::store(x0);
