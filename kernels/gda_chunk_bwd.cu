@@ -626,12 +626,12 @@ extern "C" __global__ void __launch_bounds__(NTG) gda_chunk_bwd_scan(GDA_CHUNK_B
         typename ops::B B;
         A.load(kd + (nh * NC + j0) * BT * K_DIM, m0, 0);
         B.load(vp + (nh * NC + j0) * BT * V_DIM, n0, 0);
+        gda_gemm_rows<K_DIM>(a, ae + (nh * NC + j0) * K_DIM, m0);   // (then a chunk ahead)
         for (int c = j0; c < j1; ++c) {                 // forward: S0 of each chunk
             const long long b = nh * NC + c;
             const bool more = c + 1 < j1;               // (then the backward's first, the last)
             const float* an = more ? kd + (b + 1) * BT * K_DIM : qa + b * BT * K_DIM;
             const float* bn = more ? vp + (b + 1) * BT * V_DIM : dp + b * BT * V_DIM;
-            gda_gemm_rows<K_DIM>(a, ae + b * K_DIM, m0);
             gda_gemm_store<K_DIM, V_DIM>(st + b * K_DIM * V_DIM, x, m0, n0);
             #pragma unroll
             for (int i = 0; i < 2; ++i)
@@ -642,15 +642,20 @@ extern "C" __global__ void __launch_bounds__(NTG) gda_chunk_bwd_scan(GDA_CHUNK_B
                         ok &= gda_bwd_in(x[i][j][r], GDA_BWD_STATE_MAX);
                         x[i][j][r] *= a[i][r / 2];
                     }
+            if (more) gda_gemm_rows<K_DIM>(a, ae + (b + 1) * K_DIM, m0);   // (else b's, the backward's first)
             gda_gemm_chain<K_DIM, V_DIM, BT, true, false, false, GDA_VX>(
                 x, A, B, kd + b * BT * K_DIM, vp + b * BT * V_DIM, 1.f, m0, n0, b_op, an, bn);
         }
         gda_gemm_get<K_DIM, V_DIM>(x, dht ? dht + srow * V_DIM : nullptr, m0, n0);
+        // S0 of the chunk (this thread's own stores), loaded a chunk ahead where the registers
+        // allow it (bfloat16 inputs; with float32 ones, 32 more registers spilled)
+        constexpr bool AHEAD = GDA_VX;
+        float s0[2][4][4];
+        if (AHEAD) gda_gemm_get<K_DIM, V_DIM>(s0, st + (nh * NC + j1 - 1) * K_DIM * V_DIM, m0, n0);
         for (int c = j1 - 1; c >= j0; --c) {            // backward: E of each chunk, from the last
             const long long b = nh * NC + c;
-            float s0[2][4][4], part[2][2] = {};
-            gda_gemm_get<K_DIM, V_DIM>(s0, st + b * K_DIM * V_DIM, m0, n0);   // (this thread's own stores)
-            gda_gemm_rows<K_DIM>(a, ae + b * K_DIM, m0);
+            float part[2][2] = {};
+            if (!AHEAD) gda_gemm_get<K_DIM, V_DIM>(s0, st + b * K_DIM * V_DIM, m0, n0);
             gda_gemm_store<K_DIM, V_DIM>(et + b * K_DIM * V_DIM, x, m0, n0);
             #pragma unroll
             for (int i = 0; i < 2; ++i)
@@ -677,6 +682,10 @@ extern "C" __global__ void __launch_bounds__(NTG) gda_chunk_bwd_scan(GDA_CHUNK_B
             if (threadIdx.x < GM && row < K_DIM)
                 es[((long long)n0 / GN * NH * NC + b) * K_DIM + row] = b_red[0][threadIdx.x] + b_red[1][threadIdx.x];
             const bool more = c > j0;
+            if (more) {
+                gda_gemm_rows<K_DIM>(a, ae + (b - 1) * K_DIM, m0);
+                if (AHEAD) gda_gemm_get<K_DIM, V_DIM>(s0, st + (b - 1) * K_DIM * V_DIM, m0, n0);
+            }
             gda_gemm_chain<K_DIM, V_DIM, BT, true, false, false, GDA_VX>(
                 x, A, B, qa + b * BT * K_DIM, dp + b * BT * V_DIM, scale, m0, n0, b_op,
                 more ? qa + (b - 1) * BT * K_DIM : nullptr, more ? dp + (b - 1) * BT * V_DIM : nullptr);
@@ -689,8 +698,10 @@ extern "C" __global__ void __launch_bounds__(NTG) gda_chunk_bwd_scan(GDA_CHUNK_B
 
 // 4. Chunk b's rows from V-contractions: M = scale v do^T (z = 0), sd = scale do S0^T (z = 1),
 // ev = v E^T (z = 2). Block: (b, z, tile of K columns; M has one).
-// (as dv: where ptxas would keep it to 168 registers it spilled at some shapes)
-extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_rows(GDA_CHUNK_BWD_PARAMS)
+// (3 blocks an SM, 168 registers: at big128 fp32 2 blocks took 1.17x the time; but where V is
+// not a multiple of GK, 168 registers spilled, and with no bound ptxas took 72 and spilled at
+// K = V = 24 bf16 sm_90)
+extern "C" __global__ void __launch_bounds__(NTG, V_DIM % GK ? 2 : 3) gda_chunk_bwd_rows(GDA_CHUNK_BWD_PARAMS)
 {
     __shared__ __align__(16) unsigned b_op[GDA_GEMM_SMEM / 4];
     constexpr int TILES = GDA_TILES(K_DIM);
