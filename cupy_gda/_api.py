@@ -25,20 +25,29 @@ def _sig(x):
         return ()
     if type(x) is not _cupy_ndarray:
         return None
-    return x.shape, x.dtype, x.strides, x.data.device_id
+    return x.shape, x.dtype, x.strides, x.data.device_id, x.data.ptr % ALIGN == 0
 
 
 def _fast_key(*parts):
     return None if None in parts else parts
 
 
+ALIGN = 16      # bytes: the kernels load 16 at once from q, k, v, do (cp.async, float4)
+
+
+def _ready(x):
+    return x.flags.c_contiguous and x.data.ptr % ALIGN == 0
+
+
 def _contiguous(xs):
+    """Each CuPy array C-contiguous and ALIGN-aligned: copied where it is not (a contiguous view
+    that starts inside an element group, say)."""
     import cupy
-    return [None if x is None else cupy.ascontiguousarray(x) for x in xs]
+    return [x if x is None or _ready(x) else cupy.array(x, order="C") for x in xs]
 
 
 def _all_contiguous(xs):
-    return all(x is None or x.flags.c_contiguous for x in xs)
+    return all(x is None or _ready(x) for x in xs)
 
 
 def _check_out(fn, out, shape, dtype, gpu):

@@ -389,7 +389,13 @@ def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT, dtyp
     h0, dht = (cupy.asarray(rng.standard_normal((B, H, K, V)), np.float32) for _ in range(2))
     args = (x["q"], x["k"], x["v"], g, x["do"], float(scale), h0, dht)
     plan.run(*args, fallback=False, stages=3 if scan else 2, ws=ws)
-    kd, qa, vp, dp = view("kd", C, K), view("qa", C, K), view("vp", C, V), view("dp", C, V)
+
+    def rows(a):                            # [B, T, H, V] -> each chunk's rows [NB][BT][V], 0 past T
+        a = cupy.asnumpy(a.astype(np.float32)).astype(np.float64)
+        a = np.pad(a, ((0, 0), (0, plan.NC * C - T), (0, 0), (0, 0)))
+        return a.transpose(0, 2, 1, 3).reshape(NB, C, a.shape[-1])
+
+    kd, qa, vp, dp = view("kd", C, K), view("qa", C, K), rows(x["v"]), rows(x["do"])
     if scan:
         _check_scan(view, plan, kd, qa, vp, dp, float(scale), cupy.asnumpy(h0), cupy.asnumpy(dht))
     else:
@@ -543,3 +549,30 @@ def test_gpu_backward_with_states_kept_every_span(TC, lens):
     emu = R.gated_attention_backward_ref(**f32, dtype=np.float32)
     for name, x, r, e in zip(ref._fields, got, ref, emu):
         _contract(name, cupy.asnumpy(x), r, e)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpu_inputs_off_a_16_byte_boundary(dtype):
+    """Contiguous CuPy views that start one element past a 16-byte boundary (the kernels load 16
+    bytes of q, k, v, do at once: cp.async, float4) give what the same values in fresh arrays
+    give, bit for bit, forward and backward, by the chunked kernels (the API copies them)."""
+    import cupy
+    B, T, H, K, V = 2, 130, 2, 64, 64
+    args = _verify.make_inputs(_verify.Case(B, T, H, K, V, dtype=dtype, init=False), 0, cupy)
+    do = cupy.asarray(np.random.default_rng(1).standard_normal((B, T, H, V)), np.float32).astype(dtype)
+
+    def shifted(x):                         # the same values at one element past the start
+        y = cupy.empty(x.size + 8, x.dtype)[1:1 + x.size].reshape(x.shape)
+        y[...] = x
+        assert y.flags.c_contiguous and y.data.ptr % 16 != 0
+        return y
+
+    moved = {n: shifted(x) if n in ("q", "k", "v", "gate") else x for n, x in args.items()}
+    want = cupy_gda.gated_attention(**args, method="chunk")
+    for _ in range(2):                      # (the second call takes the API's fast path)
+        assert (cupy_gda.gated_attention(**moved, method="chunk") == want).all()
+    want = cupy_gda.gated_attention_backward(**args, do=do, method="chunk")
+    got = cupy_gda.gated_attention_backward(**moved, do=shifted(do), method="chunk")
+    for name, a, b in zip(want._fields, want, got):
+        assert (a is None and b is None) or (a == b).all(), name
