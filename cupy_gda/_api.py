@@ -32,7 +32,7 @@ def _fast_key(*parts):
     return None if None in parts else parts
 
 
-ALIGN = 16      # bytes: the kernels load 16 at once from q, k, v, do (cp.async, float4)
+ALIGN = 16      # bytes: the kernels may load 16 at once from an input (cp.async of float32 rows)
 
 
 def _ready(x):

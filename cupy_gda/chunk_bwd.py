@@ -5,8 +5,7 @@ K and V, sequences of T steps or packed ones (cu_seqlens: each sequence's chunks
 offsets counted on the GPU).
 
 The pipeline of one call, all on the current stream, no host sync (NB chunks, chunks()):
-  1. pack       q A, k D, A_end as float32 rows [NB][BT][*]; the guard on the inputs (the
-                GEMMs read v and do where they are)
+  1. pack       q A, k D, A_end, v, do as float32 rows [NB][BT][*]; the guard on the inputs
   2. local      st = (k D)^T v, et = scale (q A)^T do                     (local states, GEMMs)
   3. states     st -> S0, et -> E chunk by chunk; rowsum(E S0); d_initial_state; the guard
      (2-3. scan: the two as one kernel where there are enough state tiles; config())
@@ -76,8 +75,9 @@ def workspace(p, cfg, varlen=False):
     NB = NH * NC
     C, K, V = cfg.BT, p.K, p.V
     parts = tiles(V) if cfg.SCAN else 1
-    return dict(st=NB * K * V, et=NB * K * V, qa=NB * C * K, kd=NB * C * K, ae=NB * K,
-                es=parts * NB * K, mm=NB * C * C, ww=NB * C * C, ev=NB * C * K, ar=2 * NB * C * K)
+    return dict(st=NB * K * V, et=NB * K * V, qa=NB * C * K, kd=NB * C * K, vp=NB * C * V,
+                dp=NB * C * V, ae=NB * K, es=parts * NB * K, mm=NB * C * C, ww=NB * C * C,
+                ev=NB * C * K, ar=2 * NB * C * K)
 
 
 def layout(sizes):
@@ -168,8 +168,8 @@ class BackwardPlan:
             ws = empty((self.ws_floats,), np_dtype("float32"))   # kept alive until all are queued
         at = {name: ws.data.ptr + 4 * x for name, x in self.at.items()}
         ptrs = (q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, do.data.ptr, address(h0),
-                address(dht), at["st"], at["et"], at["qa"], at["kd"], at["ae"], at["es"], at["mm"],
-                at["ww"], at["sd"], at["ev"], at["ar"],
+                address(dht), at["st"], at["et"], at["qa"], at["kd"], at["vp"], at["dp"],
+                at["ae"], at["es"], at["mm"], at["ww"], at["sd"], at["ev"], at["ar"],
                 flag.data.ptr, dq.data.ptr, dk.data.ptr, dv.data.ptr, dg.data.ptr, address(dh0),
                 address(cu_seqlens), address(coff))
         for n, stage in self.stages:                                        # 1 .. 7

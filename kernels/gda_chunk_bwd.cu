@@ -18,10 +18,9 @@
 //     X_t[s] = sum_{u >= t} P(t+1..u) q_u M[s, u]          (so dk's first term is X_t[t])
 // Every decay is a product of gates (never a quotient or a difference of logs), so gates of 0
 // give the loop's gradients. The pipeline, one kernel a stage, on float32 rows [NB][BT][*]:
-//   1. gda_chunk_bwd_pack:   per chunk, q A, k D, A_end as float32 rows (rows past the sequence:
-//                            gate 1, q = k = 0, which changes nothing); the guard (below) on the
-//                            inputs. The GEMMs read v and do where they are (gda_in_rows: rows
-//                            past the sequence read 0).
+//   1. gda_chunk_bwd_pack:   per chunk, q A, k D, A_end and v, do as float32 rows (rows past the
+//                            sequence: gate 1, q = k = v = do = 0, which changes nothing); the
+//                            guard (below) on the inputs.
 //   2. gda_chunk_bwd_local:  the local states (k D)^T v and scale (q A)^T do (GEMMs).
 //   3. gda_chunk_bwd_states: per (sequence-head, key row), chunk by chunk: the local states
 //                            become S0 (forward) and E (backward) in place, and rowsum(E (.) S0);
@@ -66,8 +65,8 @@ static_assert(KT % 32 == 0 && KT <= 256, "KT: a multiple of 32, at most 256");
     const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t* __restrict__ v,       \
     const gt::t* __restrict__ g, const io::t* __restrict__ d_o, const float* __restrict__ h0,    \
     const float* __restrict__ dht, float* __restrict__ st, float* __restrict__ et,               \
-    float* __restrict__ qa, float* __restrict__ kd, float* __restrict__ ae,                      \
-    float* __restrict__ es,                                                                      \
+    float* __restrict__ qa, float* __restrict__ kd, float* __restrict__ vp,                      \
+    float* __restrict__ dp, float* __restrict__ ae, float* __restrict__ es,                      \
     float* __restrict__ mm, float* __restrict__ ww, float* __restrict__ sd,                      \
     float* __restrict__ ev, float2* __restrict__ ar, int* __restrict__ flag,                     \
     io::t* __restrict__ dq, io::t* __restrict__ dk, io::t* __restrict__ dv,                      \
@@ -113,28 +112,6 @@ struct gda_chunk_at {
 
 #define GDA_CHUNK gda_chunk_at ch(b, T, H, NC, cu_seqlens, coff, N)
 
-// A chunk's rows of an input [B*T, H, V] (v, do) as a row-major [BT][V] matrix of the GEMMs,
-// read where it is (rows from `rows` on are 0); 16-byte aligned (the API copies an input that
-// is not)
-struct gda_in_rows {
-    const io::t* p;                     // the chunk's first row
-    int rows, H;                        // its rows inside the sequence; rows of the input a step
-    __device__ __forceinline__ gda_in_rows(const io::t* x, const gda_chunk_at& ch)
-        : p(x + ch.row0 * V_DIM), rows(ch.rows), H(ch.H) {}
-};
-#define GDA_ROWS(x, b) gda_in_rows(x, gda_chunk_at(b, T, H, NC, cu_seqlens, coff, N))
-
-// 4 consecutive inputs at p (16-byte aligned for float32, 8 for 16-bit types) as floats
-__device__ __forceinline__ float4 gda_load4(const io::t* p) {
-#if IO_DTYPE == 0
-    return *reinterpret_cast<const float4*>(p);
-#else
-    const uint2 u = *reinterpret_cast<const uint2*>(p);
-    return make_float4(io::load((io::t)(u.x & 0xffffu)), io::load((io::t)(u.x >> 16)),
-                       io::load((io::t)(u.y & 0xffffu)), io::load((io::t)(u.y >> 16)));
-#endif
-}
-
 // 1. Block (chunk b): a thread per key column (q A forward, k D backward), then per value column
 extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_pack(GDA_CHUNK_BWD_PARAMS)
 {
@@ -170,11 +147,18 @@ extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_pack(GDA_CHUNK_B
             d *= gv;
         }
     }
-    for (int j = threadIdx.x; j < V_DIM; j += NTP)      // v, do: the guard only (the GEMMs
-        #pragma unroll 8                                //   read them where they are)
-        for (int t = 0; t < ch.rows; ++t) {
-            const long long e = ch.at(t, V_DIM, j);
-            ok &= gda_bwd_in(io::load(v[e]), GDA_BWD_VAL_MAX) & gda_bwd_in(io::load(d_o[e]), GDA_BWD_VAL_MAX);
+    for (int j = threadIdx.x; j < V_DIM; j += NTP)
+        #pragma unroll 8
+        for (int t = 0; t < BT; ++t) {
+            float vv = 0.f, dov = 0.f;
+            if (t < ch.rows) {
+                const long long e = ch.at(t, V_DIM, j);
+                vv = io::load(v[e]);
+                dov = io::load(d_o[e]);
+                ok &= gda_bwd_in(vv, GDA_BWD_VAL_MAX) & gda_bwd_in(dov, GDA_BWD_VAL_MAX);
+            }
+            vp[(b * BT + t) * V_DIM + j] = vv;
+            dp[(b * BT + t) * V_DIM + j] = dov;
         }
     if (!ok) *flag = 1;
 }
@@ -231,19 +215,8 @@ struct gda_operand {
         return make_float4(on && c < COLS ? p[0] : 0.f, on && c + 1 < COLS ? p[1] : 0.f,
                            on && c + 2 < COLS ? p[2] : 0.f, on && c + 3 < COLS ? p[3] : 0.f);
     }
-    __device__ __forceinline__ static float4 ld4(const gda_in_rows& src, int r, int c) {
-        static_assert(COLS == V_DIM, "inputs of V columns");
-        const io::t* p = src.p + (long long)r * src.H * V_DIM + c;
-        const bool on = r < src.rows;
-        if (COLS % 4 == 0)
-            return on && c < COLS ? gda_load4(p) : make_float4(0.f, 0.f, 0.f, 0.f);
-        return make_float4(on && c < COLS ? io::load(p[0]) : 0.f, on && c + 1 < COLS ? io::load(p[1]) : 0.f,
-                           on && c + 2 < COLS ? io::load(p[2]) : 0.f, on && c + 3 < COLS ? io::load(p[3]) : 0.f);
-    }
-    // the stage of outer indices mn0.., inner k0.. into registers (0 outside the matrix); src: a
-    // float32 matrix (a pointer) or an input's chunk rows (gda_in_rows)
-    template <typename S>
-    __device__ __forceinline__ void load(const S& src, int mn0, int k0) {
+    // the stage of outer indices mn0.., inner k0.. into registers (0 outside the matrix)
+    __device__ __forceinline__ void load(const float* src, int mn0, int k0) {
         #pragma unroll
         for (int l = 0; l < NL; ++l) {
             if (KROWS) {
@@ -300,15 +273,15 @@ struct gda_gemm_ops {                                   // gda_gemm's operand ty
 };
 
 // gda_gemm with the first stage of its operands already in A and B; while its last stage is
-// multiplied, the first of the next product's (where next: an, bn, the same shapes, the same
-// tile) is loaded into them, so a chain of products (the scan's chunks) does not wait on its loads
-template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false,
-          typename SA = const float*, typename SB = const float*>
+// multiplied, the first of the next product's (an, bn: the same shapes, the same tile; none
+// where an is null) is loaded into them, so a chain of products (the scan's chunks) does not
+// wait on its loads
+template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false>
 __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4],
                                                typename gda_gemm_ops<M, N, KK, TA, TB, XA, XB>::A& A,
                                                typename gda_gemm_ops<M, N, KK, TA, TB, XA, XB>::B& B,
-                                               const SA& a, const SB& b, float alpha, int m0, int n0,
-                                               unsigned* sm, bool next, const SA& an, const SB& bn)
+                                               const float* a, const float* b, float alpha, int m0,
+                                               int n0, unsigned* sm, const float* an, const float* bn)
 {
     typedef typename gda_gemm_ops<M, N, KK, TA, TB, XA, XB>::A opa;
     typedef typename gda_gemm_ops<M, N, KK, TA, TB, XA, XB>::B opb;
@@ -325,7 +298,7 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4],
         if (k0 + GK < KK) {
             A.load(a, m0, k0 + GK);
             B.load(b, n0, k0 + GK);
-        } else if (next) {
+        } else if (an) {
             A.load(an, m0, 0);
             B.load(bn, n0, 0);
         }
@@ -372,18 +345,16 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4],
 // acc (the thread's part of the block's tile at rows m0.., columns n0..) += op(A) op(B): op(A)
 // M x KK (A stored KK x M where TA), op(B) KK x N (stored N x KK where TB), alpha scaling A
 // (1 where XA); XA, XB: the operand is exact in bfloat16, one term (the products with its other
-// terms, 0, left out). a, b: float32 matrices (pointers) or an input's chunk rows (gda_in_rows).
-// sm: GDA_GEMM_SMEM bytes. Every thread of the block calls it.
-template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false, typename SA,
-          typename SB>
-__device__ __forceinline__ void gda_gemm(float (&acc)[2][4][4], const SA& a, const SB& b,
+// terms, 0, left out). sm: GDA_GEMM_SMEM bytes. Every thread of the block calls it.
+template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false>
+__device__ __forceinline__ void gda_gemm(float (&acc)[2][4][4], const float* a, const float* b,
                                          float alpha, int m0, int n0, unsigned* sm)
 {
     typename gda_gemm_ops<M, N, KK, TA, TB, XA, XB>::A A;
     typename gda_gemm_ops<M, N, KK, TA, TB, XA, XB>::B B;
     A.load(a, m0, 0);
     B.load(b, n0, 0);
-    gda_gemm_chain<M, N, KK, TA, TB, XA, XB>(acc, A, B, a, b, alpha, m0, n0, sm, false, a, b);
+    gda_gemm_chain<M, N, KK, TA, TB, XA, XB>(acc, A, B, a, b, alpha, m0, n0, sm, nullptr, nullptr);
 }
 
 // put(row, col, x0, x1) of the block's tile at rows m0.., columns n0.. (elements (row, col) and
@@ -456,7 +427,7 @@ __device__ __forceinline__ void gda_gemm_rows(float (&x)[2][2], const float* r, 
         for (int h = 0; h < 2; ++h) x[i][h] = row + 16 * i + 8 * h < M ? r[row + 16 * i + 8 * h] : 0.f;
 }
 
-#define GDA_VX (IO_DTYPE == 2)                          // v, do exact in bfloat16
+#define GDA_VX (IO_DTYPE == 2)                          // v, do (vp, dp) exact in bfloat16
 
 #define GDA_TILES(n) (((n) + GN - 1) / GN)              // tiles of GN over n columns (GM rows)
 #define ES_PARTS (SCAN ? GDA_TILES(V_DIM) : 1)          // parts of rowsum(E (.) S0) in es
@@ -472,7 +443,7 @@ extern "C" __global__ void __launch_bounds__(NTG) gda_chunk_bwd_local(GDA_CHUNK_
     const int m0 = tile / TN * GM, n0 = tile % TN * GN;
     float acc[2][4][4] = {};
     gda_gemm<K_DIM, V_DIM, BT, true, false, false, GDA_VX>(acc, (z ? qa : kd) + b * BT * K_DIM,
-                                                          GDA_ROWS(z ? d_o : v, b), z ? scale : 1.f, m0, n0, b_op);
+                                            (z ? dp : vp) + b * BT * V_DIM, z ? scale : 1.f, m0, n0, b_op);
     gda_gemm_store<K_DIM, V_DIM>((z ? et : st) + b * K_DIM * V_DIM, acc, m0, n0);
 }
 
@@ -655,12 +626,12 @@ extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_scan(GDA_CHUN
         typename ops::A A;                              // the next product's first stage
         typename ops::B B;
         A.load(kd + (nh * NC + j0) * BT * K_DIM, m0, 0);
-        B.load(GDA_ROWS(v, nh * NC + j0), n0, 0);
+        B.load(vp + (nh * NC + j0) * BT * V_DIM, n0, 0);
         for (int c = j0; c < j1; ++c) {                 // forward: S0 of each chunk
             const long long b = nh * NC + c;
             const bool more = c + 1 < j1;               // (then the backward's first, the last)
             const float* an = more ? kd + (b + 1) * BT * K_DIM : qa + b * BT * K_DIM;
-            const gda_in_rows bn = more ? GDA_ROWS(v, b + 1) : GDA_ROWS(d_o, b);
+            const float* bn = more ? vp + (b + 1) * BT * V_DIM : dp + b * BT * V_DIM;
             gda_gemm_rows<K_DIM>(a, ae + b * K_DIM, m0);
             gda_gemm_store<K_DIM, V_DIM>(st + b * K_DIM * V_DIM, x, m0, n0);
             #pragma unroll
@@ -673,8 +644,7 @@ extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_scan(GDA_CHUN
                         x[i][j][r] *= a[i][r / 2];
                     }
             gda_gemm_chain<K_DIM, V_DIM, BT, true, false, false, GDA_VX>(
-                x, A, B, static_cast<const float*>(kd + b * BT * K_DIM), GDA_ROWS(v, b), 1.f, m0, n0, b_op,
-                true, an, bn);
+                x, A, B, kd + b * BT * K_DIM, vp + b * BT * V_DIM, 1.f, m0, n0, b_op, an, bn);
         }
         gda_gemm_get<K_DIM, V_DIM>(x, dht ? dht + srow * V_DIM : nullptr, m0, n0);
         for (int c = j1 - 1; c >= j0; --c) {            // backward: E of each chunk, from the last
@@ -709,8 +679,8 @@ extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_scan(GDA_CHUN
                 es[((long long)n0 / GN * NH * NC + b) * K_DIM + row] = b_red[0][threadIdx.x] + b_red[1][threadIdx.x];
             const bool more = c > j0;
             gda_gemm_chain<K_DIM, V_DIM, BT, true, false, false, GDA_VX>(
-                x, A, B, qa + b * BT * K_DIM, GDA_ROWS(d_o, b), scale, m0, n0, b_op, more,
-                qa + (more ? b - 1 : b) * BT * K_DIM, GDA_ROWS(d_o, more ? b - 1 : b));
+                x, A, B, qa + b * BT * K_DIM, dp + b * BT * V_DIM, scale, m0, n0, b_op,
+                more ? qa + (b - 1) * BT * K_DIM : nullptr, more ? dp + (b - 1) * BT * V_DIM : nullptr);
         }
         if (dh0)
             gda_gemm_store<K_DIM, V_DIM>(dh0 + srow * V_DIM, x, m0, n0);
@@ -731,7 +701,7 @@ extern "C" __global__ void __launch_bounds__(NTG, V_DIM % GK ? 2 : 3) gda_chunk_
     const int z = blockIdx.x / TILES % 3, n0 = blockIdx.x % TILES * GN;
     GDA_CHUNK;
     if (ch.rows == 0) return;                           // (no row to take a gradient: see scan)
-    const gda_in_rows rv{v, ch}, rd{d_o, ch};
+    const float *rv = vp + b * BT * V_DIM, *rd = dp + b * BT * V_DIM;
     float acc[2][4][4] = {};
     if (z == 0) {
         if (n0 >= BT) return;                           // (the whole block)
@@ -906,7 +876,7 @@ extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_dv(GDA_CHUNK_
     if (ch.rows == 0) return;
     float acc[2][4][4] = {};
     gda_gemm<BT, V_DIM, K_DIM, false, false>(acc, kd + b * BT * K_DIM, et + b * K_DIM * V_DIM, 1.f, 0, n0, b_op);
-    gda_gemm<BT, V_DIM, BT, false, false, false, GDA_VX>(acc, ww + b * BT * BT, gda_in_rows{d_o, ch}, scale, 0, n0, b_op);
+    gda_gemm<BT, V_DIM, BT, false, false, false, GDA_VX>(acc, ww + b * BT * BT, dp + b * BT * V_DIM, scale, 0, n0, b_op);
     gda_gemm_put<BT>(acc, 0, n0, [=](int t, int j, float x0, float x1) {
         if (t < ch.rows) {
             if (j < V_DIM) dv[ch.at(t, V_DIM, j)] = io::store(x0);

@@ -604,7 +604,7 @@ def test_chunk_backward_workspace_sizes(varlen):
     assert chunk_bwd.chunks(p, 32, varlen) == ((3, 9) if varlen else (6, 4))
     assert ws["st"] == ws["et"] == NB * 5 * 7 and ws["mm"] == ws["ww"] == NB * 32 * 32
     assert ws["qa"] == ws["kd"] == ws["ev"] == NB * 32 * 5 and ws["ar"] == 2 * NB * 32 * 5
-    assert ws["ae"] == ws["es"] == NB * 5 and "vp" not in ws and "dp" not in ws
+    assert ws["vp"] == ws["dp"] == NB * 32 * 7 and ws["ae"] == ws["es"] == NB * 5
 
 
 @pytest.mark.parametrize("lens", [(100,), (0, 5, 0, 95), (31, 33, 1, 35), (64, 0, 36)])
