@@ -24,7 +24,8 @@ from cupy_gda._launch import (CHUNK_BACKWARD, DTYPE_CODE, Family, Launch, addres
                               np_dtype)
 
 ENTRIES = ("gda_chunk_bwd_pack", "gda_chunk_bwd_local", "gda_chunk_bwd_states",
-           "gda_chunk_bwd_scan", "gda_chunk_bwd_rows", "gda_chunk_bwd_scores", "gda_chunk_bwd_intra", "gda_chunk_bwd_dv")
+           "gda_chunk_bwd_scan", "gda_chunk_bwd_rows", "gda_chunk_bwd_scores",
+           "gda_chunk_bwd_intra", "gda_chunk_bwd_dv")
 FAMILY = Family("gda_chunk_bwd", ("common.cuh", "mma.cuh"), {e: CHUNK_BACKWARD for e in ENTRIES})
 
 CHUNKS_64 = 1024         # chunks of 64 steps from which config picks them

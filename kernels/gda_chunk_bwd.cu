@@ -198,7 +198,8 @@ __device__ __forceinline__ void gda_split3(float x0, float x1, unsigned& h, unsi
 }
 
 // An operand: a row-major ROWS x COLS matrix, its inner (k) index along the rows where KROWS
-// (else along the columns); X: exact in bfloat16 (v and do of bfloat16 inputs), one term. A stage (GK inner steps of 64 outer ones) is loaded into registers,
+// (else along the columns); X: exact in bfloat16 (v and do of bfloat16 inputs), one term. A
+// stage (GK inner steps of 64 outer ones) is loaded into registers,
 // NL loads of 4 floats a thread (KROWS: two rows of the same 4 columns at a time; else 4 inner
 // steps of one row), and split into three terms of words of two consecutive inner steps
 // ([GK / 2][64 + 8] or [64][GK / 2 + 4]: the fragments' reads are free of bank conflicts).
@@ -676,11 +677,13 @@ extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_scan(GDA_CHUN
             __syncthreads();                            // (b_red's next writes are past the
             const int row = m0 + threadIdx.x;           //  GEMM's barriers)
             if (threadIdx.x < GM && row < K_DIM)
-                es[((long long)n0 / GN * NH * NC + b) * K_DIM + row] = b_red[0][threadIdx.x] + b_red[1][threadIdx.x];
+                es[((long long)n0 / GN * NH * NC + b) * K_DIM + row] =
+                    b_red[0][threadIdx.x] + b_red[1][threadIdx.x];
             const bool more = c > j0;
             gda_gemm_chain<K_DIM, V_DIM, BT, true, false, false, GDA_VX>(
                 x, A, B, qa + b * BT * K_DIM, dp + b * BT * V_DIM, scale, m0, n0, b_op,
-                more ? qa + (b - 1) * BT * K_DIM : nullptr, more ? dp + (b - 1) * BT * V_DIM : nullptr);
+                more ? qa + (b - 1) * BT * K_DIM : nullptr,
+                more ? dp + (b - 1) * BT * V_DIM : nullptr);
         }
         if (dh0)
             gda_gemm_store<K_DIM, V_DIM>(dh0 + srow * V_DIM, x, m0, n0);
@@ -693,7 +696,8 @@ extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_scan(GDA_CHUN
 // (3 blocks an SM, 168 registers: at big128 fp32 2 blocks took 1.17x the time; but where V is
 // not a multiple of GK, 168 registers spilled, and with no bound ptxas took 72 and spilled at
 // K = V = 24 bf16 sm_90)
-extern "C" __global__ void __launch_bounds__(NTG, V_DIM % GK ? 2 : 3) gda_chunk_bwd_rows(GDA_CHUNK_BWD_PARAMS)
+extern "C" __global__ void __launch_bounds__(NTG, V_DIM % GK ? 2 : 3)
+gda_chunk_bwd_rows(GDA_CHUNK_BWD_PARAMS)
 {
     __shared__ __align__(16) unsigned b_op[GDA_GEMM_SMEM / 4];
     constexpr int TILES = GDA_TILES(K_DIM);
@@ -705,12 +709,15 @@ extern "C" __global__ void __launch_bounds__(NTG, V_DIM % GK ? 2 : 3) gda_chunk_
     float acc[2][4][4] = {};
     if (z == 0) {
         if (n0 >= BT) return;                           // (the whole block)
-        gda_gemm<BT, BT, V_DIM, false, true, GDA_VX, GDA_VX>(acc, rv, rd, GDA_VX ? 1.f : scale, 0, n0, b_op);
+        gda_gemm<BT, BT, V_DIM, false, true, GDA_VX, GDA_VX>(acc, rv, rd, GDA_VX ? 1.f : scale, 0, n0,
+                                                             b_op);
         gda_gemm_store<BT, BT>(mm + b * BT * BT, acc, 0, n0, GDA_VX ? scale : 1.f);
     } else {
-        gda_gemm<BT, K_DIM, V_DIM, false, true, GDA_VX>(acc, z == 1 ? rd : rv, (z == 1 ? st : et) + b * K_DIM * V_DIM,
+        gda_gemm<BT, K_DIM, V_DIM, false, true, GDA_VX>(acc, z == 1 ? rd : rv,
+                                                        (z == 1 ? st : et) + b * K_DIM * V_DIM,
                                                         GDA_VX || z == 2 ? 1.f : scale, 0, n0, b_op);
-        gda_gemm_store<BT, K_DIM>((z == 1 ? sd : ev) + b * BT * K_DIM, acc, 0, n0, GDA_VX && z == 1 ? scale : 1.f);
+        gda_gemm_store<BT, K_DIM>((z == 1 ? sd : ev) + b * BT * K_DIM, acc, 0, n0,
+                                  GDA_VX && z == 1 ? scale : 1.f);
     }
 }
 
@@ -876,7 +883,8 @@ extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_dv(GDA_CHUNK_
     if (ch.rows == 0) return;
     float acc[2][4][4] = {};
     gda_gemm<BT, V_DIM, K_DIM, false, false>(acc, kd + b * BT * K_DIM, et + b * K_DIM * V_DIM, 1.f, 0, n0, b_op);
-    gda_gemm<BT, V_DIM, BT, false, false, false, GDA_VX>(acc, ww + b * BT * BT, dp + b * BT * V_DIM, scale, 0, n0, b_op);
+    gda_gemm<BT, V_DIM, BT, false, false, false, GDA_VX>(acc, ww + b * BT * BT, dp + b * BT * V_DIM,
+                                                         scale, 0, n0, b_op);
     gda_gemm_put<BT>(acc, 0, n0, [=](int t, int j, float x0, float x1) {
         if (t < ch.rows) {
             if (j < V_DIM) dv[ch.at(t, V_DIM, j)] = io::store(x0);

@@ -1,14 +1,14 @@
-"""gda_chunk_bwd by stage, on the device, beside the reverse loop (docs/perf-notes.md v19, v20).
+"""gda_chunk_bwd by stage, on the device, beside the reverse loop (docs/perf-notes.md v19-v21).
 
     python -m scripts.profile_chunk_bwd [NAMES] [--stages]
         NAMES: comma-separated names of SHAPES (all by default), on the benchmark's inputs. A
         line a shape: the median device ms (as the benchmark times a call) of the forward, of the
         backward by the reverse loop and by the chunked form at its chunk length, at the other one
-        (32 <-> 64) and with the boundary scan the other way (SCAN), the chunked form's workspace, the
-        guard's flag, and each gradient's largest difference between the two methods relative
-        to its largest element (and between the two ways of the scan). --stages: then each launch
-        of the chunked backward, both ways of the scan, its median ms over 3 calls (CUDA events
-        around it).
+        (32 <-> 64) and with the boundary scan the other way (SCAN), the chunked form's
+        workspace, the guard's flag, and each gradient's largest difference between the two
+        methods relative to its largest element (and between the two ways of the scan).
+        --stages: then each launch of the chunked backward, both ways of the scan, its median ms
+        over 3 calls (CUDA events around it).
     python -m scripts.profile_chunk_bwd --varlen
         the packed batches of VARLEN instead (cu_seqlens, initial states): chunk against loop.
 """
@@ -114,7 +114,8 @@ def shape_line(name, stages):
           f"{differences(backward('chunk'), flip(q, k, v, g, do, 1.0, None, None))}", flush=True)
     if stages:
         for what, call in ((f"scan {int(plan.cfg.SCAN)}", lambda: backward("chunk")),
-                           (f"scan {int(flip.cfg.SCAN)}", lambda: flip(q, k, v, g, do, 1.0, None, None))):
+                           (f"scan {int(flip.cfg.SCAN)}",
+                            lambda: flip(q, k, v, g, do, 1.0, None, None))):
             for entry, ms in stage_times(call).items():
                 print(f"    {what}  {entry:40s} {ms:8.3f} ms")
 

@@ -554,7 +554,8 @@ def test_gpu_inputs_off_a_16_byte_boundary(dtype):
     import cupy
     B, T, H, K, V = 2, 130, 2, 64, 64
     args = _verify.make_inputs(_verify.Case(B, T, H, K, V, dtype=dtype, init=False), 0, cupy)
-    do = cupy.asarray(np.random.default_rng(1).standard_normal((B, T, H, V)), np.float32).astype(dtype)
+    do = cupy.asarray(np.random.default_rng(1).standard_normal((B, T, H, V)), np.float32)
+    do = do.astype(dtype)
 
     def shifted(x):                         # the same values at one element past the start
         y = cupy.empty(x.size + 8, x.dtype)[1:1 + x.size].reshape(x.shape)
