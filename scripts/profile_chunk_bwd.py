@@ -104,18 +104,20 @@ def shape_line(name, stages):
     plan = chunk_bwd.plan(p)
     _, flag = plan.run(q, k, v, g, do, 1.0, None, None, fallback=False)
     other = chunk_bwd.BackwardPlan(p, cfg=plan.cfg._replace(BT=96 - plan.cfg.BT))
-    alt = median_ms(lambda: other(q, k, v, g, do, 1.0, None, None), n)
     flip = chunk_bwd.BackwardPlan(p, cfg=plan.cfg._replace(SCAN=not plan.cfg.SCAN))
-    fl = median_ms(lambda: flip(q, k, v, g, do, 1.0, None, None), n)
+
+    def by(pl):                                             # the backward by another plan
+        return pl(q, k, v, g, do, 1.0, None, None)
+
+    alt, fl = (median_ms(lambda: by(pl), n) for pl in (other, flip))
     print(f"{name:13s} fwd {fwd:8.3f}  bwd rec {rec:8.3f}  chunk {chk:8.3f} (BT{other.cfg.BT} "
           f"{alt:8.3f}, scan {int(flip.cfg.SCAN)} {fl:8.3f}) ms  fwd+bwd(chunk) {fwd + chk:8.3f}  "
           f"ws {plan.ws_floats * 4 / 2**20:.0f} MiB  flag {int(flag[0])}  "
           f"{differences(backward('recurrent'), backward('chunk'))}  scan {int(flip.cfg.SCAN)}: "
-          f"{differences(backward('chunk'), flip(q, k, v, g, do, 1.0, None, None))}", flush=True)
+          f"{differences(backward('chunk'), by(flip))}", flush=True)
     if stages:
         for what, call in ((f"scan {int(plan.cfg.SCAN)}", lambda: backward("chunk")),
-                           (f"scan {int(flip.cfg.SCAN)}",
-                            lambda: flip(q, k, v, g, do, 1.0, None, None))):
+                           (f"scan {int(flip.cfg.SCAN)}", lambda: by(flip))):
             for entry, ms in stage_times(call).items():
                 print(f"    {what}  {entry:40s} {ms:8.3f} ms")
 

@@ -331,12 +331,14 @@ def _check_scan(view, plan, kd, qa, vp, dp, scale, h0, dht):
     u = 2.0 ** -24 * (C + 16)
     for nh, h in enumerate(h0.reshape(-1, K, V)):
         chunks = range(nh * NC, (nh + 1) * NC)
-        s, m = h.astype(np.float64), np.abs(h.astype(np.float64))
+        s = h.astype(np.float64)
+        m = np.abs(s)
         for n, b in enumerate(chunks):                   # S0 forward
             assert (np.abs(s0[b] - s) <= u * n * m + 1e-300).all(), ("S0", b)
             s = ae[b][:, None] * s + kd[b].T @ vp[b]
             m = np.abs(ae[b])[:, None] * m + np.abs(kd[b]).T @ np.abs(vp[b])
-        e_, m = dht.reshape(-1, K, V)[nh].astype(np.float64), np.abs(dht.reshape(-1, K, V)[nh])
+        e_ = dht.reshape(-1, K, V)[nh].astype(np.float64)
+        m = np.abs(e_)
         for n, b in enumerate(reversed(chunks)):         # E backward
             assert (np.abs(e[b] - e_) <= u * n * m + 1e-300).all(), ("E", b)
             e_ = ae[b][:, None] * e_ + scale * qa[b].T @ dp[b]
