@@ -32,6 +32,7 @@ CHUNKS_64 = 1024         # chunks of 64 steps from which config picks them
 SCAN_FROM = 256          # state tiles (sequence-heads x GT x GT tiles of K x V) from which the
                          # boundary scan runs as one kernel (config)
 NTP = 128                # the kernel's threads of pack and states
+NTS = 128                # and of scores
 NTG, GT = 128, 64        # the GEMM entries' threads and output tile (GT x GT)
 ALIGN = 64               # floats: each workspace starts 256-byte aligned (the GEMMs load float4)
 
@@ -43,12 +44,12 @@ class Config(NamedTuple):
 
 
 def config(p, varlen=False):
-    """Chunks of 64 steps where K >= 128 and there are at least CHUNKS_64 of them (the chunk
+    """Chunks of 64 steps where K >= 64 and there are at least CHUNKS_64 of them (the chunk
     states and local-state GEMMs shrink with BT); else of 32 (the work inside a chunk, O(BT^2 K),
-    shrinks, and more chunks fill the GPU): measured in docs/perf-notes.md, v19. The fused
+    shrinks, and more chunks fill the GPU): measured in docs/perf-notes.md, v19 and v22. The fused
     boundary scan where its blocks, one a state tile running every chunk in turn, number at
     least SCAN_FROM (fewer, each runs a long chain: v21)."""
-    bt = 64 if p.K >= 128 and p.H * -(-p.B * p.T // 64) >= CHUNKS_64 else 32
+    bt = 64 if p.K >= 64 and p.H * -(-p.B * p.T // 64) >= CHUNKS_64 else 32
     scan = chunks(p, bt, varlen)[0] * tiles(p.K) * tiles(p.V) >= SCAN_FROM
     return Config(bt, 32 if p.K <= 32 else 64, scan)
 
@@ -126,7 +127,7 @@ class BackwardPlan:
         # (stage number, launch), in order: run(stages=n) stops after stage n
         self.stages = [(1, launch("gda_chunk_bwd_pack", NB, NTP))] + boundary + [
             (4, launch("gda_chunk_bwd_rows", NB * 3 * tiles(K), NTG)),
-            (5, launch("gda_chunk_bwd_scores", NB, C)),
+            (5, launch("gda_chunk_bwd_scores", NB, NTS)),
             (6, launch("gda_chunk_bwd_intra", NB * n_kt, self.cfg.KT)),
             (7, launch("gda_chunk_bwd_dv", NB * tiles(V), NTG))]
         self.sizes = workspace(p, self.cfg, varlen)

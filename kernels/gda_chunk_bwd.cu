@@ -28,7 +28,9 @@
 //   2-3. gda_chunk_bwd_scan: (SCAN) the two as one, a block a tile of the state: the local states
 //                            stay in registers.
 //   4. gda_chunk_bwd_rows:   M, scale do S0^T, v E^T (GEMMs).
-//   5. gda_chunk_bwd_scores: W of each chunk, a thread per column u.
+//   5. gda_chunk_bwd_scores: W of each chunk: its 16-step blocks before the diagonal on the
+//                            tensor cores (keys anchored at each block), the diagonal blocks
+//                            a thread per column u.
 //   6. gda_chunk_bwd_intra:  dq, dk, dg of each chunk, a thread per key column, the steps in
 //                            reverse (X_t in registers, the chunk's k and g in shared memory).
 //   7. gda_chunk_bwd_dv:     dv = (k D) E + scale W do (GEMMs), into [B, T, H, V].
@@ -59,7 +61,7 @@ static_assert(KT % 32 == 0 && KT <= 256, "KT: a multiple of 32, at most 256");
 #define GDA_BWD_GATE_MAX 1.09050773f    //   |g| at most 2^(1/8),
 #define GDA_BWD_STATE_MAX 0x1p40f       //   |S0|, |E| at most this
 #define NTP 128                         // threads of pack and states
-#define NTS BT                          // threads of scores (one a column u)
+#define NTS 128                         // threads of scores
 
 #define GDA_CHUNK_BWD_PARAMS                                                                       \
     const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t* __restrict__ v,       \
@@ -721,23 +723,46 @@ gda_chunk_bwd_rows(GDA_CHUNK_BWD_PARAMS)
     }
 }
 
-#define KI 32                                           // key columns a step of scores
+#define KI 16                                           // key columns a step of scores
+#define NBK (BT / 16)                                   // 16-step blocks a chunk
+#define KW (KI / 2 + 4)                                 // words a row of a split operand (padded:
+                                                        //   the fragments' reads are free of
+                                                        //   bank conflicts)
+#define KAR (8 * NBK * (NBK - 1))                       // rows of the anchored keys (16 tau each)
+#define NTILE (NBK * (NBK - 1))                         // the tensor cores' 16 x 8 tiles of W
+#define DP (BT <= 16 ? 8 : BT <= 32 ? 4 : 2)            // threads a column u of the diagonal
+static_assert(KI % DP == 0 && DP * BT <= NTS, "the diagonal's threads");
 
-// 5. Block (chunk b), thread u: W[b][s][u] = sum_i k_s[i] P(s+1..u)[i] q_u[i] for s <= u, 0 below
-// (the running product p = P(s+1..u) from s = u down; 0 above u, so those terms add nothing).
-extern "C" __global__ void __launch_bounds__(NTS) gda_chunk_bwd_scores(GDA_CHUNK_BWD_PARAMS)
+// 5. Block (chunk b): W[b][s][u] = sum_i k_s[i] P(s+1..u)[i] q_u[i] for s <= u, 0 below, in
+// 16-step blocks. s in a block sigma before u's block tau: P(s+1..u) = P(s+1..16 tau - 1)
+// P(16 tau..u), so the tile is (keys anchored at tau) (q P(16 tau..u))^T, on the tensor cores
+// (split operands, exact to float32; the anchored keys are k_s P(s+1..end of sigma) times the
+// whole blocks between: products, never quotients). s and u in one block: thread (u, part),
+// part one of DP of a step's key columns, the running product from s = u down (0 above u, so
+// those terms add nothing). The key columns in steps of KI.
+extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CHUNK_BWD_PARAMS)
 {
-    __shared__ float2 b_kg[KI][BT + 1];                 // (k, g) of KI key columns (padded:
-                                                        //   its stores are by key column)
+    __shared__ float2 b_kg[KI][BT + 1];                 // (k, g) by key column (padded: its
+                                                        //   stores are by key column)
     __shared__ float b_q[BT][KI + 1];
+    __shared__ float b_sp[BT][KI + 1];                  // P(s+1..end of s's block)
+    __shared__ float b_pr[BT][KI + 1];                  // P(start of u's block..u)
+    __shared__ float b_gb[NBK][KI];                     // P(the whole block)
+    __shared__ unsigned b_ka[3][KAR > 0 ? KAR : 1][KW]; // anchored keys, tau = 1.. from row
+                                                        //   8 tau (tau - 1), terms h, m, l
+    __shared__ unsigned b_qa[3][BT > 16 ? BT - 16 : 1][KW];  // q P(16 tau..u), row u - 16
     const long long b = blockIdx.x;
     GDA_CHUNK;
-    const int u = threadIdx.x;
-    float w[BT];
+    if (ch.rows == 0) return;                           // (dv skips the chunk too)
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4, t4 = lane % 4;
+    const int u = threadIdx.x / DP, part = threadIdx.x % DP;  // the diagonal blocks' thread
+    float wd[16];                                       // W[16 (u / 16) + ss][u]: this part's
     #pragma unroll
-    for (int s = 0; s < BT; ++s) w[s] = 0.f;
+    for (int ss = 0; ss < 16; ++ss) wd[ss] = 0.f;
+    float acc[NTILE > 0 ? (NTILE + 3) / 4 : 1][4] = {};  // tiles warp, warp + 4, ... (below)
     for (int i0 = 0; i0 < K_DIM; i0 += KI) {
         __syncthreads();                                // the last step's reads are done
+        #pragma unroll
         for (int x = threadIdx.x; x < KI * BT; x += NTS) {
             const int t = x / KI, ii = x % KI, i = i0 + ii;
             float kv = 0.f, gv = 1.f, qv = 0.f;
@@ -751,36 +776,133 @@ extern "C" __global__ void __launch_bounds__(NTS) gda_chunk_bwd_scores(GDA_CHUNK
             b_q[t][ii] = qv;
         }
         __syncthreads();
-        const int u_last = u | 31;                      // the warp's last column: no s above it
-        #pragma unroll 2
-        for (int ii = 0; ii < KI; ++ii) {
-            const float qu = b_q[u][ii];
-            float p = 0.f;
+        if (threadIdx.x < KI * NBK) {                   // thread (column, block): its products
+            const int ii = threadIdx.x % KI, s0 = threadIdx.x / KI * 16;
+            float p = 1.f;
             #pragma unroll
-            for (int sb = BT / 16 - 1; sb >= 0; --sb) {
-                if (sb * 16 <= u_last) {
+            for (int ss = 15; ss >= 0; --ss) {
+                b_sp[s0 + ss][ii] = p;
+                p *= b_kg[ii][s0 + ss].y;
+            }
+            b_gb[s0 / 16][ii] = p;
+            p = 1.f;
+            #pragma unroll
+            for (int ss = 0; ss < 16; ++ss) {
+                p *= b_kg[ii][s0 + ss].y;
+                b_pr[s0 + ss][ii] = p;
+            }
+        }
+        __syncthreads();
+        // the split operands, item (step t, pair of columns): the keys anchored at every block
+        // after t's, and q P(start of t's block..t)
+        #pragma unroll
+        for (int x = threadIdx.x; x < BT * KI / 2; x += NTS) {
+            const int t = x / (KI / 2), ip = x % (KI / 2), ii = 2 * ip, blk = t / 16;
+            float k0 = b_kg[ii][t].x * b_sp[t][ii], k1 = b_kg[ii + 1][t].x * b_sp[t][ii + 1];
+            #pragma unroll
+            for (int tau = 1; tau < NBK; ++tau) {
+                if (tau > blk) {
+                    const int row = 8 * tau * (tau - 1) + t;
+                    unsigned h, m, l;
+                    gda_split3<false>(k0, k1, h, m, l);
+                    b_ka[0][row][ip] = h;
+                    b_ka[1][row][ip] = m;
+                    b_ka[2][row][ip] = l;
+                    k0 *= b_gb[tau][ii];
+                    k1 *= b_gb[tau][ii + 1];
+                }
+            }
+            if (blk > 0) {
+                unsigned h, m, l;
+                gda_split3<false>(b_q[t][ii] * b_pr[t][ii], b_q[t][ii + 1] * b_pr[t][ii + 1], h, m, l);
+                b_qa[0][t - 16][ip] = h;
+                b_qa[1][t - 16][ip] = m;
+                b_qa[2][t - 16][ip] = l;
+            }
+        }
+        __syncthreads();
+        // the tiles (tau, sigma < tau, 8 columns jn) in order, tile n to warp n % 4: one
+        // m16n8k16 k-step, A's terms l, m, h each with B's down to 2^-16 of the product
+        int tile = 0;
+        #pragma unroll
+        for (int tau = 1; tau < NBK; ++tau)
+            #pragma unroll
+            for (int sg = 0; sg < tau; ++sg)
+                #pragma unroll
+                for (int jn = 0; jn < 2; ++jn, ++tile) {
+                    if (tile % 4 != warp) continue;     // (the same in the whole warp)
+                    const int ra = 8 * tau * (tau - 1) + 16 * sg + g8, rb = 16 * (tau - 1) + 8 * jn + g8;
+                    unsigned fb[3][2];
                     #pragma unroll
-                    for (int s = sb * 16 + 15; s >= sb * 16; --s) {
-                        const float2 kg = b_kg[ii][s];
-                        p = s == u ? 1.f : p;
-                        w[s] = fmaf(kg.x * p, qu, w[s]);
-                        p *= kg.y;
+                    for (int e = 0; e < 3; ++e) {
+                        fb[e][0] = b_qa[e][rb][t4];
+                        fb[e][1] = b_qa[e][rb][t4 + 4];
                     }
+                    float d[4] = {};
+                    #pragma unroll
+                    for (int ea = 2; ea >= 0; --ea) {
+                        const unsigned fa[4] = {b_ka[ea][ra][t4], b_ka[ea][ra + 8][t4],
+                                                b_ka[ea][ra][t4 + 4], b_ka[ea][ra + 8][t4 + 4]};
+                        #pragma unroll
+                        for (int eb = 2 - ea; eb >= 0; --eb) gda_mma_bf16(d, fa, fb[eb]);
+                    }
+                    #pragma unroll
+                    for (int r = 0; r < 4; ++r) acc[tile / 4][r] += d[r];
+                }
+        // s and u in one block: this part's key columns
+        if (u < BT) {                                   // (the same in the whole warp)
+            const int s0 = u / 16 * 16;
+            #pragma unroll 2
+            for (int c = 0; c < KI / DP; ++c) {
+                const int ii = part * (KI / DP) + c;
+                const float qu = b_q[u][ii];
+                float p = 0.f;
+                #pragma unroll
+                for (int ss = 15; ss >= 0; --ss) {
+                    const float2 kg = b_kg[ii][s0 + ss];
+                    p = s0 + ss == u ? 1.f : p;
+                    wd[ss] = fmaf(kg.x * p, qu, wd[ss]);
+                    p *= kg.y;
                 }
             }
         }
     }
+    float* w = ww + b * BT * BT;
     #pragma unroll
-    for (int s = 0; s < BT; ++s) ww[(b * BT + s) * BT + u] = w[s];
+    for (int o = 1; o < DP; o *= 2)                     // the parts' sums, in every part
+        #pragma unroll
+        for (int ss = 0; ss < 16; ++ss) wd[ss] += __shfl_xor_sync(GDA_FULL_MASK, wd[ss], o);
+    if (u < BT)                                         // part p stores rows p, p + DP, ...
+        #pragma unroll
+        for (int ss = 0; ss < 16; ++ss)
+            if (ss % DP == part) w[(u / 16 * 16 + ss) * BT + u] = wd[ss];
+    int tile = 0;
+    #pragma unroll
+    for (int tau = 1; tau < NBK; ++tau)
+        #pragma unroll
+        for (int sg = 0; sg < tau; ++sg)
+            #pragma unroll
+            for (int jn = 0; jn < 2; ++jn, ++tile) {
+                if (tile % 4 != warp) continue;
+                const int s = 16 * sg + g8, uc = 16 * tau + 8 * jn + 2 * t4;
+                *reinterpret_cast<float2*>(w + s * BT + uc) = make_float2(acc[tile / 4][0], acc[tile / 4][1]);
+                *reinterpret_cast<float2*>(w + (s + 8) * BT + uc) = make_float2(acc[tile / 4][2], acc[tile / 4][3]);
+            }
+    for (int x = threadIdx.x; x < BT * BT; x += NTS)    // the blocks below the diagonal: 0
+        if (x / BT / 16 > x % BT / 16) w[x] = 0.f;
 }
 
 // 6. Block (chunk b, key tile kt), thread: key column i. Load: the chunk's k, g of the column into
-// shared memory, M into shared memory, and (Aex_t, R_t) forward into ar. Then t from the last
-// step down: X (over s <= t, registers) <- q_t M[s, t] + g_{t+1} X, and the sums over s < t with
-// weights P(s+1..t-1) k_s (a running product down from s = t - 1) give dq's and dg's terms.
+// shared memory, M into shared memory, and (Aex_t, R_t) forward into ar. Then the steps from the
+// last down, two at a time (ta = tb + 1; BT is even, so a pair lies inside one 16-step block):
+// X (over s, registers) <- q_ta M[s, ta] + g_{ta+1} X, then <- q_tb M[s, tb] + g_ta X, and the
+// sums over s < tb with weights P(s+1..tb-1) k_s (a running product down from s = tb - 1) give
+// dq's and dg's terms of both steps (ta's: its s = tb term, plus g_tb times the sum over s < tb).
+// The blocks of s below the pair's block need no comparison with the steps.
 extern "C" __global__ void __launch_bounds__(KT) gda_chunk_bwd_intra(GDA_CHUNK_BWD_PARAMS)
 {
-    __shared__ float b_m[BT][BT];
+    static_assert(BT % 2 == 0, "BT: even (the steps go in pairs)");
+    __shared__ float2 b_m[BT][BT / 2];                  // (M[s][2j], M[s][2j + 1]) at [s][j]
     __shared__ float2 b_kg[BT][KT];
     const long long b = blockIdx.x / ((K_DIM + KT - 1) / KT);
     const int i = (int)(blockIdx.x % ((K_DIM + KT - 1) / KT)) * KT + threadIdx.x;
@@ -788,8 +910,9 @@ extern "C" __global__ void __launch_bounds__(KT) gda_chunk_bwd_intra(GDA_CHUNK_B
     const bool col = i < K_DIM;
     GDA_CHUNK;
     if (ch.rows == 0) return;                           // (the whole block)
+    const float2* m2 = reinterpret_cast<const float2*>(mm + b * BT * BT);
     #pragma unroll 8
-    for (int x = threadIdx.x; x < BT * BT; x += KT) b_m[x / BT][x % BT] = mm[b * BT * BT + x];
+    for (int x = threadIdx.x; x < BT * BT / 2; x += KT) b_m[x / (BT / 2)][x % (BT / 2)] = m2[x];
     const long long w0 = b * BT * K_DIM + i;            // (t, i) of the [b][BT][K] workspaces
     #pragma unroll 8
     for (int t = 0; t < BT; ++t) {
@@ -821,44 +944,24 @@ extern "C" __global__ void __launch_bounds__(KT) gda_chunk_bwd_intra(GDA_CHUNK_B
     #pragma unroll
     for (int s = 0; s < BT; ++s) x[s] = 0.f;
     float dx = 1.f, f = 0.f, gnext = 1.f;               // D_t, F_t, g_{t+1}
-    // step t's values from global memory, loaded one step ahead
-    float qn = 0.f, sdn, evn;
-    float2 arn;
-    auto fetch = [&](int t) {
+    // a step's values from global memory, loaded one pair ahead ([0]: ta, [1]: tb); q as read
+    // (converted to float where used: a conversion right after the load would wait for it)
+    io::t qn[2];
+    float sdn[2], evn[2];
+    float2 arn[2];
+    auto fetch = [&](int t, int z) {
         const long long wt = w0 + (long long)t * K_DIM;
-        qn = t < ch.rows ? io::load(q[ch.at(t, K_DIM, i)]) : 0.f;
-        sdn = sd[wt];
-        evn = ev[wt];
-        arn = ar[wt];
+        qn[z] = t < ch.rows ? q[ch.at(t, K_DIM, i)] : io::t(0);
+        sdn[z] = sd[wt];
+        evn[z] = ev[wt];
+        arn[z] = ar[wt];
     };
-    fetch(BT - 1);
-    for (int t = BT - 1; t >= 0; --t) {
-        const float qt = qn, sdt = sdn, evt = evn, aex = arn.x, r = arn.y;
-        if (t > 0) fetch(t - 1);
-        const float2 kg = b_kg[t][ti];
+    // step t's gradients from its sums over s < t: aq (weights times M[s][t]) and t4 (times X_t)
+    auto finish = [&](int t, float qt, float sdt, float evt, float2 arv, float2 kg, float mtt,
+                      float xt, float aq, float t4) {
+        const float aex = arv.x, r = arv.y, gt_ = kg.y;
         f = fmaf(gnext, f, qt * sdt);
-        // X_t[s] for s <= t, and the sums over s < t weighted by P(s+1..t-1) k_s (p = 0 until
-        // s = t - 1, so s >= t adds nothing; X past t is never read again): 16 steps a block,
-        // whole blocks past t skipped (t is the same in the whole warp)
-        float xt = 0.f, t4 = 0.f, aq = 0.f, p = 0.f;
-        #pragma unroll
-        for (int sb = BT / 16 - 1; sb >= 0; --sb) {
-            if (sb * 16 <= t) {
-                #pragma unroll
-                for (int s = sb * 16 + 15; s >= sb * 16; --s) {
-                    const float m = b_m[s][t];
-                    const float2 ks = b_kg[s][ti];
-                    x[s] = fmaf(gnext, x[s], qt * m);
-                    xt = s == t ? x[s] : xt;
-                    const float wk = p * ks.x;
-                    t4 = fmaf(wk, x[s], t4);
-                    aq = fmaf(wk, m, aq);
-                    p = s == t ? 1.f : p * ks.y;
-                }
-            }
-        }
-        const float gt_ = kg.y;
-        const float dqt = fmaf(aex * gt_, sdt, fmaf(kg.x, b_m[t][t], gt_ * aq));
+        const float dqt = fmaf(aex * gt_, sdt, fmaf(kg.x, mtt, gt_ * aq));
         const float dkt = fmaf(dx, evt, xt);
         const float dgt = fmaf(aex * dx, esum, fmaf(dx, r, fmaf(aex, f, t4)));
         if (t < ch.rows) {
@@ -869,6 +972,64 @@ extern "C" __global__ void __launch_bounds__(KT) gda_chunk_bwd_intra(GDA_CHUNK_B
         }
         dx *= gt_;
         gnext = gt_;
+    };
+    fetch(BT - 1, 0);
+    fetch(BT - 2, 1);
+    for (int tb = BT - 2; tb >= 0; tb -= 2) {
+        const int ta = tb + 1, j = tb >> 1, blk = tb >> 4;
+        const float qa_ = io::load(qn[0]), sda = sdn[0], eva = evn[0];
+        const float qb_ = io::load(qn[1]), sdb = sdn[1], evb = evn[1];
+        const float2 ara = arn[0], arb = arn[1];
+        if (tb > 0) {
+            fetch(tb - 1, 0);
+            fetch(tb - 2, 1);
+        }
+        const float2 kga = b_kg[ta][ti], kgb = b_kg[tb][ti];
+        const float ga_next = gnext;                    // g_{ta+1}
+        // xa, xb: X_ta[ta], X_tb[tb]; xab: X_ta[tb]; the sums over s < tb (p = 0 until s = tb - 1)
+        float xa = 0.f, xb = 0.f, xab = 0.f, t4a = 0.f, t4b = 0.f, aqa = 0.f, aqb = 0.f, p = 0.f;
+        #pragma unroll
+        for (int sb = BT / 16 - 1; sb >= 0; --sb) {
+            if (sb == blk) {                            // the pair's block
+                #pragma unroll
+                for (int s = sb * 16 + 15; s >= sb * 16; --s) {
+                    const float2 m = b_m[s][j];         // (M[s][tb], M[s][ta])
+                    const float2 ks = b_kg[s][ti];
+                    x[s] = fmaf(ga_next, x[s], qa_ * m.y);
+                    const float xs = x[s];
+                    x[s] = fmaf(kga.y, x[s], qb_ * m.x);
+                    xa = s == ta ? xs : xa;
+                    xab = s == tb ? xs : xab;
+                    xb = s == tb ? x[s] : xb;
+                    const float wk = p * ks.x;
+                    t4a = fmaf(wk, xs, t4a);
+                    t4b = fmaf(wk, x[s], t4b);
+                    aqa = fmaf(wk, m.y, aqa);
+                    aqb = fmaf(wk, m.x, aqb);
+                    p = s == tb ? 1.f : p * ks.y;
+                }
+            } else if (sb < blk) {                      // below it: every s < tb
+                #pragma unroll
+                for (int s = sb * 16 + 15; s >= sb * 16; --s) {
+                    const float2 m = b_m[s][j];
+                    const float2 ks = b_kg[s][ti];
+                    x[s] = fmaf(ga_next, x[s], qa_ * m.y);
+                    const float xs = x[s];
+                    x[s] = fmaf(kga.y, x[s], qb_ * m.x);
+                    const float wk = p * ks.x;
+                    t4a = fmaf(wk, xs, t4a);
+                    t4b = fmaf(wk, x[s], t4b);
+                    aqa = fmaf(wk, m.y, aqa);
+                    aqb = fmaf(wk, m.x, aqb);
+                    p *= ks.y;
+                }
+            }
+        }
+        // ta's sums over s < ta: its s = tb term, then P(s+1..ta-1) = g_tb P(s+1..tb-1) below
+        const float2 mtb = b_m[tb][j], mta = b_m[ta][j];
+        finish(ta, qa_, sda, eva, ara, kga, mta.y, xa, fmaf(kgb.x, mtb.y, kgb.y * aqa),
+               fmaf(kgb.x, xab, kgb.y * t4a));
+        finish(tb, qb_, sdb, evb, arb, kgb, mtb.x, xb, aqb, t4b);
     }
 }
 

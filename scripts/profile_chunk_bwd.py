@@ -7,8 +7,8 @@
         (32 <-> 64) and with the boundary scan the other way (SCAN), the chunked form's
         workspace, the guard's flag, and each gradient's largest difference between the two
         methods relative to its largest element (and between the two ways of the scan).
-        --stages: then each launch of the chunked backward, both ways of the scan, its median ms
-        over 3 calls (CUDA events around it).
+        --stages: then each launch of the chunked backward, both ways of the scan and at the
+        other chunk length, its median ms over 3 calls (CUDA events around it).
     python -m scripts.profile_chunk_bwd --varlen
         the packed batches of VARLEN instead (cu_seqlens, initial states): chunk against loop.
 """
@@ -24,6 +24,8 @@ SHAPES = {"seed": (2, 128, 4, 24, 24, "float32"), "gla64": (4, 2048, 8, 64, 64, 
           "long24": (8, 4096, 16, 24, 24, "float32"), "big128": (8, 4096, 16, 128, 128, "float32"),
           "big128-bf16": (8, 4096, 16, 128, 128, "bfloat16"),
           "gla1.3b-bf16": (8, 4096, 4, 256, 512, "bfloat16"),
+          "gla340m-bf16": (8, 4096, 4, 128, 256, "bfloat16"), "big64": (8, 4096, 16, 64, 64, "float32"),
+          "big96": (8, 4096, 16, 96, 96, "float32"),
           "T256-64": (4, 256, 8, 64, 64, "float32"), "T512-24": (2, 512, 4, 24, 24, "float32"),
           "T1024-128": (2, 1024, 4, 128, 128, "float32")}
 # (name, sequence lengths, H, K, V, dtype): one packed batch each, with initial states
@@ -116,8 +118,10 @@ def shape_line(name, stages):
           f"{differences(backward('recurrent'), backward('chunk'))}  scan {int(flip.cfg.SCAN)}: "
           f"{differences(backward('chunk'), by(flip))}", flush=True)
     if stages:
-        for what, call in ((f"scan {int(plan.cfg.SCAN)}", lambda: backward("chunk")),
-                           (f"scan {int(flip.cfg.SCAN)}", lambda: by(flip))):
+        ways = ((plan, lambda: backward("chunk")), (flip, lambda: by(flip)),
+                (other, lambda: by(other)))
+        for pl, call in ways:
+            what = f"BT{pl.cfg.BT} scan {int(pl.cfg.SCAN)}"
             for entry, ms in stage_times(call).items():
                 print(f"    {what}  {entry:40s} {ms:8.3f} ms")
 

@@ -83,9 +83,9 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False):
         defines = recurrent_bwd.defines(p, cfg, int64)
         where = f"-NH{B * H}-KT{cfg.KT}-KG{cfg.KG}-VT{cfg.VT}-TC{cfg.TC}-TS{cfg.TS}"
     elif kernel == "gda_chunk_bwd":
-        # both chunk lengths where config takes either (64 only from K = 128), both boundary
+        # both chunk lengths where config takes either (64 only from K = 64), both boundary
         # scans (the fused one where the state tiles are many)
-        cfg = chunk_bwd.config(p)._replace(BT=64 if BH == MANY and K >= 128 else 32)
+        cfg = chunk_bwd.config(p)._replace(BT=64 if BH == MANY and K >= 64 else 32)
         defines = chunk_bwd.defines(p, cfg, int64)
         where = f"-BT{cfg.BT}-KT{cfg.KT}"
     else:
@@ -127,7 +127,7 @@ def _cases():
                                             (256, 512, MANY)))]
     for a, arch in enumerate(ARCHS):
         # gda_chunk_bwd (its tiles depend on K and the chunk length only): every shape with a
-        # rotating variant and chunk length (FEW heads: 32 steps, MANY: 64 from K = 128), half
+        # rotating variant and chunk length (FEW heads: 32 steps, MANY: 64 from K = 64), half
         # the variants at K = V = 256 on each arch
         out += [_case("gda_chunk_bwd", arch, K, V, VARIANTS[(i + 5 * a) % len(VARIANTS)],
                       (FEW, MANY)[(i + a) % 2]) for i, (K, V) in enumerate(SHAPES)]

@@ -588,7 +588,9 @@ def test_backward_named_methods():
     pytest.param(P._replace(T=4096, K=256, V=512, B=8, N=8, H=4), (64, 64, True), id="gla-1.3b"),
     pytest.param(_p(T=1024, K=128, B=2, H=4), (32, 64, False), id="few-chunks"),
     pytest.param(_p(T=4096, K=24, B=8, H=16), (32, 32, False), id="long24"),
-    pytest.param(_p(T=2048, K=64, B=4, H=8), (32, 64, False), id="gla64"),
+    pytest.param(_p(T=2048, K=64, B=4, H=8), (64, 64, False), id="gla64"),
+    pytest.param(_p(T=1024, K=64, B=4, H=8), (32, 64, False), id="gla64-T1024"),
+    pytest.param(_p(T=4096, K=48, B=8, H=16), (32, 64, False), id="K48"),
 ])
 def test_chunk_backward_config(p, want):
     assert tuple(chunk_bwd.config(p)) == want
