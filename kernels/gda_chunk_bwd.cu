@@ -30,7 +30,7 @@
 //   4. gda_chunk_bwd_rows:   M, scale do S0^T, v E^T (GEMMs).
 //   5. gda_chunk_bwd_scores: W of each chunk: its 16-step blocks before the diagonal on the
 //                            tensor cores (keys anchored at each block), the diagonal blocks
-//                            a thread per column u.
+//                            on the CUDA cores.
 //   6. gda_chunk_bwd_intra:  dq, dk, dg of each chunk, a thread per key column, the steps in
 //                            reverse (X_t in registers, the chunk's k and g in shared memory).
 //   7. gda_chunk_bwd_dv:     dv = (k D) E + scale W do (GEMMs), into [B, T, H, V].
