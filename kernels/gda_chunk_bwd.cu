@@ -733,6 +733,22 @@ gda_chunk_bwd_rows(GDA_CHUNK_BWD_PARAMS)
 #define DP (BT <= 16 ? 8 : BT <= 32 ? 4 : 2)            // threads a column u of the diagonal
 static_assert(KI % DP == 0 && DP * BT <= NTS, "the diagonal's threads");
 
+// f(slot, tau, sigma, jn) for each of a warp's 16 x 8 tiles of W before the diagonal blocks:
+// the tiles (u's block tau, s's block sigma < tau, 8 columns jn) in order, tile n to warp n % 4
+// in its slot n / 4 (the same in the whole warp)
+template <typename F>
+__device__ __forceinline__ void gda_score_tiles(int warp, const F& f)
+{
+    int tile = 0;
+    #pragma unroll
+    for (int tau = 1; tau < NBK; ++tau)
+        #pragma unroll
+        for (int sg = 0; sg < tau; ++sg)
+            #pragma unroll
+            for (int jn = 0; jn < 2; ++jn, ++tile)
+                if (tile % 4 == warp) f(tile / 4, tau, sg, jn);
+}
+
 // 5. Block (chunk b): W[b][s][u] = sum_i k_s[i] P(s+1..u)[i] q_u[i] for s <= u, 0 below, in
 // 16-step blocks. s in a block sigma before u's block tau: P(s+1..u) = P(s+1..16 tau - 1)
 // P(16 tau..u), so the tile is (keys anchored at tau) (q P(16 tau..u))^T, on the tensor cores
@@ -821,34 +837,27 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
             }
         }
         __syncthreads();
-        // the tiles (tau, sigma < tau, 8 columns jn) in order, tile n to warp n % 4: one
-        // m16n8k16 k-step, A's terms l, m, h each with B's down to 2^-16 of the product
-        int tile = 0;
-        #pragma unroll
-        for (int tau = 1; tau < NBK; ++tau)
+        // this warp's tiles: one m16n8k16 k-step, A's terms l, m, h each with B's down to 2^-16
+        // of the product
+        gda_score_tiles(warp, [&](int slot, int tau, int sg, int jn) {
+            const int ra = 8 * tau * (tau - 1) + 16 * sg + g8, rb = 16 * (tau - 1) + 8 * jn + g8;
+            unsigned fb[3][2];
             #pragma unroll
-            for (int sg = 0; sg < tau; ++sg)
+            for (int e = 0; e < 3; ++e) {
+                fb[e][0] = b_qa[e][rb][t4];
+                fb[e][1] = b_qa[e][rb][t4 + 4];
+            }
+            float d[4] = {};
+            #pragma unroll
+            for (int ea = 2; ea >= 0; --ea) {
+                const unsigned fa[4] = {b_ka[ea][ra][t4], b_ka[ea][ra + 8][t4],
+                                        b_ka[ea][ra][t4 + 4], b_ka[ea][ra + 8][t4 + 4]};
                 #pragma unroll
-                for (int jn = 0; jn < 2; ++jn, ++tile) {
-                    if (tile % 4 != warp) continue;     // (the same in the whole warp)
-                    const int ra = 8 * tau * (tau - 1) + 16 * sg + g8, rb = 16 * (tau - 1) + 8 * jn + g8;
-                    unsigned fb[3][2];
-                    #pragma unroll
-                    for (int e = 0; e < 3; ++e) {
-                        fb[e][0] = b_qa[e][rb][t4];
-                        fb[e][1] = b_qa[e][rb][t4 + 4];
-                    }
-                    float d[4] = {};
-                    #pragma unroll
-                    for (int ea = 2; ea >= 0; --ea) {
-                        const unsigned fa[4] = {b_ka[ea][ra][t4], b_ka[ea][ra + 8][t4],
-                                                b_ka[ea][ra][t4 + 4], b_ka[ea][ra + 8][t4 + 4]};
-                        #pragma unroll
-                        for (int eb = 2 - ea; eb >= 0; --eb) gda_mma_bf16(d, fa, fb[eb]);
-                    }
-                    #pragma unroll
-                    for (int r = 0; r < 4; ++r) acc[tile / 4][r] += d[r];
-                }
+                for (int eb = 2 - ea; eb >= 0; --eb) gda_mma_bf16(d, fa, fb[eb]);
+            }
+            #pragma unroll
+            for (int r = 0; r < 4; ++r) acc[slot][r] += d[r];
+        });
         // s and u in one block: this part's key columns
         if (u < BT) {                                   // (the same in the whole warp)
             const int s0 = u / 16 * 16;
@@ -876,18 +885,11 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
         #pragma unroll
         for (int ss = 0; ss < 16; ++ss)
             if (ss % DP == part) w[(u / 16 * 16 + ss) * BT + u] = wd[ss];
-    int tile = 0;
-    #pragma unroll
-    for (int tau = 1; tau < NBK; ++tau)
-        #pragma unroll
-        for (int sg = 0; sg < tau; ++sg)
-            #pragma unroll
-            for (int jn = 0; jn < 2; ++jn, ++tile) {
-                if (tile % 4 != warp) continue;
-                const int s = 16 * sg + g8, uc = 16 * tau + 8 * jn + 2 * t4;
-                *reinterpret_cast<float2*>(w + s * BT + uc) = make_float2(acc[tile / 4][0], acc[tile / 4][1]);
-                *reinterpret_cast<float2*>(w + (s + 8) * BT + uc) = make_float2(acc[tile / 4][2], acc[tile / 4][3]);
-            }
+    gda_score_tiles(warp, [&](int slot, int tau, int sg, int jn) {
+        const int s = 16 * sg + g8, uc = 16 * tau + 8 * jn + 2 * t4;
+        *reinterpret_cast<float2*>(w + s * BT + uc) = make_float2(acc[slot][0], acc[slot][1]);
+        *reinterpret_cast<float2*>(w + (s + 8) * BT + uc) = make_float2(acc[slot][2], acc[slot][3]);
+    });
     for (int x = threadIdx.x; x < BT * BT; x += NTS)    // the blocks below the diagonal: 0
         if (x / BT / 16 > x % BT / 16) w[x] = 0.f;
 }
