@@ -205,6 +205,23 @@ def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0
         return reference.Gradients(*(br.back(x) for x in grads))
 
 
+def gpu_scratch_bytes(fn, p, method, backward, *, final=False, initial_state=False,
+                      seq_int64=False, varlen=False):
+    """The device memory, in bytes, that one GPU call on Problem ``p`` allocates beyond its
+    inputs and the forward's ``out``: the arrays it returns and its workspaces (each rounded up
+    to _launch.ALLOC bytes), by the method ``method`` picks (the backward's where ``backward``),
+    with the final state where ``final``, a dinitial_state where ``initial_state``, cu_seqlens
+    where ``varlen`` (int64 where ``seq_int64``). The JAX adapter gives a call this much of
+    XLA's memory (cupy_gda.jax). For the current device; builds (compiles) the call's plan."""
+    if backward:
+        m = _dispatch.pick_backward(fn, method, p, True)
+        plan = (chunk_bwd.plan(p, varlen, seq_int64) if m == "chunk"
+                else recurrent_bwd.plan(p, seq_int64))
+        return plan.scratch_bytes(initial_state)
+    m = _dispatch.pick(fn, method, p, True)
+    return _FAMILIES[m].plan(p, seq_int64).scratch_bytes(final)
+
+
 def gated_attention_step(q, k, v, gate=None, *, log_gate=None, state, scale=1.0,
                          state_indices=None, out=None, check_indices=True):
     """One decoding step: one token per sequence, the state updated in place.

@@ -125,6 +125,14 @@ def segments(blocks, per_sm, sms, units, min_units, L, itemsize, V):
                       1 + int(L) * itemsize // (4 * (V + 2))))
 
 
+ALLOC = 256              # bytes: the unit the JAX adapter hands out its scratch in (cupy_gda.jax)
+
+
+def rounded(*sizes):
+    """The bytes of allocations of ``sizes`` bytes each, each rounded up to ALLOC."""
+    return sum(-(-n // ALLOC) * ALLOC for n in sizes)
+
+
 def empty(shape, dtype):
     import cupy
     x = cupy.ndarray(shape, dtype)
@@ -159,6 +167,14 @@ class SegmentedPlan:
             self.ws_sizes = (p.N * p.H * (P - 1) * p.K * p.V, p.N * p.H * (P - 1) * 2 * p.K)
         self.o_shape, self.o_dtype = (p.B, p.T, p.H, p.V), np_dtype(p.dtype)
         self.ht_shape = (p.N, p.H, p.K, p.V)
+
+    def scratch_bytes(self, want_final):
+        """The bytes a call with ``out`` given allocates (``rounded``): the final state where
+        ``want_final``, the workspace where P > 1."""
+        sizes = [4 * int(np.prod(self.ht_shape))] if want_final else []
+        if self.state_launch is not None:
+            sizes.append(4 * sum(self.ws_sizes))
+        return rounded(*sizes)
 
     def __call__(self, q, k, v, g, scale, h0, cu_seqlens, want_final, out):
         """o [B, T, H, V] (and the final state); arrays are contiguous CuPy."""

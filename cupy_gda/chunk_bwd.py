@@ -21,7 +21,7 @@ import numpy as np
 
 from cupy_gda import recurrent_bwd
 from cupy_gda._launch import (CHUNK_BACKWARD, DTYPE_CODE, Family, Launch, address, cached, empty,
-                              np_dtype)
+                              np_dtype, rounded)
 
 ENTRIES = ("gda_chunk_bwd_pack", "gda_chunk_bwd_local", "gda_chunk_bwd_states",
            "gda_chunk_bwd_scan", "gda_chunk_bwd_rows", "gda_chunk_bwd_scores",
@@ -35,6 +35,7 @@ NTP = 128                # the kernel's threads of pack and states
 NTS = 128                # and of scores
 NTG, GT = 128, 64        # the GEMM entries' threads and output tile (GT x GT)
 ALIGN = 64               # floats: each workspace starts 256-byte aligned (the GEMMs load float4)
+SMALL = 12               # arrays of N + 1 int64 at most that chunk_offsets allocates
 
 
 class Config(NamedTuple):
@@ -134,6 +135,14 @@ class BackwardPlan:
         self.loop = recurrent_bwd.plan(p, seq_int64)
         self.at, floats = layout(self.sizes)
         self.ws_floats = max(floats, sum(self.loop.ws))
+
+    def scratch_bytes(self, with_h0):
+        """The bytes a call allocates (``rounded``): the gradients (dinitial_state where
+        ``with_h0``), the guard's flag and the workspace; with cu_seqlens the chunk offsets and
+        the temporaries that count them (SMALL of N + 1 int64 each)."""
+        p = self.p
+        small = [8 * (p.N + 1)] * SMALL if self.varlen else []
+        return rounded(*recurrent_bwd.gradient_bytes(p, with_h0), 4, 4 * self.ws_floats, *small)
 
     def __call__(self, q, k, v, g, do, scale, h0, dht, cu_seqlens=None):
         """(dq, dk, dv, dg, dh0) as recurrent_bwd.BackwardPlan's; arrays are contiguous CuPy."""

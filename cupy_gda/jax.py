@@ -14,13 +14,14 @@ What a GPU call costs beyond its kernels: one Python callback per forward and pe
 by the host thread that queues XLA's work (the core's checks and launch; not measured yet: the
 core's fast path, ~13 µs a call, is skipped by ``out=``). o is written in place (``out=``); the
 final state and the backward's gradients are copied into XLA's buffers (their bytes read and
-written once more). Workspaces (the forward's segment states, the backward's kept or chunk
-states and partial sums) and those copies' sources come from CuPy's memory pool on XLA's
-stream, not from XLA's allocator: JAX preallocates 75 % of GPU memory by default, which leaves
-CuPy the rest; set XLA_PYTHON_CLIENT_PREALLOCATE=false (or a lower
-XLA_PYTHON_CLIENT_MEM_FRACTION) for large problems. Taking them as extra outputs instead (what
-the issue asks) needs the launchers to take every output and workspace as arguments and to say
-the workspace sizes before the call; they allocate inside so far.
+written once more). Workspaces come from XLA: each callback has one more output, a scratch
+buffer of the bytes the core says that call allocates (``_api.gpu_scratch_bytes``: the
+forward's segment states, the backward's kept or chunk states and partial sums, and the arrays
+the core returns, the sources of those copies), sized when the call is traced (on a host whose
+jax has a GPU, for CuPy's current device: that builds the kernels then), and every CuPy
+allocation inside the callback is cut from it, 256-byte aligned. Should a call need more (a
+GPU of other limits than the one traced for), the rest comes from CuPy's memory pool on XLA's
+stream.
 
 cu_seqlens' values are not checked on the GPU (that would cost a host sync): as with
 ``check_indices=False``, offsets out of order are clamped and nothing outside the arrays is read
@@ -43,8 +44,9 @@ import numpy as np
 from jax import lax
 
 import cupy_gda
-from cupy_gda import _checks, _dispatch
+from cupy_gda import _api, _checks, _dispatch
 from cupy_gda._interop import _external_stream
+from cupy_gda._launch import ALLOC
 
 try:
     from jax.experimental.buffer_callback import buffer_callback
@@ -61,6 +63,7 @@ class _Static(NamedTuple):
     scale: float
     final: bool
     method: str
+    scratch: tuple = (0, 0)     # bytes of XLA's memory the GPU forward, backward allocate from
 
 
 def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_state=None,
@@ -80,7 +83,26 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
     static = _Static(log_gate is not None, _checks.check_scale(FN, scale),
                      bool(output_final_state), method)
     g = gate if gate is not None else log_gate
+    static = static._replace(scratch=_scratch(static, q, k, v, gate, log_gate, h0, cu))
     return _jitted(static, q, k, v, g, h0, cu)
+
+
+def _scratch(static, q, k, v, gate, log_gate, h0, cu):
+    """(forward, backward) bytes of the GPU calls' scratch outputs (_api.gpu_scratch_bytes on
+    CuPy's current device); (0, 0) where jax has no GPU or the GPU cannot take the call (its
+    callback then raises the core's error)."""
+    try:
+        jax.devices("gpu")
+    except RuntimeError:
+        return 0, 0
+    try:
+        p = _checks.check_forward(FN, q, k, v, gate, log_gate, h0, cu, cpu=False)
+        kw = dict(seq_int64=cu is not None and cu.dtype == np.int64, varlen=cu is not None)
+        return (_api.gpu_scratch_bytes(FN, p, static.method, False, final=static.final, **kw),
+                _api.gpu_scratch_bytes(FN, p, static.method, True, initial_state=h0 is not None,
+                                       **kw))
+    except (ValueError, TypeError, ImportError):
+        return 0, 0
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -99,7 +121,8 @@ def _attention_bwd(static, res, ct):
     shapes = [_like(q), _like(k), _like(v), _like(g)]
     if h0 is not None:
         shapes.append(_state(q, h0.shape))
-    grads = _run(partial(_backward_host, static), shapes, q, k, v, g, h0, cu, do, dht)
+    grads = _run(partial(_backward_host, static), shapes, static.scratch[1], q, k, v, g, h0, cu,
+                 do, dht)
     dh0 = grads[4].astype(h0.dtype) if h0 is not None else None
     dcu = np.zeros(cu.shape, jax.dtypes.float0) if cu is not None else None
     return (*grads[:4], dh0, dcu)
@@ -128,7 +151,7 @@ def _forward(static, q, k, v, g, h0, cu):
     shapes = [_like(v)]
     if static.final:
         shapes.append(_state(q, (N, H, K, v.shape[3])))
-    r = _run(partial(_forward_host, static), shapes, q, k, v, g, h0, cu)
+    r = _run(partial(_forward_host, static), shapes, static.scratch[0], q, k, v, g, h0, cu)
     return tuple(r) if static.final else r[0]
 
 
@@ -150,11 +173,12 @@ def _backward_host(static, outs, q, k, v, g, h0, cu, do, dht):
     return r[:4] if h0 is None else r
 
 
-def _run(host_fn, shapes, *args):
+def _run(host_fn, shapes, scratch, *args):
     """``host_fn(outs, *arrays)`` on the platform the call is compiled for; returns its results
-    as JAX arrays of ``shapes``."""
+    as JAX arrays of ``shapes`` (on the GPU with a scratch output of ``scratch`` bytes beside
+    them, for the core's allocations)."""
     return lax.platform_dependent(*args, cpu=partial(_on_cpu, host_fn, shapes),
-                                  cuda=partial(_on_gpu, host_fn, shapes))
+                                  cuda=partial(_on_gpu, host_fn, shapes, scratch))
 
 
 def _on_cpu(host_fn, shapes, *args):
@@ -162,18 +186,43 @@ def _on_cpu(host_fn, shapes, *args):
                              vmap_method="sequential")
 
 
-def _on_gpu(host_fn, shapes, *args):
+def _on_gpu(host_fn, shapes, scratch, *args):
     def callback(ctx, outs, *bufs):
         import cupy
         device = outs[0].__dlpack_device__()[1]
-        with cupy.cuda.Device(device), _external_stream(cupy, ctx.stream, device):
+        outs, buf = outs[:-1], outs[-1]
+        with cupy.cuda.Device(device), _external_stream(cupy, ctx.stream, device), \
+                cupy.cuda.using_allocator(_Scratch(cupy, buf, device)):
             outs = [_cupy_view(cupy, b, device) for b in outs]
             got = host_fn(outs, *(None if b is None else _cupy_view(cupy, b, device)
                                   for b in bufs))
             for dst, src in zip(outs, got):
                 if src is not dst and src.nbytes:   # (o is written in place, by out=)
                     dst.data.copy_from_device_async(src.data, src.nbytes)   # on XLA's stream
-    return buffer_callback(callback, tuple(shapes), vmap_method="sequential")(*args)
+    shapes = (*shapes, jax.ShapeDtypeStruct((scratch,), np.uint8))
+    return buffer_callback(callback, shapes, vmap_method="sequential")(*args)[:-1]
+
+
+class _Scratch:
+    """CuPy's allocator inside a GPU callback: each allocation cut from ``buf`` (the callback's
+    scratch output), ALLOC-aligned, while it lasts, then from CuPy's pool. Nothing is freed: the
+    buffer is XLA's, and it is held until XLA's work on the stream is done with it."""
+
+    def __init__(self, cupy, buf, device):
+        self.cupy, self.buf, self.device = cupy, buf, device
+        n = prod(buf.shape)
+        self.at = self.end = 0
+        if n:
+            base = buf.__cuda_array_interface__["data"][0]
+            self.at, self.end = -(-base // ALLOC) * ALLOC, base + n
+
+    def __call__(self, size):
+        need = -(-size // ALLOC) * ALLOC
+        if size and self.at + need <= self.end:
+            mem = self.cupy.cuda.UnownedMemory(self.at, size, self.buf, self.device)
+            self.at += need
+            return self.cupy.cuda.MemoryPointer(mem, 0)
+        return self.cupy.get_default_memory_pool().malloc(size)
 
 
 def _cupy_view(cupy, buf, device):

@@ -6,8 +6,8 @@ of value tiles' partial sums where there is more than one group.
 """
 from typing import NamedTuple
 
-from cupy_gda._launch import (BACKWARD, BACKWARD_SUM, DTYPE_CODE, Family, Launch, address, cached,
-                              device_limits, empty, np_dtype)
+from cupy_gda._launch import (BACKWARD, BACKWARD_SUM, DTYPE_CODE, ITEMSIZE, Family, Launch, address,
+                              cached, device_limits, empty, np_dtype, rounded)
 
 FAMILY = Family("gda_recurrent_bwd", ("common.cuh",),
                 {"gda_recurrent_bwd": BACKWARD, "gda_recurrent_bwd_sum": BACKWARD_SUM})
@@ -125,6 +125,11 @@ class BackwardPlan:
         self.ws = workspace(p, cfg)
         self.p = p
 
+    def scratch_bytes(self, with_h0):
+        """The bytes a call allocates (``rounded``): the gradients (dinitial_state where
+        ``with_h0``) and the workspace."""
+        return rounded(*gradient_bytes(self.p, with_h0), 4 * sum(self.ws))
+
     def __call__(self, q, k, v, g, do, scale, h0, dht, cu_seqlens, out=None, ws=None, only_if=0):
         """(dq, dk, dv, dg, dh0): dg of g as given (log or multiplicative), dh0 only with h0;
         arrays are contiguous CuPy. ``out``: those five arrays to write instead (chunk_bwd's
@@ -151,6 +156,15 @@ class BackwardPlan:
                 self.sum((ws_p, g.data.ptr, dq.data.ptr, dk.data.ptr, dg.data.ptr, only_if),
                          self.cfg.NG)
         return dq, dk, dv, dg, dh0
+
+
+def gradient_bytes(p, with_h0):
+    """The bytes of the gradients of Problem ``p`` as the backward plans allocate them: dq, dk,
+    dv, dg (and dh0, float32, where ``with_h0``)."""
+    io, g = ITEMSIZE[p.dtype], ITEMSIZE[p.g_dtype]
+    n = p.B * p.T * p.H
+    return [n * p.K * io, n * p.K * io, n * p.V * io, n * p.K * g] + (
+        [4 * p.N * p.H * p.K * p.V] if with_h0 else [])
 
 
 def plan(p, seq_int64):

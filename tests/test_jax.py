@@ -221,8 +221,8 @@ def test_vmap_runs_each_element():
 
 
 def _custom_calls(platform):
-    """The custom calls of a jitted forward and backward lowered for ``platform`` (lowering
-    needs no device of it)."""
+    """(The custom calls, the text) of a jitted forward and backward lowered for ``platform``
+    (lowering needs no device of it)."""
     (q, k, v, g, h0), _, _, _ = _problem("unif", False, dtype=np.float32)
     try:                # arrays on a device of the platform where there is one (a GPU host
         q, g, h0 = jax.device_put((q, g, h0), jax.devices(platform)[0])   # lowers for its own)
@@ -233,15 +233,23 @@ def _custom_calls(platform):
         o, s = gda_jax.gated_attention(q, k, v, g, initial_state=h0, output_final_state=True)
         return o.sum() + s.sum()
     low = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).trace(q, g, h0).lower(
-        lowering_platforms=(platform,))
-    return re.findall(r"custom_call @(\w+)", low.as_text())
+        lowering_platforms=(platform,)).as_text()
+    return re.findall(r"custom_call @(\w+)", low), low
 
 
 def test_each_platform_lowers_to_its_callback():
     """GPU: two buffer callbacks (forward, backward) on XLA's buffers and stream, and no callback
-    that copies through the host; CPU: two pure callbacks into the NumPy path."""
-    assert _custom_calls("cuda") == ["xla_buffer_python_gpu_callback"] * 2
-    assert _custom_calls("cpu") == ["xla_ffi_python_cpu_callback"] * 2
+    that copies through the host, each with a scratch output (bytes) for the core's workspaces;
+    CPU: two pure callbacks into the NumPy path."""
+    calls, text = _custom_calls("cuda")
+    assert calls == ["xla_buffer_python_gpu_callback"] * 2
+    scratch = [int(n) for n in re.findall(r"tensor<(\d+)xui8>", text)]
+    assert len(scratch) == 2, text
+    try:
+        jax.devices("gpu")
+    except RuntimeError:    # sized for a GPU only where jax has one
+        assert scratch == [0, 0]
+    assert _custom_calls("cpu")[0] == ["xla_ffi_python_cpu_callback"] * 2
 
 
 # a change to valid arguments, the exception and words of its message
@@ -295,3 +303,48 @@ def test_gpu_half_precision_is_the_cores(dtype):
         a, b = a.astype(np.float64), b.astype(np.float64)
         np.testing.assert_allclose(a, b, rtol=2 * eps, atol=2 * eps * np.abs(b).max(),
                                    err_msg=name)
+
+
+@pytest.mark.gpu
+def test_gpu_workspaces_come_from_xla():
+    """A jitted training step whose forward and backward allocate workspaces (the chunked
+    forward in sequence segments, the chunked backward) takes nothing from CuPy's pool: every
+    allocation of the core inside the callbacks is cut from their scratch outputs; the values and
+    gradients are the core's on CuPy arrays."""
+    import cupy
+    gpu = _device("gpu")
+    args, W, Wf, _ = _problem("unif", False, B=1, T=2048, H=2, K=64, V=64, dtype=np.float32,
+                              seed=4)
+    q, k, v, g, h0, Wd, Wfd = jax.device_put((*args, W, Wf), gpu)
+
+    def loss(q, k, v, g, h0):
+        o, s = gda_jax.gated_attention(q, k, v, g, initial_state=h0, output_final_state=True)
+        return (o * Wd).sum() + (s * Wfd).sum(), (o, s)
+    step = jax.jit(jax.value_and_grad(loss, argnums=range(5), has_aux=True))
+    jax.block_until_ready(step(q, k, v, g, h0))         # traced, the kernels built, run once
+    pool = cupy.get_default_memory_pool()
+    cupy.cuda.Device().synchronize()
+    pool.free_all_blocks()
+    (_, (o, s)), grads = jax.block_until_ready(step(q, k, v, g, h0))
+    assert pool.total_bytes() == 0
+    q, k, v, g, h0 = (cupy.asarray(x) for x in args)
+    want = [*cupy_gda.gated_attention(q, k, v, g, initial_state=h0, output_final_state=True),
+            *cupy_gda.gated_attention_backward(q, k, v, g, do=cupy.asarray(W), initial_state=h0,
+                                               d_final_state=cupy.asarray(Wf))]
+    for name, a, b in zip(NAMES, (o, s, *grads), want):     # (the same kernels and inputs)
+        b = cupy.asnumpy(b)
+        np.testing.assert_allclose(np.asarray(a), b, rtol=1e-6, atol=1e-6 * np.abs(b).max(),
+                                   err_msg=name)
+
+
+@pytest.mark.gpu
+def test_gpu_scratch_allocator_falls_back_to_the_pool():
+    """_Scratch: allocations ALLOC-aligned inside the buffer while they fit, then CuPy's pool."""
+    import cupy
+    buf = cupy.empty(1000, np.uint8)
+    base = buf.data.ptr
+    with cupy.cuda.using_allocator(gda_jax._Scratch(cupy, buf, buf.device.id)):
+        a = cupy.empty(100, np.float32)
+        b = cupy.empty(200, np.float32)
+    assert a.data.ptr % 256 == 0 and base <= a.data.ptr and a.data.ptr + 400 <= base + 1000
+    assert not base <= b.data.ptr < base + 1000
