@@ -829,8 +829,9 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
                 }
             }
             if (blk > 0) {
+                const float q0 = b_q[t][ii] * b_pr[t][ii], q1 = b_q[t][ii + 1] * b_pr[t][ii + 1];
                 unsigned h, m, l;
-                gda_split3<false>(b_q[t][ii] * b_pr[t][ii], b_q[t][ii + 1] * b_pr[t][ii + 1], h, m, l);
+                gda_split3<false>(q0, q1, h, m, l);
                 b_qa[0][t - 16][ip] = h;
                 b_qa[1][t - 16][ip] = m;
                 b_qa[2][t - 16][ip] = l;
