@@ -34,7 +34,7 @@ Versions: jax >= 0.6.1 (buffer_callback with ExecutionContext.stream; the same A
 tests/test_jax.py checks the CPU route and both lowerings without a GPU (jax 0.10.2), and the GPU
 route in its gpu-marked tests.
 """
-from functools import partial
+from functools import lru_cache, partial
 from math import prod
 from typing import NamedTuple
 
@@ -91,9 +91,7 @@ def _scratch(static, q, k, v, gate, log_gate, h0, cu):
     """(forward, backward) bytes of the GPU calls' scratch outputs (_api.gpu_scratch_bytes on
     CuPy's current device); (0, 0) where jax has no GPU or the GPU cannot take the call (its
     callback then raises the core's error)."""
-    try:
-        jax.devices("gpu")
-    except RuntimeError:
+    if not _jax_has_gpu():
         return 0, 0
     try:
         p = _checks.check_forward(FN, q, k, v, gate, log_gate, h0, cu, cpu=False)
@@ -103,6 +101,14 @@ def _scratch(static, q, k, v, gate, log_gate, h0, cu):
                                        **kw))
     except (ValueError, TypeError, ImportError):
         return 0, 0
+
+
+@lru_cache(maxsize=None)
+def _jax_has_gpu():
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
