@@ -1,6 +1,7 @@
 """The product-only chunked designs, checked against the float64 loop references on every gate
 regime, gates above 1 too: the forward (scripts/chunk_exact.py) that the tensor-core kernel
-follows, and the backward (scripts/chunk_backward_exact.py) a chunked backward kernel would."""
+follows, the backward (scripts/chunk_backward_exact.py) a chunked backward kernel would, and
+the sub-block form of that backward's intra-chunk sums (scripts/intra_blocks_exact.py)."""
 import numpy as np
 import pytest
 
@@ -8,6 +9,7 @@ from cupy_gda._verify import GATES
 from cupy_gda.reference import gated_attention_backward_ref, gated_attention_ref
 from scripts.chunk_backward_exact import chunk_backward
 from scripts.chunk_exact import chunk_forward
+from scripts.intra_blocks_exact import intra_blocks, intra_direct
 
 REGIMES = dict(GATES, above1=lambda rng, shape: rng.uniform(0.6, 1.4, shape))
 
@@ -117,3 +119,21 @@ def test_chunk_backward_design_meets_contract_in_float32(gate):
         assert x.dtype == np.float32, name
         res = compare(name, x, r, e)
         assert res.ok, res
+
+
+@pytest.mark.parametrize("gate", list(REGIMES))
+@pytest.mark.parametrize("C, SB", [pytest.param(64, 16, id="C64"), pytest.param(32, 16, id="C32"),
+                                   pytest.param(48, 8, id="C48-SB8")])
+def test_intra_sub_blocks_equal_the_sums(C, SB, gate):
+    """intra's sums (dq's, dk's, dg's intra-chunk terms) in sub-blocks, the crossing parts as
+    matmuls of anchored keys and queries, equal their defining sums in float64, gates of 0, tiny,
+    negative and above 1 included (every decay a product: no 0/0, no inf)."""
+    rng = np.random.default_rng(C + SB)
+    q, k = rng.standard_normal((C, 3)), rng.standard_normal((C, 3))
+    M = rng.standard_normal((C, C))
+    g = REGIMES[gate](rng, q.shape).astype(np.float64)
+    got, want = intra_blocks(q, k, g, M, SB), intra_direct(q, k, g, M)
+    for name, a, b in zip(("DQ", "DK", "T4"), got, want):
+        assert np.isfinite(a).all(), name
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12 * max(1, np.abs(b).max()),
+                                   err_msg=name)
