@@ -599,6 +599,25 @@ extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_states(GDA_CHUNK
     if (!ok) *flag = 1;
 }
 
+// A chunk of the scan on the thread's part of the state x (S forward, E backward), stored
+// before: the guard on each element, each(i, j, r) (the backward's rowsum), then x scaled by
+// its row's A_end a
+template <typename F>
+__device__ __forceinline__ void gda_scan_step(float (&x)[2][4][4], const float (&a)[2][2], bool& ok,
+                                              const F& each)
+{
+    #pragma unroll
+    for (int i = 0; i < 2; ++i)
+        #pragma unroll
+        for (int j = 0; j < 4; ++j)
+            #pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                ok &= gda_bwd_in(x[i][j][r], GDA_BWD_STATE_MAX);
+                each(i, j, r);
+                x[i][j][r] *= a[i][r / 2];
+            }
+}
+
 // 2-3 fused (SCAN = 1; launched instead of local and states). Block: (sequence-head nh, a GM x
 // GN tile of the K x V state at rows m0, columns n0), the state in the GEMM accumulators' layout,
 // the chunks in order: forward, S is stored as chunk b's S0, scaled by A_end, and the GEMM adds
@@ -637,15 +656,7 @@ extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_scan(GDA_CHUN
             const float* bn = more ? vp + (b + 1) * BT * V_DIM : dp + b * BT * V_DIM;
             gda_gemm_rows<K_DIM>(a, ae + b * K_DIM, m0);
             gda_gemm_store<K_DIM, V_DIM>(st + b * K_DIM * V_DIM, x, m0, n0);
-            #pragma unroll
-            for (int i = 0; i < 2; ++i)
-                #pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    #pragma unroll
-                    for (int r = 0; r < 4; ++r) {
-                        ok &= gda_bwd_in(x[i][j][r], GDA_BWD_STATE_MAX);
-                        x[i][j][r] *= a[i][r / 2];
-                    }
+            gda_scan_step(x, a, ok, [](int, int, int) {});
             gda_gemm_chain<K_DIM, V_DIM, BT, true, false, false, GDA_VX>(
                 x, A, B, kd + b * BT * K_DIM, vp + b * BT * V_DIM, 1.f, m0, n0, b_op, an, bn);
         }
@@ -656,16 +667,9 @@ extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_scan(GDA_CHUN
             gda_gemm_get<K_DIM, V_DIM>(s0, st + b * K_DIM * V_DIM, m0, n0);
             gda_gemm_rows<K_DIM>(a, ae + b * K_DIM, m0);
             gda_gemm_store<K_DIM, V_DIM>(et + b * K_DIM * V_DIM, x, m0, n0);
-            #pragma unroll
-            for (int i = 0; i < 2; ++i)
-                #pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    #pragma unroll
-                    for (int r = 0; r < 4; ++r) {
-                        ok &= gda_bwd_in(x[i][j][r], GDA_BWD_STATE_MAX);
-                        part[i][r / 2] = fmaf(x[i][j][r], s0[i][j][r], part[i][r / 2]);
-                        x[i][j][r] *= a[i][r / 2];
-                    }
+            gda_scan_step(x, a, ok, [&](int i, int j, int r) {
+                part[i][r / 2] = fmaf(x[i][j][r], s0[i][j][r], part[i][r / 2]);
+            });
             // rowsum over the tile's columns: the quad's lanes, then the two warps of its rows
             #pragma unroll
             for (int i = 0; i < 2; ++i)
