@@ -360,10 +360,11 @@ __device__ __forceinline__ void gda_gemm(float (&acc)[2][4][4], const float* a, 
     gda_gemm_chain<M, N, KK, TA, TB, XA, XB>(acc, A, B, a, b, alpha, m0, n0, sm, nullptr, nullptr);
 }
 
-// put(row, col, x0, x1) of the block's tile at rows m0.., columns n0.. (elements (row, col) and
-// (row, col + 1), col even): the rows below M (columns past N are the functor's to drop)
-template <int M, typename F>
-__device__ __forceinline__ void gda_gemm_put(const float (&acc)[2][4][4], int m0, int n0, const F& put)
+// f(i, j, h, row, col) for each pair of the thread's accumulator elements acc[i][j][2 h],
+// acc[i][j][2 h + 1]: elements (row, col) and (row, col + 1), col even, of the block's tile at
+// rows m0.., columns n0..
+template <typename F>
+__device__ __forceinline__ void gda_gemm_frags(int m0, int n0, const F& f)
 {
     const int lane = threadIdx.x % 32, wm = threadIdx.x / 64 * 32, wn = threadIdx.x / 32 % 2 * 32;
     #pragma unroll
@@ -371,10 +372,18 @@ __device__ __forceinline__ void gda_gemm_put(const float (&acc)[2][4][4], int m0
         #pragma unroll
         for (int j = 0; j < 4; ++j)
             #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = m0 + wm + 16 * i + lane / 4 + 8 * h;
-                if (row < M) put(row, n0 + wn + 8 * j + lane % 4 * 2, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-            }
+            for (int h = 0; h < 2; ++h)
+                f(i, j, h, m0 + wm + 16 * i + lane / 4 + 8 * h, n0 + wn + 8 * j + lane % 4 * 2);
+}
+
+// put(row, col, x0, x1) of the block's tile at rows m0.., columns n0.. (elements (row, col) and
+// (row, col + 1), col even): the rows below M (columns past N are the functor's to drop)
+template <int M, typename F>
+__device__ __forceinline__ void gda_gemm_put(const float (&acc)[2][4][4], int m0, int n0, const F& put)
+{
+    gda_gemm_frags(m0, n0, [&](int i, int j, int h, int row, int col) {
+        if (row < M) put(row, col, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+    });
 }
 
 // the tile times post into the row-major M x N matrix c
@@ -398,25 +407,18 @@ __device__ __forceinline__ void gda_gemm_store(float* c, const float (&acc)[2][4
 template <int M, int N>
 __device__ __forceinline__ void gda_gemm_get(float (&acc)[2][4][4], const float* c, int m0, int n0)
 {
-    const int lane = threadIdx.x % 32, wm = threadIdx.x / 64 * 32, wn = threadIdx.x / 32 % 2 * 32;
-    #pragma unroll
-    for (int i = 0; i < 2; ++i)
-        #pragma unroll
-        for (int j = 0; j < 4; ++j)
-            #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = m0 + wm + 16 * i + lane / 4 + 8 * h, col = n0 + wn + 8 * j + lane % 4 * 2;
-                const float* p = c + (long long)row * N + col;
-                const bool on = c != nullptr && row < M;
-                if (N % 2 == 0 && on && col < N) {
-                    const float2 x = *reinterpret_cast<const float2*>(p);
-                    acc[i][j][2 * h] = x.x;
-                    acc[i][j][2 * h + 1] = x.y;
-                } else {
-                    acc[i][j][2 * h] = on && col < N ? p[0] : 0.f;
-                    acc[i][j][2 * h + 1] = on && col + 1 < N ? p[1] : 0.f;
-                }
-            }
+    gda_gemm_frags(m0, n0, [&](int i, int j, int h, int row, int col) {
+        const float* p = c + (long long)row * N + col;
+        const bool on = c != nullptr && row < M;
+        if (N % 2 == 0 && on && col < N) {
+            const float2 x = *reinterpret_cast<const float2*>(p);
+            acc[i][j][2 * h] = x.x;
+            acc[i][j][2 * h + 1] = x.y;
+        } else {
+            acc[i][j][2 * h] = on && col < N ? p[0] : 0.f;
+            acc[i][j][2 * h + 1] = on && col + 1 < N ? p[1] : 0.f;
+        }
+    });
 }
 
 // x[i][h] = the thread's row m0 + wm + 16 i + lane / 4 + 8 h of the vector r (0 from M on)
