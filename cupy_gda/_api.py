@@ -189,9 +189,7 @@ def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0
         g = gate if gate is not None else log_gate
         if br.gpu:
             q, k, v, g, do, h0, dht, cu = _contiguous((q, k, v, g, do, h0, dht, cu))
-            wide = cu is not None and cu.dtype == np.int64
-            plan = (chunk_bwd.plan(p, cu is not None, wide) if m == "chunk"
-                    else recurrent_bwd.plan(p, wide))
+            plan = _backward_plan(m, p, cu is not None, cu is not None and cu.dtype == np.int64)
             grads = plan(q, k, v, g, do, scale, h0, dht, cu)
         else:
             cpu_fn = (reference.gated_attention_backward_chunked if m == "chunk"
@@ -205,6 +203,12 @@ def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0
         return reference.Gradients(*(br.back(x) for x in grads))
 
 
+def _backward_plan(m, p, varlen, seq_int64):
+    """The GPU plan of backward method ``m`` (_dispatch.pick_backward's) for Problem ``p``."""
+    return (chunk_bwd.plan(p, varlen, seq_int64) if m == "chunk"
+            else recurrent_bwd.plan(p, seq_int64))
+
+
 def gpu_scratch_bytes(fn, p, method, backward, *, final=False, initial_state=False,
                       seq_int64=False, varlen=False):
     """The device memory, in bytes, that one GPU call on Problem ``p`` allocates beyond its
@@ -215,9 +219,7 @@ def gpu_scratch_bytes(fn, p, method, backward, *, final=False, initial_state=Fal
     XLA's memory (cupy_gda.jax). For the current device; builds (compiles) the call's plan."""
     if backward:
         m = _dispatch.pick_backward(fn, method, p, True)
-        plan = (chunk_bwd.plan(p, varlen, seq_int64) if m == "chunk"
-                else recurrent_bwd.plan(p, seq_int64))
-        return plan.scratch_bytes(initial_state)
+        return _backward_plan(m, p, varlen, seq_int64).scratch_bytes(initial_state)
     m = _dispatch.pick(fn, method, p, True)
     return _FAMILIES[m].plan(p, seq_int64).scratch_bytes(final)
 
