@@ -37,7 +37,7 @@ BACKWARD_SUM = (("ws_p", PTR), ("g", PTR), ("dq", PTR), ("dk", PTR), ("dg", PTR)
 # every entry of gda_chunk_bwd (its GDA_CHUNK_BWD_PARAMS)
 CHUNK_BACKWARD = tuple((n, PTR) for n in (
     "q", "k", "v", "g", "do", "h0", "dht", "st", "et", "qa", "kd", "vp", "dp", "ae", "es", "mm",
-    "ww", "sd", "ev", "ar", "flag", "dq", "dk", "dv", "dg", "dh0", "cu_seqlens", "coff")) + (
+    "ww", "sd", "ev", "ar", "pl", "flag", "dq", "dk", "dv", "dg", "dh0", "cu_seqlens", "coff")) + (
     ("T", I64), ("NH", I64), ("N", I64), ("H", I32), ("NC", I32), ("scale", F32))
 # gda_step
 STEP = (("q", PTR), ("k", PTR), ("v", PTR), ("g", PTR), ("o", PTR), ("state", PTR),

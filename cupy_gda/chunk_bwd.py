@@ -5,10 +5,13 @@ K and V, sequences of T steps or packed ones (cu_seqlens: each sequence's chunks
 offsets counted on the GPU).
 
 The pipeline of one call, all on the current stream, no host sync (NB chunks, chunks()):
-  1. pack       q A, k D, A_end, v, do as float32 rows [NB][BT][*]; the guard on the inputs
+  1. pack       q A, k D, A_end, v, do as float32 rows [NB][BT][*]; the guard on the inputs;
+                with PLANES instead scale q A, k D, v, do split into bfloat16 planes (the
+                GEMMs' operands, split once)
   2. local      st = (k D)^T v, et = scale (q A)^T do                     (local states, GEMMs)
   3. states     st -> S0, et -> E chunk by chunk; rowsum(E S0); d_initial_state; the guard
-     (2-3. scan: the two as one kernel where there are enough state tiles; config())
+     (2-3. scan: the two as one kernel where there are enough state tiles; config(); with
+      PLANES its operands, the planes, copied by cp.async through a ring of RING stages)
   4. rows       M = scale v do^T, sd = scale do S0^T, ev = v E^T          (GEMMs)
   5. scores     W (gated q.k scores of each chunk)
   6. intra      dq, dk, dg
@@ -20,8 +23,8 @@ from typing import NamedTuple
 import numpy as np
 
 from cupy_gda import recurrent_bwd
-from cupy_gda._launch import (CHUNK_BACKWARD, DTYPE_CODE, Family, Launch, address, cached, empty,
-                              np_dtype, rounded)
+from cupy_gda._launch import (CHUNK_BACKWARD, DTYPE_CODE, Family, Launch, address, cached,
+                              device_limits, empty, np_dtype, rounded)
 
 ENTRIES = ("gda_chunk_bwd_pack", "gda_chunk_bwd_local", "gda_chunk_bwd_states",
            "gda_chunk_bwd_scan", "gda_chunk_bwd_rows", "gda_chunk_bwd_scores",
@@ -36,23 +39,34 @@ NTS = 128                # and of scores
 NTG, GT = 128, 64        # the GEMM entries' threads and output tile (GT x GT)
 ALIGN = 64               # floats: each workspace starts 256-byte aligned (the GEMMs load float4)
 SMALL = 12               # arrays of N + 1 int64 at most that chunk_offsets allocates
+RING = 3                 # the scan's stages in flight
+SLOWER_AT_3 = 1.19       # a planes scan block's time at 3 blocks an SM over its time at 2 (v23)
 
 
 class Config(NamedTuple):
     BT: int              # steps a chunk
     KT: int              # key columns a block of intra (its shared memory: BT^2 + 2 BT KT floats)
     SCAN: bool = False   # stages 2 and 3 as one kernel (gda_chunk_bwd_scan), a block a state tile
+    PLANES: bool = False  # the GEMMs' operands split once by pack (bfloat16 inputs), the scan's
+                          # copied through a ring, 3 blocks an SM
 
 
-def config(p, varlen=False):
+def config(p, varlen=False, sms=132):
     """Chunks of 64 steps where K >= 64 and there are at least CHUNKS_64 of them (the chunk
     states and local-state GEMMs shrink with BT); else of 32 (the work inside a chunk, O(BT^2 K),
     shrinks, and more chunks fill the GPU): measured in docs/perf-notes.md, v19 and v22. The fused
     boundary scan where its blocks, one a state tile running every chunk in turn, number at
-    least SCAN_FROM (fewer, each runs a long chain: v21)."""
+    least SCAN_FROM (fewer, each runs a long chain: v21). The scan from pack's planes (PLANES)
+    where its blocks, 3 an SM (of ``sms``), fit 168 registers (bfloat16 inputs, whole tiles,
+    more than one of K: elsewhere ptxas spilled) and the waves that leaves, each SLOWER_AT_3
+    longer, take less time than 2 an SM's: each block is one long chain, so a last wave part
+    full costs a whole one; at 2 an SM the planes' writes in pack cost more than the scan
+    saves (v23)."""
     bt = 64 if p.K >= 64 and p.H * -(-p.B * p.T // 64) >= CHUNKS_64 else 32
-    scan = chunks(p, bt, varlen)[0] * tiles(p.K) * tiles(p.V) >= SCAN_FROM
-    return Config(bt, 32 if p.K <= 32 else 64, scan)
+    n = chunks(p, bt, varlen)[0] * tiles(p.K) * tiles(p.V)
+    planes = (n >= SCAN_FROM and p.dtype == "bfloat16" and p.K % GT == 0 and p.K > GT
+              and p.V % GT == 0 and SLOWER_AT_3 * -(-n // (3 * sms)) < -(-n // (2 * sms)))
+    return Config(bt, 32 if p.K <= 32 else 64, n >= SCAN_FROM, planes)
 
 
 def chunks(p, BT, varlen):
@@ -67,20 +81,41 @@ def chunks(p, BT, varlen):
 def defines(p, cfg, seq_int64=False):
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BT=cfg.BT, KT=cfg.KT,
-                SCAN=int(cfg.SCAN))
+                SCAN=int(cfg.SCAN), PLANES=int(cfg.PLANES), SMEM_BYTES=smem(cfg))
+
+
+def planes(p):
+    """(KP, VP): the columns of a plane of q A, k D and of v, do (K and V rounded up to whole
+    GEMM tiles)."""
+    return tiles(p.K) * GT, tiles(p.V) * GT
+
+
+def smem(cfg):
+    """The planes scan's dynamic shared memory bytes (the kernel checks it as SMEM_BYTES): RING
+    stages of the 3 + 1 planes' steps (16 or 32) of a GT-wide tile, rows padded by 8 bfloat16;
+    0 without PLANES."""
+    if not cfg.PLANES:
+        return 0
+    sk = 16 if cfg.BT % 32 else 32
+    return RING * 2 * (3 + 1) * sk * (GT + 8)
 
 
 def workspace(p, cfg, varlen=False):
     """{name: floats} of the float32 workspaces, in order (the kernel's parameter names); qa's
-    room is reused by sd, written after qa's last read. es holds rowsum(E S0) in one part a
-    state tile's columns where the scan is fused (intra adds them)."""
+    room is reused by sd, written after qa's last read (the planes scan reads no qa: its room is
+    sd's only). es holds rowsum(E S0) in one part a state tile's columns where the scan is fused
+    (intra adds them). With PLANES pl holds the bfloat16 planes (3 of scale q A, 3 of k D, 1 of
+    v, 1 of do a chunk, planes()) that every GEMM stage reads instead of kd, vp and dp (none)."""
     NH, NC = chunks(p, cfg.BT, varlen)
     NB = NH * NC
     C, K, V = cfg.BT, p.K, p.V
     parts = tiles(V) if cfg.SCAN else 1
-    return dict(st=NB * K * V, et=NB * K * V, qa=NB * C * K, kd=NB * C * K, vp=NB * C * V,
-                dp=NB * C * V, ae=NB * K, es=parts * NB * K, mm=NB * C * C, ww=NB * C * C,
-                ev=NB * C * K, ar=2 * NB * C * K)
+    kp, vp = planes(p)
+    rows = 0 if cfg.PLANES else 1                  # kd, vp, dp: the planes instead
+    return dict(st=NB * K * V, et=NB * K * V, qa=NB * C * K, kd=rows * NB * C * K,
+                vp=rows * NB * C * V, dp=rows * NB * C * V, ae=NB * K, es=parts * NB * K,
+                mm=NB * C * C, ww=NB * C * C, ev=NB * C * K, ar=2 * NB * C * K,
+                pl=NB * C * (3 * kp + vp) if cfg.PLANES else 0)
 
 
 def layout(sizes):
@@ -106,19 +141,19 @@ class BackwardPlan:
     families') and queues every launch without a host sync."""
 
     def __init__(self, p, varlen=False, seq_int64=False, cfg=None):
-        self.p, self.cfg, self.varlen = p, cfg or config(p, varlen), varlen
+        self.p, self.cfg, self.varlen = p, cfg or config(p, varlen, device_limits()[0]), varlen
         C, K, V = self.cfg.BT, p.K, p.V
         NH, self.NC = chunks(p, C, varlen)
         NB = self.NB = NH * self.NC if p.N else 0
         d = defines(p, self.cfg, seq_int64)
         n_kt = -(-K // self.cfg.KT)
 
-        def launch(entry, grid, block):
-            return Launch(FAMILY.function(entry, d), CHUNK_BACKWARD, grid, block, 0, T=p.T,
-                          NH=NH, N=p.N, H=p.H, NC=self.NC)
+        def launch(entry, grid, block, smem=0):
+            return Launch(FAMILY.function(entry, d, smem), CHUNK_BACKWARD, grid, block, smem,
+                          T=p.T, NH=NH, N=p.N, H=p.H, NC=self.NC)
 
         if self.cfg.SCAN:
-            scan = launch("gda_chunk_bwd_scan", NH * tiles(K) * tiles(V), NTG)
+            scan = launch("gda_chunk_bwd_scan", NH * tiles(K) * tiles(V), NTG, d["SMEM_BYTES"])
             boundary = [(3, scan)]
         else:
             vecs = V // 4 if V % 4 == 0 else V                           # loads a key row
@@ -181,8 +216,8 @@ class BackwardPlan:
         ptrs = (q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, do.data.ptr, address(h0),
                 address(dht), at["st"], at["et"], at["qa"], at["kd"], at["vp"], at["dp"],
                 at["ae"], at["es"], at["mm"], at["ww"], at["sd"], at["ev"], at["ar"],
-                flag.data.ptr, dq.data.ptr, dk.data.ptr, dv.data.ptr, dg.data.ptr, address(dh0),
-                address(cu_seqlens), address(coff))
+                at["pl"], flag.data.ptr, dq.data.ptr, dk.data.ptr, dv.data.ptr, dg.data.ptr,
+                address(dh0), address(cu_seqlens), address(coff))
         for n, stage in self.stages:                                        # 1 .. 7
             if n <= stages:
                 stage(ptrs, scale)

@@ -162,11 +162,16 @@ template <typename E> __device__ __forceinline__ bool gda_aligned(const E* p) {
 // cp.async (sm_80+): 16 bytes from global to shared memory without registers; a thread's copies
 // since its last commit form a group, and gda_cp_wait<N> waits until at most N of its groups
 // are in flight (the copies are then visible to the thread; a barrier makes them the block's).
-__device__ __forceinline__ void gda_cp16(float* dst, const float* src) {
+// (gda_cp16_at: the destination as a shared-memory address, gda_shared_at's)
+__device__ __forceinline__ unsigned gda_shared_at(const void* p) {
     unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(a), "l"(src) : "memory");
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
 }
+__device__ __forceinline__ void gda_cp16_at(unsigned dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void gda_cp16(float* dst, const float* src) { gda_cp16_at(gda_shared_at(dst), src); }
 __device__ __forceinline__ void gda_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void gda_cp_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");

@@ -20,20 +20,22 @@
 // give the loop's gradients. The pipeline, one kernel a stage, on float32 rows [NB][BT][*]:
 //   1. gda_chunk_bwd_pack:   per chunk, q A, k D, A_end and v, do as float32 rows (rows past the
 //                            sequence: gate 1, q = k = v = do = 0, which changes nothing); the
-//                            guard (below) on the inputs.
+//                            guard (below) on the inputs; with PLANES instead scale q A, k D,
+//                            v, do as bfloat16 planes, the GEMMs' operands split once.
 //   2. gda_chunk_bwd_local:  the local states (k D)^T v and scale (q A)^T do (GEMMs).
 //   3. gda_chunk_bwd_states: per (sequence-head, key row), chunk by chunk: the local states
 //                            become S0 (forward) and E (backward) in place, and rowsum(E (.) S0);
 //                            d_initial_state; the guard on S0 and E.
 //   2-3. gda_chunk_bwd_scan: (SCAN) the two as one, a block a tile of the state: the local states
-//                            stay in registers.
-//   4. gda_chunk_bwd_rows:   M, scale do S0^T, v E^T (GEMMs).
+//                            stay in registers (PLANES: its operands, pack's planes, by cp.async).
+//   4. gda_chunk_bwd_rows:   M, scale do S0^T, v E^T (GEMMs; PLANES: v, do from the planes).
 //   5. gda_chunk_bwd_scores: W of each chunk: its 16-step blocks before the diagonal on the
 //                            tensor cores (keys anchored at each block), the diagonal blocks
 //                            on the CUDA cores.
 //   6. gda_chunk_bwd_intra:  dq, dk, dg of each chunk, a thread per key column, the steps in
 //                            reverse (X_t in registers, the chunk's k and g in shared memory).
-//   7. gda_chunk_bwd_dv:     dv = (k D) E + scale W do (GEMMs), into [B, T, H, V].
+//   7. gda_chunk_bwd_dv:     dv = (k D) E + scale W do (GEMMs; PLANES: k D, do from the planes),
+//                            into [B, T, H, V].
 // The GEMMs run on the tensor cores with split operands, exact to float32 (never plain TF32).
 // The guard: the chunked form's products are bounded while |q|, |k|, |v|, |do| <= 2^20, |g| <=
 //   2^(1/8) (a chunk's gate products within 2^8) and |S0|, |E| <= 2^40 (no sum above 2^120:
@@ -48,13 +50,17 @@
 // Required defines: K_DIM, V_DIM, IO_DTYPE, G_DTYPE, LOG_GATE, SEQ_INT64, BT (steps a chunk,
 //   16..64, a multiple of 16), KT (key columns a block of gda_chunk_bwd_intra, a multiple of 32),
 //   SCAN (1: stages 2 and 3 as one kernel, gda_chunk_bwd_scan, whose rowsum comes in one part a
-//   tile of GN value columns; 0: local, then states).
+//   tile of GN value columns; 0: local, then states), PLANES (1, with SCAN and bfloat16 inputs:
+//   the GEMMs' operands split once by pack into planes, the scan's copied through a ring, 3
+//   blocks an SM), SMEM_BYTES (the ring's dynamic shared memory, cupy_gda/chunk_bwd.py smem: 0
+//   without PLANES).
 //   Reference: cupy_gda.reference.gated_attention_backward_ref.
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
-    || !defined(BT) || !defined(KT) || !defined(SCAN)
-#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT and SCAN are required"
+    || !defined(BT) || !defined(KT) || !defined(SCAN) || !defined(PLANES) || !defined(SMEM_BYTES)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES and SMEM_BYTES are required"
 #endif
 static_assert(BT % 16 == 0 && BT >= 16 && BT <= 64, "BT: 16..64, a multiple of 16");
+static_assert(!PLANES || (SCAN && IO_DTYPE == 2), "PLANES: the fused scan's, bfloat16 inputs");
 static_assert(KT % 32 == 0 && KT <= 256, "KT: a multiple of 32, at most 256");
 
 #define GDA_BWD_VAL_MAX 0x1p20f         // the guard: |q|, |k|, |v|, |do| at most this,
@@ -63,6 +69,16 @@ static_assert(KT % 32 == 0 && KT <= 256, "KT: a multiple of 32, at most 256");
 #define NTP 128                         // threads of pack and states
 #define NTS 128                         // threads of scores
 
+// The GEMMs' operands with PLANES (bfloat16 inputs), split once, by pack, in place of qa, kd,
+// vp, dp: q A scale and k D as three bfloat16 planes (h, m, l: gda_split3), v and do as one
+// (exact), each plane of chunk b [BT][KP or VP] at rows (b * planes + e) BT (the columns
+// rounded up to whole tiles of the scan, 0 past K or V), in pl: q A scale, k D, v, do in turn.
+#define PT 64                                   // the scan's tile (GM = GN, asserted below)
+#define KP ((K_DIM + PT - 1) / PT * PT)         // columns of a plane of q A, k D
+#define VP ((V_DIM + PT - 1) / PT * PT)         //   and of v, do
+#define PA 3                                    // planes of q A scale and of k D
+#define PB 1                                    //   and of v and of do
+
 #define GDA_CHUNK_BWD_PARAMS                                                                       \
     const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t* __restrict__ v,       \
     const gt::t* __restrict__ g, const io::t* __restrict__ d_o, const float* __restrict__ h0,    \
@@ -70,7 +86,8 @@ static_assert(KT % 32 == 0 && KT <= 256, "KT: a multiple of 32, at most 256");
     float* __restrict__ qa, float* __restrict__ kd, float* __restrict__ vp,                      \
     float* __restrict__ dp, float* __restrict__ ae, float* __restrict__ es,                      \
     float* __restrict__ mm, float* __restrict__ ww, float* __restrict__ sd,                      \
-    float* __restrict__ ev, float2* __restrict__ ar, int* __restrict__ flag,                     \
+    float* __restrict__ ev, float2* __restrict__ ar, unsigned short* __restrict__ pl,            \
+    int* __restrict__ flag,                                                                      \
     io::t* __restrict__ dq, io::t* __restrict__ dk, io::t* __restrict__ dv,                      \
     gt::t* __restrict__ dg, float* __restrict__ dh0, const seq_t* __restrict__ cu_seqlens,       \
     const long long* __restrict__ coff, long long T, long long NH, long long N, int H, int NC,   \
@@ -114,54 +131,97 @@ struct gda_chunk_at {
 
 #define GDA_CHUNK gda_chunk_at ch(b, T, H, NC, cu_seqlens, coff, N)
 
+// (x0, x1) as three bfloat16 pairs (x0 in the low halves) h + m + l, exactly (X: they are
+// bfloat16 values, h alone)
+template <bool X>
+__device__ __forceinline__ void gda_split3(float x0, float x1, unsigned& h, unsigned& m, unsigned& l) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(x1), "f"(x0));
+    if (X) return;
+    const float r0 = x0 - __uint_as_float(h << 16), r1 = x1 - __uint_as_float(h & 0xffff0000u);
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(m) : "f"(r1), "f"(r0));
+    const float s0 = r0 - __uint_as_float(m << 16), s1 = r1 - __uint_as_float(m & 0xffff0000u);
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(l) : "f"(s1), "f"(s0));
+}
+
+// Chunk b's planes in pl (PLANES; NB chunks): scale q A, k D (PA each), v, do (PB each)
+struct gda_planes_at {
+    unsigned short *q, *k, *v, *d;
+    __device__ __forceinline__ gda_planes_at(unsigned short* pl, long long NB, long long b)
+        : q(pl + b * PA * BT * KP), k(pl + (NB + b) * PA * BT * KP),
+          v(pl + 2 * NB * PA * BT * KP + b * PB * BT * VP), d(v + NB * PB * BT * VP) {}
+};
+
+// x into P planes at p, p + stride, ..: its gda_split3 terms h, m, l (P = 3) or h (1: x is a
+// bfloat16 value)
+template <int P>
+__device__ __forceinline__ void gda_plane_put(unsigned short* p, long long stride, float x) {
+    unsigned h, m, l;
+    gda_split3<P == 1>(x, 0.f, h, m, l);
+    p[0] = (unsigned short)h;
+    if (P == 1) return;
+    p[stride] = (unsigned short)m;
+    p[2 * stride] = (unsigned short)l;
+}
+
 // 1. Block (chunk b): a thread per key column (q A forward, k D backward), then per value column
 extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_pack(GDA_CHUNK_BWD_PARAMS)
 {
     const long long b = blockIdx.x;
     GDA_CHUNK;
+    const gda_planes_at pc(pl, NH * NC, b);            // (PLANES: instead of qa, kd, vp, dp)
     bool ok = true;
-    for (int i = threadIdx.x; i < K_DIM; i += NTP) {
+    for (int i = threadIdx.x; i < (PLANES ? KP : K_DIM); i += NTP) {  // (i >= K_DIM: planes' 0)
+        const bool on = i < K_DIM;
         float a = 1.f;                                  // A_t: q A, A_end
         #pragma unroll 8
         for (int t = 0; t < BT; ++t) {
             float qv = 0.f, gv = 1.f;
-            if (t < ch.rows) {
+            if (on && t < ch.rows) {
                 const long long e = ch.at(t, K_DIM, i);
                 qv = io::load(q[e]);
                 gv = gda_gate(g[e]);
                 ok &= gda_bwd_in(qv, GDA_BWD_VAL_MAX) & gda_bwd_in(gv, GDA_BWD_GATE_MAX);
             }
             a *= gv;
-            qa[(b * BT + t) * K_DIM + i] = qv * a;
+            if (PLANES) gda_plane_put<PA>(pc.q + t * KP + i, BT * KP, scale * (qv * a));
+            else if (on) qa[(b * BT + t) * K_DIM + i] = qv * a;    // (PLANES: only sd's room)
         }
-        ae[b * K_DIM + i] = a;
+        if (on) ae[b * K_DIM + i] = a;
         float d = 1.f;                                  // D_t: k D
         #pragma unroll 8
         for (int t = BT - 1; t >= 0; --t) {
             float kv = 0.f, gv = 1.f;
-            if (t < ch.rows) {
+            if (on && t < ch.rows) {
                 const long long e = ch.at(t, K_DIM, i);
                 kv = io::load(k[e]);
                 gv = gda_gate(g[e]);
                 ok &= gda_bwd_in(kv, GDA_BWD_VAL_MAX);
             }
-            kd[(b * BT + t) * K_DIM + i] = kv * d;
+            if (PLANES) gda_plane_put<PA>(pc.k + t * KP + i, BT * KP, kv * d);
+            else if (on) kd[(b * BT + t) * K_DIM + i] = kv * d;
             d *= gv;
         }
     }
-    for (int j = threadIdx.x; j < V_DIM; j += NTP)
+    for (int j = threadIdx.x; j < (PLANES ? VP : V_DIM); j += NTP) {
+        const bool on = j < V_DIM;
         #pragma unroll 8
         for (int t = 0; t < BT; ++t) {
             float vv = 0.f, dov = 0.f;
-            if (t < ch.rows) {
+            if (on && t < ch.rows) {
                 const long long e = ch.at(t, V_DIM, j);
                 vv = io::load(v[e]);
                 dov = io::load(d_o[e]);
                 ok &= gda_bwd_in(vv, GDA_BWD_VAL_MAX) & gda_bwd_in(dov, GDA_BWD_VAL_MAX);
             }
-            vp[(b * BT + t) * V_DIM + j] = vv;
-            dp[(b * BT + t) * V_DIM + j] = dov;
+            if (PLANES) {
+                gda_plane_put<PB>(pc.v + t * VP + j, BT * VP, vv);
+                gda_plane_put<PB>(pc.d + t * VP + j, BT * VP, dov);
+            } else if (on) {
+                vp[(b * BT + t) * V_DIM + j] = vv;
+                dp[(b * BT + t) * V_DIM + j] = dov;
+            }
         }
+    }
     if (!ok) *flag = 1;
 }
 
@@ -177,7 +237,9 @@ extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_pack(GDA_CHUNK_B
 //   truncation is once a k-step, of that step's sum, not of the running total.
 // A block: one GM x GN tile of C, 4 warps of 32 x 32 (2 x 4 mma tiles each), the inner
 // dimension GK at a time, the next stage's loads in registers while this one is multiplied
-// (docs/perf-notes.md, v20: a ring of cp.async copies measured slower).
+// (docs/perf-notes.md, v20: a ring of cp.async copies, split from shared memory, measured
+// slower). With PLANES an operand pack split comes as its planes (gda_plane_operand), and the
+// scan copies them through a ring of its own (gda_scan_feed, gda_scan_mma: v23).
 #define GM 64                                           // rows of C a block
 #define GN 64                                           // columns of C a block
 #define GK 32                                           // inner steps a stage (16 or 32)
@@ -187,28 +249,43 @@ extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_pack(GDA_CHUNK_B
 static_assert(GM == GN && GK / 2 * (GM + 8) <= GW && (GK == 16 || GK == 32), "GK: 16 or 32");
 static_assert(BT <= GM, "a chunk's rows in one tile");
 
-// (x0, x1) as three bfloat16 pairs (x0 in the low halves) h + m + l, exactly (X: they are
-// bfloat16 values, h alone)
-template <bool X>
-__device__ __forceinline__ void gda_split3(float x0, float x1, unsigned& h, unsigned& m, unsigned& l) {
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(x1), "f"(x0));
-    if (X) return;
-    const float r0 = x0 - __uint_as_float(h << 16), r1 = x1 - __uint_as_float(h & 0xffff0000u);
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(m) : "f"(r1), "f"(r0));
-    const float s0 = r0 - __uint_as_float(m << 16), s1 = r1 - __uint_as_float(m & 0xffff0000u);
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(l) : "f"(s1), "f"(s0));
-}
-
-// An operand: a row-major ROWS x COLS matrix, its inner (k) index along the rows where KROWS
-// (else along the columns); X: exact in bfloat16 (v and do of bfloat16 inputs), one term. A
-// stage (GK inner steps of 64 outer ones) is loaded into registers,
-// NL loads of 4 floats a thread (KROWS: two rows of the same 4 columns at a time; else 4 inner
-// steps of one row), and split into three terms of words of two consecutive inner steps
-// ([GK / 2][64 + 8] or [64][GK / 2 + 4]: the fragments' reads are free of bank conflicts).
-template <int ROWS, int COLS, bool KROWS, bool X>
-struct gda_operand {
+// A stage of an operand (GK inner steps of 64 outer ones, a row-major matrix, its inner (k)
+// index along the rows where KROWS, else along the columns) in registers and in shared memory:
+// NL loads of 4 elements a thread (KROWS: two rows of the same 4 columns at a time; else 4
+// inner steps of one row), stored as words of two consecutive inner steps ([GK / 2][64 + 8] or
+// [64][GK / 2 + 4]: the fragments' reads are free of bank conflicts), each term GW words on.
+template <bool KROWS>
+struct gda_stage {
     static constexpr int LD = KROWS ? GM + 8 : GK / 2 + 4, NL = GK / 8, C4 = GK / 4;
-    float4 buf[NL];
+    // load l's row r and first column c of the stage of outer indices mn0.., inner k0..
+    static __device__ __forceinline__ void from(int l, int mn0, int k0, int& r, int& c) {
+        if (KROWS) {
+            const int x = threadIdx.x + l / 2 * NTG;
+            r = k0 + x / 16 * 2 + l % 2;
+            c = mn0 + x % 16 * 4;
+        } else {
+            const int x = threadIdx.x + l * NTG;
+            r = mn0 + x / C4;
+            c = k0 + x % C4 * 4;
+        }
+    }
+    // the first word of store u (KROWS: loads 2u, 2u + 1, 4 words; else load u, 2 words)
+    static __device__ __forceinline__ int to(int u) {
+        const int x = threadIdx.x + u * NTG;
+        return KROWS ? x / 16 * LD + x % 16 * 4 : x / C4 * LD + x % C4 * 2;
+    }
+    // the word of outer index i, inner pair kp
+    static __device__ __forceinline__ int at(int i, int kp) { return KROWS ? kp * LD + i : i * LD + kp; }
+};
+
+// An operand: a row-major ROWS x COLS float32 matrix (gda_stage's); X: exact in bfloat16 (v
+// and do of bfloat16 inputs), one term. A stage is loaded into registers and split into three
+// terms of words.
+template <int ROWS, int COLS, bool KROWS, bool X>
+struct gda_operand : gda_stage<KROWS> {
+    typedef float elem;
+    typedef gda_stage<KROWS> S;
+    float4 buf[S::NL];
 
     __device__ __forceinline__ static float4 ld4(const float* src, int r, int c) {
         const float* p = src + r * COLS + c;
@@ -221,14 +298,10 @@ struct gda_operand {
     // the stage of outer indices mn0.., inner k0.. into registers (0 outside the matrix)
     __device__ __forceinline__ void load(const float* src, int mn0, int k0) {
         #pragma unroll
-        for (int l = 0; l < NL; ++l) {
-            if (KROWS) {
-                const int x = threadIdx.x + l / 2 * NTG;
-                buf[l] = ld4(src, k0 + x / 16 * 2 + l % 2, mn0 + x % 16 * 4);
-            } else {
-                const int x = threadIdx.x + l * NTG;
-                buf[l] = ld4(src, mn0 + x / C4, k0 + x % C4 * 4);
-            }
+        for (int l = 0; l < S::NL; ++l) {
+            int r, c;
+            S::from(l, mn0, k0, r, c);
+            buf[l] = ld4(src, r, c);
         }
     }
     // the registers, times alpha (1 where X), split into the three terms' words at t[0], t[GW],
@@ -236,8 +309,8 @@ struct gda_operand {
     __device__ __forceinline__ void store(unsigned* t, float alpha) const {
         if (KROWS) {
             #pragma unroll
-            for (int u = 0; u < NL / 2; ++u) {
-                const int x = threadIdx.x + u * NTG, at = x / 16 * LD + x % 16 * 4;
+            for (int u = 0; u < S::NL / 2; ++u) {
+                const int at = S::to(u);
                 const float4 a = buf[2 * u], b = buf[2 * u + 1];
                 uint4 h, m, l;
                 gda_split3<X>(alpha * a.x, alpha * b.x, h.x, m.x, l.x);
@@ -252,8 +325,8 @@ struct gda_operand {
             }
         } else {
             #pragma unroll
-            for (int u = 0; u < NL; ++u) {
-                const int x = threadIdx.x + u * NTG, at = x / C4 * LD + x % C4 * 2;
+            for (int u = 0; u < S::NL; ++u) {
+                const int at = S::to(u);
                 uint2 h, m, l;
                 gda_split3<X>(alpha * buf[u].x, alpha * buf[u].y, h.x, m.x, l.x);
                 gda_split3<X>(alpha * buf[u].z, alpha * buf[u].w, h.y, m.y, l.y);
@@ -265,8 +338,51 @@ struct gda_operand {
             }
         }
     }
-    // the word of outer index i, inner pair kp
-    static __device__ __forceinline__ int at(int i, int kp) { return KROWS ? kp * LD + i : i * LD + kp; }
+};
+
+// An operand as gda_operand's, from P bfloat16 planes (pack's, PLANES: the terms h, m, l as
+// made, P = 3, or the one of an exact operand, P = 1) of a row-major ROWS x COLS matrix of row
+// pitch PITCH (a multiple of 4, 0 past COLS), plane e at ROWS PITCH e: the stage's words
+// copied into the same layout, not split (alpha must be 1)
+template <int ROWS, int COLS, int PITCH, bool KROWS, int P>
+struct gda_plane_operand : gda_stage<KROWS> {
+    typedef unsigned short elem;
+    typedef gda_stage<KROWS> S;
+    static_assert(PITCH % 4 == 0 && PITCH >= COLS, "whole 4-element loads in the pitch");
+    uint2 buf[S::NL][P];                                // 4 elements of each plane a load
+
+    // the stage of outer indices mn0.., inner k0.. into registers (0 outside the matrix)
+    __device__ __forceinline__ void load(const elem* src, int mn0, int k0) {
+        #pragma unroll
+        for (int l = 0; l < S::NL; ++l) {
+            int r, c;
+            S::from(l, mn0, k0, r, c);
+            #pragma unroll
+            for (int e = 0; e < P; ++e)
+                buf[l][e] = r < ROWS && c < PITCH
+                    ? *reinterpret_cast<const uint2*>(src + ((long long)e * ROWS + r) * PITCH + c)
+                    : make_uint2(0u, 0u);
+        }
+    }
+    // the registers' words at t[0], t[GW], t[2 GW] (plane e at t[e GW])
+    __device__ __forceinline__ void store(unsigned* t, float) const {
+        #pragma unroll
+        for (int e = 0; e < P; ++e) {
+            if (KROWS) {                                // words of rows r, r + 1 of a column
+                #pragma unroll
+                for (int u = 0; u < S::NL / 2; ++u) {
+                    const uint2 a = buf[2 * u][e], b = buf[2 * u + 1][e];
+                    *reinterpret_cast<uint4*>(t + e * GW + S::to(u)) = make_uint4(
+                        __byte_perm(a.x, b.x, 0x5410), __byte_perm(a.x, b.x, 0x7632),
+                        __byte_perm(a.y, b.y, 0x5410), __byte_perm(a.y, b.y, 0x7632));
+                }
+            } else {                                    // words of columns c, c + 1 of a row
+                #pragma unroll
+                for (int u = 0; u < S::NL; ++u)
+                    *reinterpret_cast<uint2*>(t + e * GW + S::to(u)) = buf[u][e];
+            }
+        }
+    }
 };
 
 template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false>
@@ -275,19 +391,17 @@ struct gda_gemm_ops {                                   // gda_gemm's operand ty
     typedef gda_operand<TB ? N : KK, TB ? KK : N, !TB, XB> B;
 };
 
-// gda_gemm with the first stage of its operands already in A and B; while its last stage is
-// multiplied, the first of the next product's (an, bn: the same shapes, the same tile; none
+// gda_gemm with the first stage of its operands already in A and B (of types opa, opb: the
+// stored operands of gda_gemm_ops or plane operands of the same layouts); while its last stage
+// is multiplied, the first of the next product's (an, bn: the same shapes, the same tile; none
 // where an is null) is loaded into them, so a chain of products (the scan's chunks) does not
 // wait on its loads
-template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false>
-__device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4],
-                                               typename gda_gemm_ops<M, N, KK, TA, TB, XA, XB>::A& A,
-                                               typename gda_gemm_ops<M, N, KK, TA, TB, XA, XB>::B& B,
-                                               const float* a, const float* b, float alpha, int m0,
-                                               int n0, unsigned* sm, const float* an, const float* bn)
+template <int M, int N, int KK, bool XA, bool XB, typename opa, typename opb>
+__device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, opb& B,
+                                               const typename opa::elem* a, const typename opb::elem* b,
+                                               float alpha, int m0, int n0, unsigned* sm,
+                                               const typename opa::elem* an, const typename opb::elem* bn)
 {
-    typedef typename gda_gemm_ops<M, N, KK, TA, TB, XA, XB>::A opa;
-    typedef typename gda_gemm_ops<M, N, KK, TA, TB, XA, XB>::B opb;
     const int lane = threadIdx.x % 32, wm = threadIdx.x / 64 * 32, wn = threadIdx.x / 32 % 2 * 32;
     const int g = lane / 4, t = lane % 4;
     const int mn = M - m0 - wm > 16 ? 2 : 1, nn = min(4, (N - n0 - wn + 7) / 8);  // live mma tiles
@@ -348,16 +462,25 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4],
 // acc (the thread's part of the block's tile at rows m0.., columns n0..) += op(A) op(B): op(A)
 // M x KK (A stored KK x M where TA), op(B) KK x N (stored N x KK where TB), alpha scaling A
 // (1 where XA); XA, XB: the operand is exact in bfloat16, one term (the products with its other
-// terms, 0, left out). sm: GDA_GEMM_SMEM bytes. Every thread of the block calls it.
+// terms, 0, left out). sm: GDA_GEMM_SMEM bytes. Every thread of the block calls it. (gda_gemm_of:
+// with the operand types given, e.g. plane operands.)
+template <int M, int N, int KK, bool XA, bool XB, typename opa, typename opb>
+__device__ __forceinline__ void gda_gemm_of(float (&acc)[2][4][4], const typename opa::elem* a,
+                                            const typename opb::elem* b, float alpha, int m0, int n0,
+                                            unsigned* sm)
+{
+    opa A;
+    opb B;
+    A.load(a, m0, 0);
+    B.load(b, n0, 0);
+    gda_gemm_chain<M, N, KK, XA, XB>(acc, A, B, a, b, alpha, m0, n0, sm, nullptr, nullptr);
+}
 template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false>
 __device__ __forceinline__ void gda_gemm(float (&acc)[2][4][4], const float* a, const float* b,
                                          float alpha, int m0, int n0, unsigned* sm)
 {
-    typename gda_gemm_ops<M, N, KK, TA, TB, XA, XB>::A A;
-    typename gda_gemm_ops<M, N, KK, TA, TB, XA, XB>::B B;
-    A.load(a, m0, 0);
-    B.load(b, n0, 0);
-    gda_gemm_chain<M, N, KK, TA, TB, XA, XB>(acc, A, B, a, b, alpha, m0, n0, sm, nullptr, nullptr);
+    typedef gda_gemm_ops<M, N, KK, TA, TB, XA, XB> ops;
+    gda_gemm_of<M, N, KK, XA, XB, typename ops::A, typename ops::B>(acc, a, b, alpha, m0, n0, sm);
 }
 
 // f(i, j, h, row, col) for each pair of the thread's accumulator elements acc[i][j][2 h],
@@ -620,24 +743,147 @@ __device__ __forceinline__ void gda_scan_step(float (&x)[2][4][4], const float (
             }
 }
 
+// The fused scan's ring: RING stages in flight, each SK steps of every plane of the block's tile
+// (SK rows of GM columns of PA planes of A, of GN columns of PB planes of B; a row padded to RL
+// halves, so that ldmatrix's 8 rows of 16 bytes fall in distinct banks), copied by cp.async.
+#define SK (BT % 32 ? 16 : 32)                          // steps a stage
+#define NSUB (BT / SK)                                  // stages a chunk
+#define RING 3                                          // stages in flight
+#define RL (PT + 8)                                     // halves a staged row
+#define RING_STAGE (2 * (PA + PB) * SK * RL)            // bytes a stage
+static_assert(PT == GM && PT == GN, "the planes' tiles are the GEMM tiles");
+static_assert(SMEM_BYTES == (PLANES ? RING * RING_STAGE : 0),
+              "SMEM_BYTES (cupy_gda/chunk_bwd.py smem) differs from this kernel's layout");
+
+// The scan's stages in the order it takes them, a cursor: for each sequence of the block's
+// sequence-head, its chunks forward (A: k D, B: v), then backward (A: q A scale, B: do), NSUB
+// stages a chunk. issue() copies the cursor's stage (nothing once past the last) and moves on.
+struct gda_scan_feed {
+    const unsigned short *pq, *pk, *pv, *pd;
+    const long long* coff;
+    long long nh, n, nseq;
+    int NC, m0, n0, j0, j1, c, sub, dir;                // dir: 1 forward, -1 backward, 0 done
+
+    __device__ __forceinline__ void range() {          // sequence n's chunks
+        j0 = coff ? (int)coff[n] : 0;
+        j1 = coff ? (int)coff[n + 1] : NC;
+        c = j0;
+        dir = 1;
+    }
+    __device__ __forceinline__ void issue(unsigned at) {
+        if (dir != 0) {
+            const long long b = nh * NC + c;
+            const unsigned short* a = (dir > 0 ? pk : pq) + (b * PA * BT + sub * SK) * KP + m0;
+            const unsigned short* bb = (dir > 0 ? pv : pd) + (b * PB * BT + sub * SK) * VP + n0;
+            #pragma unroll
+            for (int e = 0; e < PA + PB; ++e)           // plane e: SK rows of 8 copies of 16 bytes
+                #pragma unroll
+                for (int w = 0; w < SK * 8 / NTG; ++w) {
+                    const int x = threadIdx.x + w * NTG, r = x / 8, c8 = x % 8 * 8;
+                    gda_cp16_at(at + 2 * ((e * SK + r) * RL + c8),
+                                e < PA ? a + ((long long)e * BT + r) * KP + c8
+                                       : bb + ((long long)(e - PA) * BT + r) * VP + c8);
+                }
+            if (++sub == NSUB) {
+                sub = 0;
+                c += dir;
+                if (dir > 0 && c == j1) {
+                    dir = -1;
+                    c = j1 - 1;
+                } else if (dir < 0 && c < j0) {
+                    dir = 0;
+                    if (++n < nseq) range();
+                }
+            }
+        }
+        gda_cp_commit();                                // (an empty group past the last)
+    }
+};
+static_assert(SK * 8 % NTG == 0, "whole copies a thread");
+
+// x += A B over the staged SK steps at shared address at (A: the tile's GM rows of (k D)^T or
+// (q A scale)^T, B: its GN columns of v or do), the thread's part of the tile in the GEMM
+// accumulators' layout: gda_gemm_chain's products in its order (each k-step into fresh sums;
+// A's terms l, m, h times B's one), the fragments by ldmatrix from the planes
+__device__ __forceinline__ void gda_scan_mma(float (&x)[2][4][4], unsigned at, int m0, int n0)
+{
+    const int lane = threadIdx.x % 32, wm = threadIdx.x / 64 * 32, wn = threadIdx.x / 32 % 2 * 32;
+    const int mn = K_DIM - m0 - wm > 16 ? 2 : 1, nn = min(4, (V_DIM - n0 - wn + 7) / 8);  // live tiles
+    if (K_DIM - m0 - wm <= 0 || nn <= 0) return;        // (the same in the whole warp)
+    const int q = lane / 8, r8 = lane % 8;
+    #pragma unroll
+    for (int ks = 0; ks < SK; ks += 16) {
+        unsigned fb[4][2];                              // B's fragments [tile]
+        #pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            unsigned r[4];
+            gda_ldsm4_t(r, at + 2 * ((PA * SK + ks + q % 2 * 8 + r8) * RL + wn + 16 * p + q / 2 * 8));
+            fb[2 * p][0] = r[0];
+            fb[2 * p][1] = r[1];
+            fb[2 * p + 1][0] = r[2];
+            fb[2 * p + 1][1] = r[3];
+        }
+        float d[2][4][4] = {};
+        #pragma unroll
+        for (int ea = PA - 1; ea >= 0; --ea) {
+            unsigned fa[2][4];
+            #pragma unroll
+            for (int i = 0; i < 2; ++i)
+                gda_ldsm4_t(fa[i], at + 2 * ((ea * SK + ks + q / 2 * 8 + r8) * RL + wm + 16 * i + q % 2 * 8));
+            #pragma unroll
+            for (int i = 0; i < 2; ++i)
+                #pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (i < mn && j < nn) gda_mma_bf16(d[i][j], fa[i], fb[j]);
+        }
+        #pragma unroll
+        for (int i = 0; i < 2; ++i)
+            #pragma unroll
+            for (int j = 0; j < 4; ++j)
+                #pragma unroll
+                for (int r = 0; r < 4; ++r) x[i][j][r] += d[i][j][r];
+    }
+}
+
 // 2-3 fused (SCAN = 1; launched instead of local and states). Block: (sequence-head nh, a GM x
 // GN tile of the K x V state at rows m0, columns n0), the state in the GEMM accumulators' layout,
-// the chunks in order: forward, S is stored as chunk b's S0, scaled by A_end, and the GEMM adds
-// (k D)^T v to it; backward from the last chunk, E is stored as its E, the tile's part of
+// the chunks in order: forward, S is stored as chunk b's S0, scaled by A_end, and (k D)^T v is
+// added to it; backward from the last chunk, E is stored as its E, the tile's part of
 // rowsum(E (.) S0) goes to es[part n0 / GN] (intra adds the ES_PARTS parts), E is scaled by
-// A_end and the GEMM adds scale (q A)^T do. The local states never go through memory, and one
-// kernel replaces two (docs/perf-notes.md, v21). (Summing into the state itself, not into a
-// fresh tile added after, keeps 32 registers free: with both, ptxas spilled; and with no
-// minimum of blocks ptxas kept it to 168 registers and spilled at K = V = 1.) Chunks past the
-// last sequence's (cu_seqlens) get no S0 or E: rows, intra and dv skip every chunk of no rows.
-extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_scan(GDA_CHUNK_BWD_PARAMS)
+// A_end and scale (q A)^T do is added. The products: PLANES, from pack's planes, RING - 1
+// stages ahead through the ring (gda_scan_feed), one barrier a stage, 3 blocks an SM (168
+// registers); else by gda_gemm_chain, split here, the next product's first stage loaded while
+// this one's last is multiplied, 2 blocks an SM. The local states never go through memory,
+// and one kernel replaces two (docs/perf-notes.md, v21, v23). (Summing into the state itself,
+// not into a fresh tile added after, keeps 32 registers free: with both, ptxas spilled; and
+// with no minimum of blocks ptxas kept it to 168 registers and spilled at K = V = 1.) Chunks
+// past the last sequence's (cu_seqlens) get no S0 or E: rows, intra and dv skip every chunk
+// of no rows.
+extern "C" __global__ void __launch_bounds__(NTG, PLANES ? 3 : 2) gda_chunk_bwd_scan(GDA_CHUNK_BWD_PARAMS)
 {
-    __shared__ __align__(16) unsigned b_op[GDA_GEMM_SMEM / 4];
+    extern __shared__ __align__(16) unsigned short b_ring[];    // PLANES: RING stages
+    __shared__ __align__(16) unsigned b_op[PLANES ? 1 : GDA_GEMM_SMEM / 4];   // else the chain's
     __shared__ float b_red[2][GM];                      // the rowsum's halves (wn = 0, 32)
     constexpr int TN = GDA_TILES(V_DIM), TILES = GDA_TILES(K_DIM) * TN;
-    const long long nh = blockIdx.x / TILES;
+    const long long nh = blockIdx.x / TILES, NB = NH * NC;
     const int tile = blockIdx.x % TILES, m0 = tile / TN * GM, n0 = tile % TN * GN;
     const int lane = threadIdx.x % 32, wm = threadIdx.x / 64 * 32, wn = threadIdx.x / 32 % 2 * 32;
+    const unsigned ring = gda_shared_at(b_ring);
+    const gda_planes_at p0(pl, NB, 0);                 // (PLANES) the planes of chunk 0 on
+    gda_scan_feed feed{p0.q, p0.k, p0.v, p0.d, coff, nh, 0, coff ? N : 1, NC, m0, n0};
+    if constexpr (PLANES) {
+        feed.range();
+        #pragma unroll
+        for (int s = 0; s < RING - 1; ++s) feed.issue(ring + s * RING_STAGE);
+    }
+    int taken = 0;                                      // stages taken
+    const auto take = [&](float (&x)[2][4][4]) {        // the next stage's products into x
+        gda_cp_wait<RING - 2>();                        // (its copies, this thread's)
+        __syncthreads();                                // (everyone's; and the slot of the
+        feed.issue(ring + (taken + RING - 1) % RING * RING_STAGE);   //  last stage is read)
+        gda_scan_mma(x, ring + taken % RING * RING_STAGE, m0, n0);
+        ++taken;
+    };
     bool ok = true;
     const long long nseq = coff ? N : 1;
     for (long long sq = 0; sq < nseq; ++sq) {
@@ -647,20 +893,27 @@ extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_scan(GDA_CHUN
         float x[2][4][4], a[2][2];                      // S, then E
         gda_gemm_get<K_DIM, V_DIM>(x, h0 ? h0 + srow * V_DIM : nullptr, m0, n0);
         typedef gda_gemm_ops<K_DIM, V_DIM, BT, true, false, false, GDA_VX> ops;
-        typename ops::A A;                              // the next product's first stage
-        typename ops::B B;
-        A.load(kd + (nh * NC + j0) * BT * K_DIM, m0, 0);
-        B.load(vp + (nh * NC + j0) * BT * V_DIM, n0, 0);
+        typename ops::A A;                              // (not PLANES) the next product's first
+        typename ops::B B;                              //   stage
+        if constexpr (!PLANES) {
+            A.load(kd + (nh * NC + j0) * BT * K_DIM, m0, 0);
+            B.load(vp + (nh * NC + j0) * BT * V_DIM, n0, 0);
+        }
         for (int c = j0; c < j1; ++c) {                 // forward: S0 of each chunk
             const long long b = nh * NC + c;
-            const bool more = c + 1 < j1;               // (then the backward's first, the last)
-            const float* an = more ? kd + (b + 1) * BT * K_DIM : qa + b * BT * K_DIM;
-            const float* bn = more ? vp + (b + 1) * BT * V_DIM : dp + b * BT * V_DIM;
             gda_gemm_rows<K_DIM>(a, ae + b * K_DIM, m0);
             gda_gemm_store<K_DIM, V_DIM>(st + b * K_DIM * V_DIM, x, m0, n0);
             gda_scan_step(x, a, ok, [](int, int, int) {});
-            gda_gemm_chain<K_DIM, V_DIM, BT, true, false, false, GDA_VX>(
-                x, A, B, kd + b * BT * K_DIM, vp + b * BT * V_DIM, 1.f, m0, n0, b_op, an, bn);
+            if constexpr (PLANES) {
+                #pragma unroll 1
+                for (int u = 0; u < NSUB; ++u) take(x);
+            } else {
+                const bool more = c + 1 < j1;           // (then the backward's first, the last)
+                gda_gemm_chain<K_DIM, V_DIM, BT, false, GDA_VX>(
+                    x, A, B, kd + b * BT * K_DIM, vp + b * BT * V_DIM, 1.f, m0, n0, b_op,
+                    more ? kd + (b + 1) * BT * K_DIM : qa + b * BT * K_DIM,
+                    more ? vp + (b + 1) * BT * V_DIM : dp + b * BT * V_DIM);
+            }
         }
         gda_gemm_get<K_DIM, V_DIM>(x, dht ? dht + srow * V_DIM : nullptr, m0, n0);
         for (int c = j1 - 1; c >= j0; --c) {            // backward: E of each chunk, from the last
@@ -683,20 +936,47 @@ extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_scan(GDA_CHUN
                     if (lane % 4 == 0) b_red[wn / 32][wm + 16 * i + lane / 4 + 8 * h] = y;
                 }
             __syncthreads();                            // (b_red's next writes are past the
-            const int row = m0 + threadIdx.x;           //  GEMM's barriers)
+            const int row = m0 + threadIdx.x;           //  products' barriers)
             if (threadIdx.x < GM && row < K_DIM)
                 es[((long long)n0 / GN * NH * NC + b) * K_DIM + row] =
                     b_red[0][threadIdx.x] + b_red[1][threadIdx.x];
-            const bool more = c > j0;
-            gda_gemm_chain<K_DIM, V_DIM, BT, true, false, false, GDA_VX>(
-                x, A, B, qa + b * BT * K_DIM, dp + b * BT * V_DIM, scale, m0, n0, b_op,
-                more ? qa + (b - 1) * BT * K_DIM : nullptr,
-                more ? dp + (b - 1) * BT * V_DIM : nullptr);
+            if constexpr (PLANES) {
+                #pragma unroll 1
+                for (int u = 0; u < NSUB; ++u) take(x);
+            } else {
+                const bool more = c > j0;
+                gda_gemm_chain<K_DIM, V_DIM, BT, false, GDA_VX>(
+                    x, A, B, qa + b * BT * K_DIM, dp + b * BT * V_DIM, scale, m0, n0, b_op,
+                    more ? qa + (b - 1) * BT * K_DIM : nullptr,
+                    more ? dp + (b - 1) * BT * V_DIM : nullptr);
+            }
         }
         if (dh0)
             gda_gemm_store<K_DIM, V_DIM>(dh0 + srow * V_DIM, x, m0, n0);
     }
     if (!ok) *flag = 1;
+}
+
+// Stage 4's products of chunk b (z, the tile at column n0 as gda_chunk_bwd_rows's) from its rows
+// of v and of do, rv and rd: operands of type RO, k along V (float32 rows, or PLANES' planes)
+template <typename RO>
+__device__ __forceinline__ void gda_rows_of(int z, long long b, int n0, const typename RO::elem* rv,
+                                            const typename RO::elem* rd, const float* st,
+                                            const float* et, float* mm, float* sd, float* ev,
+                                            float scale, unsigned* sm)
+{
+    float acc[2][4][4] = {};
+    if (z == 0) {
+        gda_gemm_of<BT, BT, V_DIM, GDA_VX, GDA_VX, RO, RO>(acc, rv, rd, GDA_VX ? 1.f : scale, 0, n0, sm);
+        gda_gemm_store<BT, BT>(mm + b * BT * BT, acc, 0, n0, GDA_VX ? scale : 1.f);
+    } else {
+        typedef typename gda_gemm_ops<BT, K_DIM, V_DIM, false, true, GDA_VX>::B SO;   // S0 or E
+        gda_gemm_of<BT, K_DIM, V_DIM, GDA_VX, false, RO, SO>(
+            acc, z == 1 ? rd : rv, (z == 1 ? st : et) + b * K_DIM * V_DIM,
+            GDA_VX || z == 2 ? 1.f : scale, 0, n0, sm);
+        gda_gemm_store<BT, K_DIM>((z == 1 ? sd : ev) + b * BT * K_DIM, acc, 0, n0,
+                                  GDA_VX && z == 1 ? scale : 1.f);
+    }
 }
 
 // 4. Chunk b's rows from V-contractions: M = scale v do^T (z = 0), sd = scale do S0^T (z = 1),
@@ -712,20 +992,16 @@ gda_chunk_bwd_rows(GDA_CHUNK_BWD_PARAMS)
     const long long b = blockIdx.x / (3 * TILES);
     const int z = blockIdx.x / TILES % 3, n0 = blockIdx.x % TILES * GN;
     GDA_CHUNK;
-    if (ch.rows == 0) return;                           // (no row to take a gradient: see scan)
-    const float *rv = vp + b * BT * V_DIM, *rd = dp + b * BT * V_DIM;
-    float acc[2][4][4] = {};
-    if (z == 0) {
-        if (n0 >= BT) return;                           // (the whole block)
-        gda_gemm<BT, BT, V_DIM, false, true, GDA_VX, GDA_VX>(acc, rv, rd, GDA_VX ? 1.f : scale, 0, n0,
-                                                             b_op);
-        gda_gemm_store<BT, BT>(mm + b * BT * BT, acc, 0, n0, GDA_VX ? scale : 1.f);
+    // (no row to take a gradient: see scan; M's one tile of columns)
+    if (ch.rows == 0 || (z == 0 && n0 >= BT)) return;
+    if constexpr (PLANES) {
+        const gda_planes_at pc(pl, NH * NC, b);
+        gda_rows_of<gda_plane_operand<BT, V_DIM, VP, false, PB>>(z, b, n0, pc.v, pc.d, st, et, mm, sd,
+                                                                 ev, scale, b_op);
     } else {
-        gda_gemm<BT, K_DIM, V_DIM, false, true, GDA_VX>(acc, z == 1 ? rd : rv,
-                                                        (z == 1 ? st : et) + b * K_DIM * V_DIM,
-                                                        GDA_VX || z == 2 ? 1.f : scale, 0, n0, b_op);
-        gda_gemm_store<BT, K_DIM>((z == 1 ? sd : ev) + b * BT * K_DIM, acc, 0, n0,
-                                  GDA_VX && z == 1 ? scale : 1.f);
+        gda_rows_of<gda_operand<BT, V_DIM, false, GDA_VX>>(z, b, n0, vp + b * BT * V_DIM,
+                                                           dp + b * BT * V_DIM, st, et, mm, sd, ev,
+                                                           scale, b_op);
     }
 }
 
@@ -1052,9 +1328,20 @@ extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_dv(GDA_CHUNK_
     GDA_CHUNK;
     if (ch.rows == 0) return;
     float acc[2][4][4] = {};
-    gda_gemm<BT, V_DIM, K_DIM, false, false>(acc, kd + b * BT * K_DIM, et + b * K_DIM * V_DIM, 1.f, 0, n0, b_op);
-    gda_gemm<BT, V_DIM, BT, false, false, false, GDA_VX>(acc, ww + b * BT * BT, dp + b * BT * V_DIM,
-                                                         scale, 0, n0, b_op);
+    const float* e = et + b * K_DIM * V_DIM;
+    if constexpr (PLANES) {                             // k D's three terms and do as made
+        const gda_planes_at pc(pl, NH * NC, b);
+        typedef gda_gemm_ops<BT, V_DIM, K_DIM, false, false> ke;
+        typedef gda_gemm_ops<BT, V_DIM, BT, false, false, false, GDA_VX> wd;
+        gda_gemm_of<BT, V_DIM, K_DIM, false, false, gda_plane_operand<BT, K_DIM, KP, false, PA>,
+                    typename ke::B>(acc, pc.k, e, 1.f, 0, n0, b_op);
+        gda_gemm_of<BT, V_DIM, BT, false, GDA_VX, typename wd::A, gda_plane_operand<BT, V_DIM, VP, true, PB>>(
+            acc, ww + b * BT * BT, pc.d, scale, 0, n0, b_op);
+    } else {
+        gda_gemm<BT, V_DIM, K_DIM, false, false>(acc, kd + b * BT * K_DIM, e, 1.f, 0, n0, b_op);
+        gda_gemm<BT, V_DIM, BT, false, false, false, GDA_VX>(acc, ww + b * BT * BT, dp + b * BT * V_DIM,
+                                                             scale, 0, n0, b_op);
+    }
     gda_gemm_put<BT>(acc, 0, n0, [=](int t, int j, float x0, float x1) {
         if (t < ch.rows) {
             if (j < V_DIM) dv[ch.at(t, V_DIM, j)] = io::store(x0);

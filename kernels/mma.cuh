@@ -60,6 +60,15 @@ __device__ __forceinline__ void gda_mma_bf16(float (&d)[4], const unsigned (&a)[
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// Four 8 x 8 matrices of 16-bit elements from shared memory, transposed (ldmatrix .trans): lane
+// L gives the address (gda_shared_at) of row L % 8 of matrix L / 8, 16 bytes, and r[i] gets
+// elements (2 (L % 4), L / 4) and (2 (L % 4) + 1, L / 4) of matrix i, the low half first: an
+// mma fragment's pair of consecutive k from a matrix stored k-major
+__device__ __forceinline__ void gda_ldsm4_t(unsigned (&r)[4], unsigned at) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(at));
+}
+
 // d += a b over one k-step
 __device__ __forceinline__ void gda_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
 #if GDA_BF16

@@ -106,22 +106,27 @@ def shape_line(name, stages):
     plan = chunk_bwd.plan(p)
     _, flag = plan.run(q, k, v, g, do, 1.0, None, None, fallback=False)
     other = chunk_bwd.BackwardPlan(p, cfg=plan.cfg._replace(BT=96 - plan.cfg.BT))
-    flip = chunk_bwd.BackwardPlan(p, cfg=plan.cfg._replace(SCAN=not plan.cfg.SCAN))
+    # the other boundary scan: from the planes -> the fused one without; else fused <-> not
+    flip = chunk_bwd.BackwardPlan(p, cfg=plan.cfg._replace(PLANES=False) if plan.cfg.PLANES
+                                  else plan.cfg._replace(SCAN=not plan.cfg.SCAN))
+
+    def form(cfg):
+        return "planes" if cfg.PLANES else f"scan {int(cfg.SCAN)}"
 
     def by(pl):                                             # the backward by another plan
         return pl(q, k, v, g, do, 1.0, None, None)
 
     alt, fl = (median_ms(lambda: by(pl), n) for pl in (other, flip))
     print(f"{name:13s} fwd {fwd:8.3f}  bwd rec {rec:8.3f}  chunk {chk:8.3f} (BT{other.cfg.BT} "
-          f"{alt:8.3f}, scan {int(flip.cfg.SCAN)} {fl:8.3f}) ms  fwd+bwd(chunk) {fwd + chk:8.3f}  "
+          f"{alt:8.3f}, {form(flip.cfg)} {fl:8.3f}) ms  fwd+bwd(chunk) {fwd + chk:8.3f}  "
           f"ws {plan.ws_floats * 4 / 2**20:.0f} MiB  flag {int(flag[0])}  "
-          f"{differences(backward('recurrent'), backward('chunk'))}  scan {int(flip.cfg.SCAN)}: "
+          f"{differences(backward('recurrent'), backward('chunk'))}  {form(flip.cfg)}: "
           f"{differences(backward('chunk'), by(flip))}", flush=True)
     if stages:
         ways = ((plan, lambda: backward("chunk")), (flip, lambda: by(flip)),
                 (other, lambda: by(other)))
         for pl, call in ways:
-            what = f"BT{pl.cfg.BT} scan {int(pl.cfg.SCAN)}"
+            what = f"BT{pl.cfg.BT} {form(pl.cfg)}"
             for entry, ms in stage_times(call).items():
                 print(f"    {what}  {entry:40s} {ms:8.3f} ms")
 

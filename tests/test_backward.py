@@ -286,12 +286,18 @@ CHUNK_OWN = [
 ]
 
 
+# the boundary scan's forms (chunk_bwd.Config's SCAN, PLANES): two kernels, one, one from the
+# planes (bfloat16 inputs)
+SCANS = {"local-states": (False, False), "scan": (True, False), "planes": (True, True)}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("scan", [False, True], ids=["local-states", "scan"])
-@pytest.mark.parametrize("case", CHUNK_OWN, ids=lambda c: c.id)
+@pytest.mark.parametrize("case, scan", [
+    pytest.param(c, m, id=f"{c.id}-{m}") for c in CHUNK_OWN for m in SCANS
+    if m != "planes" or c.dtype == "bfloat16"])
 def test_gpu_chunked_backward_itself_meets_the_contract(case, scan):
     """The chunked form's own gradients (the reverse loop left out), with the guard not hit, with
-    the boundary scan as two kernels and as one (chunk_bwd.Config.SCAN)."""
+    each form of the boundary scan (SCANS)."""
     import cupy
     from cupy_gda import chunk_bwd
     from cupy_gda._checks import check_backward
@@ -305,8 +311,9 @@ def test_gpu_chunked_backward_itself_meets_the_contract(case, scan):
                        cupy.asarray(do), dev.get("initial_state"), cupy.asarray(dht), cu,
                        cpu=False)
     varlen = cu is not None
+    fused, planes = SCANS[scan]
     plan = chunk_bwd.BackwardPlan(p, varlen, varlen and cu.dtype == np.int64,
-                                  chunk_bwd.config(p, varlen)._replace(SCAN=scan))
+                                  chunk_bwd.config(p, varlen)._replace(SCAN=fused, PLANES=planes))
     grads, flag = plan.run(dev["q"], dev["k"], dev["v"], g, cupy.asarray(do), 1.0,
                            dev.get("initial_state"), cupy.asarray(dht), cu, fallback=False)
     assert int(flag[0]) == 0
@@ -318,10 +325,52 @@ def test_gpu_chunked_backward_itself_meets_the_contract(case, scan):
         assert res.ok, res
 
 
-def _check_scan(view, plan, kd, qa, vp, dp, scale, h0, dht):
+def _planes(ws, plan):
+    """The fused scan's operands as pack split them, summed (exactly, in float64): scale q A, k D,
+    v, do, each [NB][BT][K or V]."""
+    import cupy
+    from cupy_gda import chunk_bwd
+    kp, vp = chunk_bwd.planes(plan.p)
+    NB, C, K, V = plan.NB, plan.cfg.BT, plan.p.K, plan.p.V
+    words = ws[plan.at["pl"]:plan.at["pl"] + plan.sizes["pl"]]
+    x = cupy.asnumpy(words.view(np.uint16)).astype(np.uint32) << 16     # bfloat16 -> float32 bits
+    x = x.view(np.float32).astype(np.float64)
+    out, at = [], 0
+    for n, cols, width in ((3, kp, K), (3, kp, K), (1, vp, V), (1, vp, V)):
+        part = x[at:at + NB * n * C * cols].reshape(NB, n, C, cols)
+        out.append(part.sum(1)[:, :, :width])
+        at += NB * n * C * cols
+    return out
+
+
+def _chunk_rows(x, BT, fill=0):
+    """[B, T, H, d] -> the chunks' rows [B H NC][BT][d] in float32 (rows past T: fill)."""
+    B, T, H, d = x.shape
+    NC = -(-T // BT)
+    out = np.full((B, H, NC * BT, d), fill, np.float32)
+    out[:, :, :T] = np.asarray(x, np.float32).transpose(0, 2, 1, 3)
+    return out.reshape(B * H * NC, BT, d)
+
+
+def _packed(q, k, g, scale, BT):
+    """pack's scale q A and k D in float32, the kernel's products in its order (rows past T:
+    gate 1)."""
+    q, k, g = _chunk_rows(q, BT), _chunk_rows(k, BT), _chunk_rows(g, BT, 1)
+    qa, kd = np.empty_like(q), np.empty_like(k)
+    a, d = np.ones_like(q[:, 0]), np.ones_like(k[:, 0])
+    for t in range(BT):
+        a = a * g[:, t]
+        qa[:, t] = np.float32(scale) * (q[:, t] * a)
+    for t in reversed(range(BT)):
+        kd[:, t] = k[:, t] * d
+        d = d * g[:, t]
+    return qa, kd
+
+
+def _check_scan(view, plan, kd, sqa, vp, dp, h0, dht):
     """The fused scan's S0 and E (st, et) against the float64 scan of the workspaces it read, each
     chunk adding (BT + 16) 2^-24 of the magnitudes' scan to the bound; es (its parts summed)
-    against rowsum(E S0) of those very S0 and E."""
+    against rowsum(E S0) of those very S0 and E. sqa here is scale q A (the scan's planes)."""
     from cupy_gda import chunk_bwd
     C, K, V, NC, NB = plan.cfg.BT, plan.p.K, plan.p.V, plan.NC, plan.NB
     ae = view("ae", K)
@@ -341,21 +390,19 @@ def _check_scan(view, plan, kd, qa, vp, dp, scale, h0, dht):
         m = np.abs(e_)
         for n, b in enumerate(reversed(chunks)):         # E backward
             assert (np.abs(e[b] - e_) <= u * n * m + 1e-300).all(), ("E", b)
-            e_ = ae[b][:, None] * e_ + scale * qa[b].T @ dp[b]
-            m = np.abs(ae[b])[:, None] * m + np.abs(scale * qa[b]).T @ np.abs(dp[b])
+            e_ = ae[b][:, None] * e_ + sqa[b].T @ dp[b]
+            m = np.abs(ae[b])[:, None] * m + np.abs(sqa[b]).T @ np.abs(dp[b])
     want, mag = (e * s0).sum(-1), np.abs(e * s0).sum(-1)
     assert (np.abs(es - want) <= (V + 4) * 2.0 ** -24 * mag).all()
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("scan", [False, True], ids=["local-states", "scan"])
-@pytest.mark.parametrize("B, T, H, K, V, BT, dtype", [
-    pytest.param(2, 100, 3, 100, 72, 32, "float32", id="K100-V72-BT32"),
-    pytest.param(1, 130, 2, 5, 1, 64, "float32", id="K5-V1-BT64"),
-    pytest.param(1, 200, 2, 128, 130, 64, "float32", id="K128-V130-BT64"),
-    pytest.param(2, 100, 3, 100, 72, 32, "bfloat16", id="K100-V72-BT32-bf16"),
-    pytest.param(1, 200, 2, 128, 130, 64, "bfloat16", id="K128-V130-BT64-bf16"),
-])
+@pytest.mark.parametrize("B, T, H, K, V, BT, dtype, scan", [
+    pytest.param(*shape, dtype, m, id=f"{name}{'-bf16' if dtype == 'bfloat16' else ''}-{m}")
+    for name, shape in (("K100-V72-BT32", (2, 100, 3, 100, 72, 32)), ("K5-V1-BT64", (1, 130, 2, 5, 1, 64)),
+                        ("K128-V130-BT64", (1, 200, 2, 128, 130, 64)))
+    for dtype in ("float32", "bfloat16") if dtype == "float32" or name != "K5-V1-BT64"
+    for m in SCANS if m != "planes" or dtype == "bfloat16"])
 def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT, dtype, scan):
     """Each GEMM stage (2: local states, 4: M, scale do S0^T, v E^T, 7: dv) against float64
     products of the very workspaces it read: every element within float32's worst case for n
@@ -364,13 +411,14 @@ def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT, dtyp
     sqrt(n)) of it; tiles cut by K, V and the chunk's rows; values and scale that round in
     bf16 and TF32; bf16 inputs, whose v and do take one term. With the fused boundary scan
     (2-3), its S0, E and rowsum(E S0) against the float64 scan of the same workspaces, within
-    (BT + 16) 2^-24 a chunk of its sums of magnitudes."""
+    (BT + 16) 2^-24 a chunk of its sums of magnitudes; from the planes, the planes exact."""
     import cupy
     from cupy_gda import chunk_bwd
     from cupy_gda._checks import Problem
     rng = np.random.default_rng(20)
     p = Problem(B, T, H, K, V, B, dtype, "float32", False)
-    plan = chunk_bwd.BackwardPlan(p, cfg=chunk_bwd.Config(BT, 32 if K <= 32 else 64, scan))
+    fused, planes = SCANS[scan]
+    plan = chunk_bwd.BackwardPlan(p, cfg=chunk_bwd.Config(BT, 32 if K <= 32 else 64, fused, planes))
     x = {n: cupy.asarray(rng.standard_normal((B, T, H, d)), np.float32).astype(dtype)
          for n, d in (("q", K), ("k", K), ("v", V), ("do", V))}
     g = cupy.asarray(rng.uniform(0.9, 1.0, (B, T, H, K)), np.float32)
@@ -390,13 +438,23 @@ def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT, dtyp
 
     h0, dht = (cupy.asarray(rng.standard_normal((B, H, K, V)), np.float32) for _ in range(2))
     args = (x["q"], x["k"], x["v"], g, x["do"], float(scale), h0, dht)
-    plan.run(*args, fallback=False, stages=3 if scan else 2, ws=ws)
-    kd, qa, vp, dp = view("kd", C, K), view("qa", C, K), view("vp", C, V), view("dp", C, V)
-    if scan:
-        _check_scan(view, plan, kd, qa, vp, dp, float(scale), cupy.asnumpy(h0), cupy.asnumpy(dht))
+    plan.run(*args, fallback=False, stages=3 if fused else 2, ws=ws)
+    if planes:      # the planes (the operands of every GEMM): pack's float32 values, exactly
+        sqa, kd, vp, dp = _planes(ws, plan)
+        host = {n: cupy.asnumpy(x[n].astype(np.float32)) for n in x}
+        qa32, kd32 = _packed(host["q"], host["k"], cupy.asnumpy(g), scale, BT)
+        for got, want in ((sqa, qa32), (kd, kd32), (vp, _chunk_rows(host["v"], BT)),
+                          (dp, _chunk_rows(host["do"], BT))):
+            assert np.array_equal(got, want)
+        _check_scan(view, plan, kd, sqa, vp, dp, cupy.asnumpy(h0), cupy.asnumpy(dht))
+    elif fused:
+        kd, vp, dp = view("kd", C, K), view("vp", C, V), view("dp", C, V)
+        _check_scan(view, plan, kd, float(scale) * view("qa", C, K), vp, dp, cupy.asnumpy(h0),
+                    cupy.asnumpy(dht))
     else:
+        kd, vp, dp = view("kd", C, K), view("vp", C, V), view("dp", C, V)
         check(view("st", K, V), kd.swapaxes(1, 2), vp)
-        check(view("et", K, V), qa.swapaxes(1, 2), float(scale) * dp)
+        check(view("et", K, V), view("qa", C, K).swapaxes(1, 2), float(scale) * dp)
     plan.run(*args, fallback=False, stages=4, ws=ws)
     s0, e = view("st", K, V), view("et", K, V)
     sd = view("sd", C, K)                   # (before scores and intra overwrite nothing of it)
