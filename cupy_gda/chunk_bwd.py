@@ -60,8 +60,8 @@ def config(p, varlen=False, sms=132):
     where its blocks, 3 an SM (of ``sms``), fit 168 registers (bfloat16 inputs, whole tiles,
     more than one of K: elsewhere ptxas spilled) and the waves that leaves, each SLOWER_AT_3
     longer, take less time than 2 an SM's: each block is one long chain, so a last wave part
-    full costs a whole one; at 2 an SM the planes' writes in pack cost more than the scan
-    saves (v23)."""
+    full costs a whole one (v23: where 2 an SM was the better, at big128, pack's writes of the
+    planes cost more than the scan saved)."""
     bt = 64 if p.K >= 64 and p.H * -(-p.B * p.T // 64) >= CHUNKS_64 else 32
     n = chunks(p, bt, varlen)[0] * tiles(p.K) * tiles(p.V)
     planes = (n >= SCAN_FROM and p.dtype == "bfloat16" and p.K % GT == 0 and p.K > GT

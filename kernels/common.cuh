@@ -171,7 +171,9 @@ __device__ __forceinline__ unsigned gda_shared_at(const void* p) {
 __device__ __forceinline__ void gda_cp16_at(unsigned dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
 }
-__device__ __forceinline__ void gda_cp16(float* dst, const float* src) { gda_cp16_at(gda_shared_at(dst), src); }
+__device__ __forceinline__ void gda_cp16(float* dst, const float* src) {
+    gda_cp16_at(gda_shared_at(dst), src);
+}
 __device__ __forceinline__ void gda_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void gda_cp_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");

@@ -275,7 +275,9 @@ struct gda_stage {
         return KROWS ? x / 16 * LD + x % 16 * 4 : x / C4 * LD + x % C4 * 2;
     }
     // the word of outer index i, inner pair kp
-    static __device__ __forceinline__ int at(int i, int kp) { return KROWS ? kp * LD + i : i * LD + kp; }
+    static __device__ __forceinline__ int at(int i, int kp) {
+        return KROWS ? kp * LD + i : i * LD + kp;
+    }
 };
 
 // An operand: a row-major ROWS x COLS float32 matrix (gda_stage's); X: exact in bfloat16 (v
@@ -385,6 +387,16 @@ struct gda_plane_operand : gda_stage<KROWS> {
     }
 };
 
+// x += d, a thread's part of a tile (a k-step's fresh sums into the total)
+__device__ __forceinline__ void gda_tile_add(float (&x)[2][4][4], const float (&d)[2][4][4]) {
+    #pragma unroll
+    for (int i = 0; i < 2; ++i)
+        #pragma unroll
+        for (int j = 0; j < 4; ++j)
+            #pragma unroll
+            for (int r = 0; r < 4; ++r) x[i][j][r] += d[i][j][r];
+}
+
 template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false>
 struct gda_gemm_ops {                                   // gda_gemm's operand types
     typedef gda_operand<TA ? KK : M, TA ? M : KK, TA, XA> A;
@@ -398,9 +410,10 @@ struct gda_gemm_ops {                                   // gda_gemm's operand ty
 // wait on its loads
 template <int M, int N, int KK, bool XA, bool XB, typename opa, typename opb>
 __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, opb& B,
-                                               const typename opa::elem* a, const typename opb::elem* b,
-                                               float alpha, int m0, int n0, unsigned* sm,
-                                               const typename opa::elem* an, const typename opb::elem* bn)
+                                               const typename opa::elem* a,
+                                               const typename opb::elem* b, float alpha, int m0,
+                                               int n0, unsigned* sm, const typename opa::elem* an,
+                                               const typename opb::elem* bn)
 {
     const int lane = threadIdx.x % 32, wm = threadIdx.x / 64 * 32, wn = threadIdx.x / 32 % 2 * 32;
     const int g = lane / 4, t = lane % 4;
@@ -449,12 +462,7 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
                         for (int j = 0; j < 4; ++j)
                             if (i < mn && j < nn) gda_mma_bf16(d[i][j], fa[i], fb[eb][j]);
             }
-            #pragma unroll
-            for (int i = 0; i < 2; ++i)
-                #pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    #pragma unroll
-                    for (int r = 0; r < 4; ++r) acc[i][j][r] += d[i][j][r];
+            gda_tile_add(acc, d);
         }
     }
 }
@@ -466,8 +474,8 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
 // with the operand types given, e.g. plane operands.)
 template <int M, int N, int KK, bool XA, bool XB, typename opa, typename opb>
 __device__ __forceinline__ void gda_gemm_of(float (&acc)[2][4][4], const typename opa::elem* a,
-                                            const typename opb::elem* b, float alpha, int m0, int n0,
-                                            unsigned* sm)
+                                            const typename opb::elem* b, float alpha, int m0,
+                                            int n0, unsigned* sm)
 {
     opa A;
     opb B;
@@ -808,7 +816,8 @@ static_assert(SK * 8 % NTG == 0, "whole copies a thread");
 __device__ __forceinline__ void gda_scan_mma(float (&x)[2][4][4], unsigned at, int m0, int n0)
 {
     const int lane = threadIdx.x % 32, wm = threadIdx.x / 64 * 32, wn = threadIdx.x / 32 % 2 * 32;
-    const int mn = K_DIM - m0 - wm > 16 ? 2 : 1, nn = min(4, (V_DIM - n0 - wn + 7) / 8);  // live tiles
+    const int mn = K_DIM - m0 - wm > 16 ? 2 : 1;        // live mma tiles
+    const int nn = min(4, (V_DIM - n0 - wn + 7) / 8);
     if (K_DIM - m0 - wm <= 0 || nn <= 0) return;        // (the same in the whole warp)
     const int q = lane / 8, r8 = lane % 8;
     #pragma unroll
@@ -817,7 +826,8 @@ __device__ __forceinline__ void gda_scan_mma(float (&x)[2][4][4], unsigned at, i
         #pragma unroll
         for (int p = 0; p < 2; ++p) {
             unsigned r[4];
-            gda_ldsm4_t(r, at + 2 * ((PA * SK + ks + q % 2 * 8 + r8) * RL + wn + 16 * p + q / 2 * 8));
+            const int row = PA * SK + ks + q % 2 * 8 + r8;      // (B's plane after A's)
+            gda_ldsm4_t(r, at + 2 * (row * RL + wn + 16 * p + q / 2 * 8));
             fb[2 * p][0] = r[0];
             fb[2 * p][1] = r[1];
             fb[2 * p + 1][0] = r[2];
@@ -829,19 +839,15 @@ __device__ __forceinline__ void gda_scan_mma(float (&x)[2][4][4], unsigned at, i
             unsigned fa[2][4];
             #pragma unroll
             for (int i = 0; i < 2; ++i)
-                gda_ldsm4_t(fa[i], at + 2 * ((ea * SK + ks + q / 2 * 8 + r8) * RL + wm + 16 * i + q % 2 * 8));
+                gda_ldsm4_t(fa[i], at + 2 * ((ea * SK + ks + q / 2 * 8 + r8) * RL + wm + 16 * i
+                                             + q % 2 * 8));
             #pragma unroll
             for (int i = 0; i < 2; ++i)
                 #pragma unroll
                 for (int j = 0; j < 4; ++j)
                     if (i < mn && j < nn) gda_mma_bf16(d[i][j], fa[i], fb[j]);
         }
-        #pragma unroll
-        for (int i = 0; i < 2; ++i)
-            #pragma unroll
-            for (int j = 0; j < 4; ++j)
-                #pragma unroll
-                for (int r = 0; r < 4; ++r) x[i][j][r] += d[i][j][r];
+        gda_tile_add(x, d);
     }
 }
 
@@ -859,7 +865,8 @@ __device__ __forceinline__ void gda_scan_mma(float (&x)[2][4][4], unsigned at, i
 // with no minimum of blocks ptxas kept it to 168 registers and spilled at K = V = 1.) Chunks
 // past the last sequence's (cu_seqlens) get no S0 or E: rows, intra and dv skip every chunk
 // of no rows.
-extern "C" __global__ void __launch_bounds__(NTG, PLANES ? 3 : 2) gda_chunk_bwd_scan(GDA_CHUNK_BWD_PARAMS)
+extern "C" __global__ void __launch_bounds__(NTG, PLANES ? 3 : 2)
+gda_chunk_bwd_scan(GDA_CHUNK_BWD_PARAMS)
 {
     extern __shared__ __align__(16) unsigned short b_ring[];    // PLANES: RING stages
     __shared__ __align__(16) unsigned b_op[PLANES ? 1 : GDA_GEMM_SMEM / 4];   // else the chain's
@@ -967,7 +974,8 @@ __device__ __forceinline__ void gda_rows_of(int z, long long b, int n0, const ty
 {
     float acc[2][4][4] = {};
     if (z == 0) {
-        gda_gemm_of<BT, BT, V_DIM, GDA_VX, GDA_VX, RO, RO>(acc, rv, rd, GDA_VX ? 1.f : scale, 0, n0, sm);
+        gda_gemm_of<BT, BT, V_DIM, GDA_VX, GDA_VX, RO, RO>(acc, rv, rd, GDA_VX ? 1.f : scale, 0, n0,
+                                                           sm);
         gda_gemm_store<BT, BT>(mm + b * BT * BT, acc, 0, n0, GDA_VX ? scale : 1.f);
     } else {
         typedef typename gda_gemm_ops<BT, K_DIM, V_DIM, false, true, GDA_VX>::B SO;   // S0 or E
@@ -996,8 +1004,8 @@ gda_chunk_bwd_rows(GDA_CHUNK_BWD_PARAMS)
     if (ch.rows == 0 || (z == 0 && n0 >= BT)) return;
     if constexpr (PLANES) {
         const gda_planes_at pc(pl, NH * NC, b);
-        gda_rows_of<gda_plane_operand<BT, V_DIM, VP, false, PB>>(z, b, n0, pc.v, pc.d, st, et, mm, sd,
-                                                                 ev, scale, b_op);
+        gda_rows_of<gda_plane_operand<BT, V_DIM, VP, false, PB>>(z, b, n0, pc.v, pc.d, st, et, mm,
+                                                                 sd, ev, scale, b_op);
     } else {
         gda_rows_of<gda_operand<BT, V_DIM, false, GDA_VX>>(z, b, n0, vp + b * BT * V_DIM,
                                                            dp + b * BT * V_DIM, st, et, mm, sd, ev,
@@ -1335,12 +1343,14 @@ extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_dv(GDA_CHUNK_
         typedef gda_gemm_ops<BT, V_DIM, BT, false, false, false, GDA_VX> wd;
         gda_gemm_of<BT, V_DIM, K_DIM, false, false, gda_plane_operand<BT, K_DIM, KP, false, PA>,
                     typename ke::B>(acc, pc.k, e, 1.f, 0, n0, b_op);
-        gda_gemm_of<BT, V_DIM, BT, false, GDA_VX, typename wd::A, gda_plane_operand<BT, V_DIM, VP, true, PB>>(
-            acc, ww + b * BT * BT, pc.d, scale, 0, n0, b_op);
+        gda_gemm_of<BT, V_DIM, BT, false, GDA_VX, typename wd::A,
+                    gda_plane_operand<BT, V_DIM, VP, true, PB>>(acc, ww + b * BT * BT, pc.d, scale,
+                                                                0, n0, b_op);
     } else {
         gda_gemm<BT, V_DIM, K_DIM, false, false>(acc, kd + b * BT * K_DIM, e, 1.f, 0, n0, b_op);
-        gda_gemm<BT, V_DIM, BT, false, false, false, GDA_VX>(acc, ww + b * BT * BT, dp + b * BT * V_DIM,
-                                                             scale, 0, n0, b_op);
+        gda_gemm<BT, V_DIM, BT, false, false, false, GDA_VX>(acc, ww + b * BT * BT,
+                                                             dp + b * BT * V_DIM, scale, 0, n0,
+                                                             b_op);
     }
     gda_gemm_put<BT>(acc, 0, n0, [=](int t, int j, float x0, float x1) {
         if (t < ch.rows) {

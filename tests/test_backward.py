@@ -326,8 +326,8 @@ def test_gpu_chunked_backward_itself_meets_the_contract(case, scan):
 
 
 def _planes(ws, plan):
-    """The fused scan's operands as pack split them, summed (exactly, in float64): scale q A, k D,
-    v, do, each [NB][BT][K or V]."""
+    """The planes (PLANES: every GEMM's operands) as pack split them, summed (exactly, in
+    float64): scale q A, k D, v, do, each [NB][BT][K or V]."""
     import cupy
     from cupy_gda import chunk_bwd
     kp, vp = chunk_bwd.planes(plan.p)
@@ -399,7 +399,8 @@ def _check_scan(view, plan, kd, sqa, vp, dp, h0, dht):
 @pytest.mark.gpu
 @pytest.mark.parametrize("B, T, H, K, V, BT, dtype, scan", [
     pytest.param(*shape, dtype, m, id=f"{name}{'-bf16' if dtype == 'bfloat16' else ''}-{m}")
-    for name, shape in (("K100-V72-BT32", (2, 100, 3, 100, 72, 32)), ("K5-V1-BT64", (1, 130, 2, 5, 1, 64)),
+    for name, shape in (("K100-V72-BT32", (2, 100, 3, 100, 72, 32)),
+                        ("K5-V1-BT64", (1, 130, 2, 5, 1, 64)),
                         ("K128-V130-BT64", (1, 200, 2, 128, 130, 64)))
     for dtype in ("float32", "bfloat16") if dtype == "float32" or name != "K5-V1-BT64"
     for m in SCANS if m != "planes" or dtype == "bfloat16"])

@@ -589,12 +589,15 @@ _BF16 = dict(dtype="bfloat16")
 @pytest.mark.parametrize("p, want", [
     pytest.param(_p(T=4096, K=128, B=8, H=16), (64, 64, True, False), id="big128"),
     # 512 scan blocks: 2 waves at 2 an SM or at 3 (each slower): not the planes scan
-    pytest.param(_p(T=4096, K=128, B=8, H=16)._replace(**_BF16), (64, 64, True, False), id="big128-bf16"),
-    pytest.param(P._replace(T=4096, K=256, V=512, B=8, N=8, H=4), (64, 64, True, False), id="gla-1.3b"),
+    pytest.param(_p(T=4096, K=128, B=8, H=16)._replace(**_BF16), (64, 64, True, False),
+                 id="big128-bf16"),
+    pytest.param(P._replace(T=4096, K=256, V=512, B=8, N=8, H=4), (64, 64, True, False),
+                 id="gla-1.3b"),
     # 1024 scan blocks: 3 waves at 3 an SM, 4 at 2: the planes scan
     pytest.param(P._replace(T=4096, K=256, V=512, B=8, N=8, H=4, **_BF16), (64, 64, True, True),
                  id="gla-1.3b-bf16"),
-    pytest.param(_p(T=4096, K=64, B=16, H=16)._replace(**_BF16), (64, 64, True, False), id="K64-bf16"),
+    pytest.param(_p(T=4096, K=64, B=16, H=16)._replace(**_BF16), (64, 64, True, False),
+                 id="K64-bf16"),
     pytest.param(_p(T=1024, K=128, B=2, H=4), (32, 64, False, False), id="few-chunks"),
     pytest.param(_p(T=4096, K=24, B=8, H=16), (32, 32, False, False), id="long24"),
     pytest.param(_p(T=2048, K=64, B=4, H=8), (64, 64, False, False), id="gla64"),
@@ -647,5 +650,6 @@ def test_chunk_backward_launcher_sizes_are_the_kernels():
     src = (_compile.KERNEL_DIR / "gda_chunk_bwd.cu").read_text()
     defined = {m.group(1): int(m.group(2)) for m in re.finditer(r"^#define (\w+) (\d+)\b", src, re.M)}
     assert (defined["NTP"], defined["NTG"]) == (chunk_bwd.NTP, chunk_bwd.NTG)
-    assert (defined["RING"], defined["PT"], defined["GM"]) == (chunk_bwd.RING, chunk_bwd.GT, chunk_bwd.GT)
+    assert (defined["RING"], defined["PT"], defined["GM"]) == (chunk_bwd.RING, chunk_bwd.GT,
+                                                               chunk_bwd.GT)
     assert defined["GM"] == defined["GN"] == chunk_bwd.GT
