@@ -14,6 +14,8 @@
 #            sweep with a plot
 #   fla:     install, fla's rows of the same shapes (needs its package folder in .baselines/;
 #            its autotuning at a new shape can take minutes, so it runs apart and cannot cost ours)
+#   sanitize-bwd: install, the backward's own GPU tests once (the kernel cache), then under
+#            memcheck, racecheck, synccheck and initcheck (each within the call's time left)
 #   sanitize: install, compute-sanitizer's memcheck, racecheck and synccheck over `cupy-gda
 #            verify --max-t 64` with each forward family (every define set of its sweep, state
 #            passes included, in fewer steps; the step kernel with each), memcheck over
@@ -28,7 +30,7 @@
 #            times each, interleaved (old, new, old, new, ...), and the ratios of the best times
 # Usage (device tool; carry [".vendor"] for suite and suite-a, [".baselines"] for fla, [".old"]
 # for compare):
-#   bash scripts/device_run.sh <commit> suite|suite-a|suite-b|sanitize|bench|fla
+#   bash scripts/device_run.sh <commit> suite|suite-a|suite-b|sanitize|sanitize-bwd|bench|fla
 #   bash scripts/device_run.sh <commit> bwd [NAMES (all)]
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
@@ -85,7 +87,7 @@ if [ "$phase" = "suite-b" ]; then
     timeout 90 cupy-gda verify > "$out/verify.txt" 2>&1; tail -1 "$out/verify.txt"
     exit 0
 fi
-if [ "$phase" = "sanitize" ]; then
+if [ "$phase" = "sanitize" ] || [ "$phase" = "sanitize-bwd" ]; then
     # CuPy's memory pool off, so memcheck sees each array's own bounds rather than the pool's
     nopool="import cupy, sys; cupy.cuda.set_allocator(None)"
     verify=(python3 -c "$nopool; from cupy_gda.cli import main; main()" verify --max-t 64)
@@ -110,6 +112,24 @@ if [ "$phase" = "sanitize" ]; then
         { echo "== $tool $target: rc $rc"; cat "$f"; } >> "$out/sanitize-$tool.txt"
         rm -f "$f"
     }
+    if [ "$phase" = "sanitize-bwd" ]; then
+        # the backward families' own tests: the chunked one's every scan form (the planes' ring
+        # too) and GEMM stage, its contract cases, a few of the reverse loop's; one plain run
+        # first fills the kernel cache (compiles under the sanitizers are slow)
+        sel="gpu and (chunked_backward or gemms or (contract and chunk and (K24-V24 or K256 or \
+K1-V7 or K5-V1 or varlen)) or (contract and recurrent and (K24-V24 or K256 or varlen)))"
+        xd=()
+        python3 -c "import xdist" 2>/dev/null && xd=(-n 8)
+        timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py -k "$sel" \
+            "${xd[@]}" > "$out/sanitize-plain.txt" 2>&1
+        echo "plain: $(tail -1 "$out/sanitize-plain.txt") in $SECONDS s"
+        n=4                  # tools left: each the time left's share
+        for tool in memcheck racecheck synccheck initcheck; do
+            san "$tool" backward $(((end - SECONDS) / n)) "${pytest[@]}" tests/test_backward.py -k "$sel"
+            n=$((n - 1))
+        done
+        exit 0
+    fi
     for tool in memcheck racecheck synccheck; do
         for method in chunk recurrent; do
             san "$tool" "verify-$method" 150 "${verify[@]}" --method "$method"
