@@ -131,6 +131,13 @@ struct gda_chunk_at {
 
 #define GDA_CHUNK gda_chunk_at ch(b, T, H, NC, cu_seqlens, coff, N)
 
+// Sequence n's chunks j0 .. j1 - 1 of its sequence-head's NC (all of them without cu_seqlens)
+__device__ __forceinline__ void gda_seq_chunks(const long long* coff, long long n, int NC, int& j0,
+                                               int& j1) {
+    j0 = coff ? (int)coff[n] : 0;
+    j1 = coff ? (int)coff[n + 1] : NC;
+}
+
 // (x0, x1) as three bfloat16 pairs (x0 in the low halves) h + m + l, exactly (X: they are
 // bfloat16 values, h alone)
 template <bool X>
@@ -387,6 +394,15 @@ struct gda_plane_operand : gda_stage<KROWS> {
     }
 };
 
+// The live mma tiles of the warp at rows wm.., columns wn.. of the block's tile at (m0, n0) of
+// an M x N output: mn of its 2 row tiles, nn of its 4 column tiles; false where it has none
+template <int M, int N>
+__device__ __forceinline__ bool gda_live_tiles(int m0, int n0, int wm, int wn, int& mn, int& nn) {
+    mn = M - m0 - wm > 16 ? 2 : 1;
+    nn = min(4, (N - n0 - wn + 7) / 8);
+    return M - m0 - wm > 0 && nn > 0;
+}
+
 // x += d, a thread's part of a tile (a k-step's fresh sums into the total)
 __device__ __forceinline__ void gda_tile_add(float (&x)[2][4][4], const float (&d)[2][4][4]) {
     #pragma unroll
@@ -417,8 +433,8 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
 {
     const int lane = threadIdx.x % 32, wm = threadIdx.x / 64 * 32, wn = threadIdx.x / 32 % 2 * 32;
     const int g = lane / 4, t = lane % 4;
-    const int mn = M - m0 - wm > 16 ? 2 : 1, nn = min(4, (N - n0 - wn + 7) / 8);  // live mma tiles
-    const bool live = M - m0 - wm > 0 && nn > 0;
+    int mn, nn;                                         // live mma tiles
+    const bool live = gda_live_tiles<M, N>(m0, n0, wm, wn, mn, nn);
     unsigned* sb = sm + 3 * GW;
     for (int k0 = 0; k0 < KK; k0 += GK) {
         __syncthreads();                                // the last stage's fragments are read
@@ -620,7 +636,8 @@ extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_states(GDA_CHUNK
     const long long nseq = coff ? N : 1;
     for (long long sq = 0; sq < nseq; ++sq) {
         const long long n = coff ? sq : nh / H;
-        const int j0 = coff ? (int)coff[n] : 0, j1 = coff ? (int)coff[n + 1] : NC;
+        int j0, j1;
+        gda_seq_chunks(coff, n, NC, j0, j1);
         const long long srow = (n * H + (coff ? nh : nh % H)) * K_DIM + i;   // of h0, dht, dh0
         float s[VJ][VW], e[VJ][VW];
         #pragma unroll
@@ -773,8 +790,7 @@ struct gda_scan_feed {
     int NC, m0, n0, j0, j1, c, sub, dir;                // dir: 1 forward, -1 backward, 0 done
 
     __device__ __forceinline__ void range() {          // sequence n's chunks
-        j0 = coff ? (int)coff[n] : 0;
-        j1 = coff ? (int)coff[n + 1] : NC;
+        gda_seq_chunks(coff, n, NC, j0, j1);
         c = j0;
         dir = 1;
     }
@@ -816,9 +832,8 @@ static_assert(SK * 8 % NTG == 0, "whole copies a thread");
 __device__ __forceinline__ void gda_scan_mma(float (&x)[2][4][4], unsigned at, int m0, int n0)
 {
     const int lane = threadIdx.x % 32, wm = threadIdx.x / 64 * 32, wn = threadIdx.x / 32 % 2 * 32;
-    const int mn = K_DIM - m0 - wm > 16 ? 2 : 1;        // live mma tiles
-    const int nn = min(4, (V_DIM - n0 - wn + 7) / 8);
-    if (K_DIM - m0 - wm <= 0 || nn <= 0) return;        // (the same in the whole warp)
+    int mn, nn;                                         // live mma tiles
+    if (!gda_live_tiles<K_DIM, V_DIM>(m0, n0, wm, wn, mn, nn)) return;   // (the whole warp)
     const int q = lane / 8, r8 = lane % 8;
     #pragma unroll
     for (int ks = 0; ks < SK; ks += 16) {
@@ -895,7 +910,8 @@ gda_chunk_bwd_scan(GDA_CHUNK_BWD_PARAMS)
     const long long nseq = coff ? N : 1;
     for (long long sq = 0; sq < nseq; ++sq) {
         const long long n = coff ? sq : nh / H;
-        const int j0 = coff ? (int)coff[n] : 0, j1 = coff ? (int)coff[n + 1] : NC;
+        int j0, j1;
+        gda_seq_chunks(coff, n, NC, j0, j1);
         const long long srow = (n * H + (coff ? nh : nh % H)) * K_DIM;   // row 0 of h0, dht, dh0
         float x[2][4][4], a[2][2];                      // S, then E
         gda_gemm_get<K_DIM, V_DIM>(x, h0 ? h0 + srow * V_DIM : nullptr, m0, n0);
