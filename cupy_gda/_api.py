@@ -118,7 +118,7 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
             cached = (key is not None and key[-1] == q.data.device_id
                       and _all_contiguous((q, k, v, g, h0)))
             q, k, v, g, h0, cu = _contiguous((q, k, v, g, h0, cu))
-            plan = _FAMILIES[m].plan(p, cu is not None and cu.dtype == np.int64)
+            plan = _forward_plan(m, p, cu is not None, cu is not None and cu.dtype == np.int64)
             o, ht = plan(q, k, v, g, scale, h0, cu, output_final_state, out)
             if cached:
                 _FAST[key] = plan
@@ -203,6 +203,14 @@ def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0
         return reference.Gradients(*(br.back(x) for x in grads))
 
 
+def _forward_plan(m, p, varlen, seq_int64):
+    """The GPU plan of forward method ``m`` (_dispatch.pick's) for Problem ``p``: "chunk" from
+    the backward family's stages (chunk_bwd.ForwardPlan) where _dispatch.planes_forward says."""
+    if m == "chunk" and _dispatch.planes_forward(p, varlen):
+        return chunk_bwd.forward_plan(p, varlen, seq_int64)
+    return _FAMILIES[m].plan(p, seq_int64)
+
+
 def _backward_plan(m, p, varlen, seq_int64):
     """The GPU plan of backward method ``m`` (_dispatch.pick_backward's) for Problem ``p``."""
     return (chunk_bwd.plan(p, varlen, seq_int64) if m == "chunk"
@@ -221,7 +229,7 @@ def gpu_scratch_bytes(fn, p, method, backward, *, final=False, initial_state=Fal
         m = _dispatch.pick_backward(fn, method, p, True)
         return _backward_plan(m, p, varlen, seq_int64).scratch_bytes(initial_state)
     m = _dispatch.pick(fn, method, p, True)
-    return _FAMILIES[m].plan(p, seq_int64).scratch_bytes(final)
+    return _forward_plan(m, p, varlen, seq_int64).scratch_bytes(final)
 
 
 def gated_attention_step(q, k, v, gate=None, *, log_gate=None, state, scale=1.0,

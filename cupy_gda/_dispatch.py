@@ -3,7 +3,7 @@
 ``method="auto"`` picks by the table below; a named family runs as asked, or the call ends in
 a ValueError that names the limit. Plain Python, so the table is unit-tested without a GPU.
 """
-from cupy_gda import chunk
+from cupy_gda import chunk, chunk_bwd
 from cupy_gda._launch import device_limits, mean_len
 
 # family -> where it exists
@@ -43,6 +43,25 @@ CHUNK_FROM = (
                         #   kernel now wins N*H 16..63 at T = 256 by 10-28 %)
     (33, 1, 512),       # K 33..128, T >= 512: 1.0-1.9x
 )
+
+
+# GPU, "chunk": bfloat16 inputs run as the backward family's stages (chunk_bwd.ForwardPlan, the
+# GEMMs' operands split once into planes) where gda_chunk_fwd tiles its keys (K > chunk.MAX_KT),
+# the mean sequence length is at least PLANES_FORWARD_FROM and the scan's forward half has a
+# block for every SM (a block a state tile, running a sequence-head's chunks in turn; fewer
+# leave the GPU idle while each runs its chain). docs/perf-notes.md, v24 (scripts/
+# sweep_planes_forward.py): of 30 shapes with K 128..256, the 5 it picks take 0.44-0.83x
+# gda_chunk_fwd's time and one 1.06x; the others, 0.57-2.54x.
+PLANES_FORWARD_FROM = 2048
+
+
+def planes_forward(p, varlen=False, sms=None):
+    """Whether the chunked forward of Problem ``p`` (packed where ``varlen``) runs as
+    chunk_bwd.ForwardPlan on a GPU of ``sms`` SMs (the current one's where None)."""
+    if p.dtype != "bfloat16" or p.K <= chunk.MAX_KT or mean_len(p) < PLANES_FORWARD_FROM:
+        return False
+    NH = chunk_bwd.chunks(p, 64, varlen)[0]         # the scan's chains: N H, or H where packed
+    return NH * chunk_bwd.tiles(p.K) * chunk_bwd.tiles(p.V) >= (sms or device_limits()[0])
 
 
 def _chunk_wins(p):

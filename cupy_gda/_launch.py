@@ -25,7 +25,7 @@ _CTYPES = {I32: ctypes.c_int32, I64: ctypes.c_int64, F32: ctypes.c_float}
 
 # GDA_FORWARD_PARAMS (common.cuh): gda_recurrent_fwd, gda_chunk_fwd and their state passes
 FORWARD = (("q", PTR), ("k", PTR), ("v", PTR), ("g", PTR), ("o", PTR), ("h0", PTR), ("ht", PTR),
-           ("cu_seqlens", PTR), ("ws_s", PTR), ("ws_d", PTR),
+           ("cu_seqlens", PTR), ("ws_s", PTR), ("ws_d", PTR), ("only_if", PTR),
            ("T", I64), ("H", I32), ("NV", I32), ("P", I32), ("scale", F32))
 # gda_recurrent_bwd (its GDA_BACKWARD_PARAMS) and gda_recurrent_bwd_sum
 BACKWARD = (("q", PTR), ("k", PTR), ("v", PTR), ("g", PTR), ("do", PTR), ("h0", PTR), ("dht", PTR),
@@ -176,10 +176,13 @@ class SegmentedPlan:
             sizes.append(4 * sum(self.ws_sizes))
         return rounded(*sizes)
 
-    def __call__(self, q, k, v, g, scale, h0, cu_seqlens, want_final, out):
-        """o [B, T, H, V] (and the final state); arrays are contiguous CuPy."""
+    def __call__(self, q, k, v, g, scale, h0, cu_seqlens, want_final, out, only_if=0, ht=None):
+        """o [B, T, H, V] (and the final state); arrays are contiguous CuPy. As a fall-back
+        (chunk_bwd.ForwardPlan): ``only_if`` the address of a device int, where the launches do
+        nothing while it is 0, and ``ht`` the final state's array to write."""
         o = out if out is not None else empty(self.o_shape, self.o_dtype)
-        ht = empty(self.ht_shape, np.float32) if want_final else None
+        if want_final and ht is None:
+            ht = empty(self.ht_shape, np.float32)
         if self.grid[0]:
             ws = ws_s = ws_d = 0
             if self.state_launch is not None:       # kept alive (ws) until both are queued
@@ -187,7 +190,7 @@ class SegmentedPlan:
                 ws_s = ws.data.ptr
                 ws_d = ws_s + 4 * self.ws_sizes[0]
             ptrs = (q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, o.data.ptr, address(h0), address(ht),
-                    address(cu_seqlens), ws_s, ws_d)
+                    address(cu_seqlens), ws_s, ws_d, only_if)
             if ws_s:
                 self.state_launch(ptrs, scale)
             self.launch(ptrs, scale)

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cupy_gda import recurrent_bwd
+from cupy_gda import chunk, recurrent_bwd
 from cupy_gda._launch import (CHUNK_BACKWARD, DTYPE_CODE, Family, Launch, address, cached,
                               device_limits, empty, np_dtype, rounded)
 
@@ -78,10 +78,10 @@ def chunks(p, BT, varlen):
     return p.N * p.H, -(-p.T // BT)
 
 
-def defines(p, cfg, seq_int64=False):
+def defines(p, cfg, seq_int64=False, fwd=False):
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BT=cfg.BT, KT=cfg.KT,
-                SCAN=int(cfg.SCAN), PLANES=int(cfg.PLANES), SMEM_BYTES=smem(cfg))
+                SCAN=int(cfg.SCAN), PLANES=int(cfg.PLANES), SMEM_BYTES=smem(cfg), FWD=int(fwd))
 
 
 def planes(p):
@@ -100,21 +100,23 @@ def smem(cfg):
     return RING * 2 * (3 + 1) * sk * (GT + 8)
 
 
-def workspace(p, cfg, varlen=False):
+def workspace(p, cfg, varlen=False, fwd=False):
     """{name: floats} of the float32 workspaces, in order (the kernel's parameter names); qa's
     room is reused by sd, written after qa's last read (the planes scan reads no qa: its room is
     sd's only). es holds rowsum(E S0) in one part a state tile's columns where the scan is fused
     (intra adds them). With PLANES pl holds the bfloat16 planes (3 of scale q A, 3 of k D, 1 of
-    v, 1 of do a chunk, planes()) that every GEMM stage reads instead of kd, vp and dp (none)."""
+    v, 1 of do a chunk, planes()) that every GEMM stage reads instead of kd, vp and dp (none).
+    ``fwd`` (ForwardPlan): st, ae, ww and the planes only."""
     NH, NC = chunks(p, cfg.BT, varlen)
     NB = NH * NC
     C, K, V = cfg.BT, p.K, p.V
     parts = tiles(V) if cfg.SCAN else 1
     kp, vp = planes(p)
     rows = 0 if cfg.PLANES else 1                  # kd, vp, dp: the planes instead
-    return dict(st=NB * K * V, et=NB * K * V, qa=NB * C * K, kd=rows * NB * C * K,
-                vp=rows * NB * C * V, dp=rows * NB * C * V, ae=NB * K, es=parts * NB * K,
-                mm=NB * C * C, ww=NB * C * C, ev=NB * C * K, ar=2 * NB * C * K,
+    bwd = 0 if fwd else 1                          # the backward's own
+    return dict(st=NB * K * V, et=bwd * NB * K * V, qa=bwd * NB * C * K, kd=rows * NB * C * K,
+                vp=rows * NB * C * V, dp=rows * NB * C * V, ae=NB * K, es=bwd * parts * NB * K,
+                mm=bwd * NB * C * C, ww=NB * C * C, ev=bwd * NB * C * K, ar=bwd * 2 * NB * C * K,
                 pl=NB * C * (3 * kp + vp) if cfg.PLANES else 0)
 
 
@@ -227,7 +229,79 @@ class BackwardPlan:
         return grads, flag
 
 
+class ForwardPlan:
+    """The forward from this family's stages (FWD; bfloat16 inputs, PLANES; docs/perf-notes.md,
+    v24): pack (scale q A, k D and v as planes), the scan's forward half (each chunk's S0, and
+    the final state in dh0's place), scores (W) and dv's entry computing o = (scale q A)^T S0 +
+    scale W^T v. The guard's fall-back is the chunk forward (chunk.ChunkPlan), launched after
+    them and run only where the guard was hit (only_if): it overwrites o and the final state, so
+    every input is exact, without a host sync. The same call as chunk.ChunkPlan's."""
+
+    def __init__(self, p, varlen=False, seq_int64=False):
+        self.p, self.varlen = p, varlen
+        self.cfg = config(p, varlen, device_limits()[0])._replace(SCAN=True, PLANES=True)
+        NH, self.NC = chunks(p, self.cfg.BT, varlen)
+        self.NB = NH * self.NC if p.N else 0
+        d = defines(p, self.cfg, seq_int64, fwd=True)
+
+        def launch(entry, grid, block, smem=0):
+            return Launch(FAMILY.function(entry, d, smem), CHUNK_BACKWARD, grid, block, smem,
+                          T=p.T, NH=NH, N=p.N, H=p.H, NC=self.NC)
+
+        self.stages = [launch("gda_chunk_bwd_pack", self.NB, NTP),
+                       launch("gda_chunk_bwd_scan", NH * tiles(p.K) * tiles(p.V), NTG,
+                              d["SMEM_BYTES"]),
+                       launch("gda_chunk_bwd_scores", self.NB, NTS),
+                       launch("gda_chunk_bwd_dv", self.NB * tiles(p.V), NTG)]
+        self.sizes = workspace(p, self.cfg, varlen, fwd=True)
+        self.at, self.ws_floats = layout(self.sizes)
+        self.fallback = chunk.plan(p, seq_int64)
+
+    def scratch_bytes(self, want_final):
+        """The bytes a call with ``out`` given allocates (``rounded``): the final state where
+        ``want_final``, the guard's flag, the workspace, the fall-back's workspace (it allocates
+        it whether it runs or not) and with cu_seqlens the chunk offsets and their temporaries
+        (BackwardPlan.scratch_bytes)."""
+        small = [8 * (self.p.N + 1)] * SMALL if self.varlen else []
+        return (self.fallback.scratch_bytes(want_final)
+                + rounded(4, 4 * self.ws_floats, *small))
+
+    def chunk_offsets(self, cu_seqlens):
+        return BackwardPlan.chunk_offsets(self, cu_seqlens)
+
+    def __call__(self, q, k, v, g, scale, h0, cu_seqlens, want_final, out, flag=None):
+        """o [B, T, H, V] (and the final state); arrays are contiguous CuPy. ``flag`` (tests): a
+        device int32 that receives the guard's flag (1 where it was hit)."""
+        import cupy
+        p = self.p
+        if flag is None:
+            flag = cupy.zeros((1,), np.int32)
+        else:
+            flag.fill(0)
+        if self.NB == 0:                        # nothing to chunk: the chunk forward, as it is
+            return self.fallback(q, k, v, g, scale, h0, cu_seqlens, want_final, out)
+        o = out if out is not None else empty((p.B, p.T, p.H, p.V), np_dtype(p.dtype))
+        ht = empty((p.N, p.H, p.K, p.V), np_dtype("float32")) if want_final else None
+        coff = self.chunk_offsets(cu_seqlens) if self.varlen else None
+        ws = empty((self.ws_floats,), np_dtype("float32"))   # kept alive until all are queued
+        at = {name: ws.data.ptr + 4 * x for name, x in self.at.items()}
+        ptrs = (q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, 0, address(h0), 0, at["st"],
+                at["et"], at["qa"], at["kd"], at["vp"], at["dp"], at["ae"], at["es"], at["mm"],
+                at["ww"], at["sd"], at["ev"], at["ar"], at["pl"], flag.data.ptr, 0, 0,
+                o.data.ptr, 0, address(ht), address(cu_seqlens), address(coff))
+        for stage in self.stages:
+            stage(ptrs, scale)
+        self.fallback(q, k, v, g, scale, h0, cu_seqlens, want_final, o, only_if=flag.data.ptr,
+                      ht=ht)
+        return o, ht
+
+
 def plan(p, varlen=False, seq_int64=False):
     """The memoised BackwardPlan of Problem ``p`` (with cu_seqlens where ``varlen``, of int64
     where ``seq_int64``) on the current device."""
     return cached(BackwardPlan, p, varlen, seq_int64)
+
+
+def forward_plan(p, varlen=False, seq_int64=False):
+    """The memoised ForwardPlan of Problem ``p``, as plan()."""
+    return cached(ForwardPlan, p, varlen, seq_int64)

@@ -68,6 +68,8 @@ template <int N> union gda_float_pack { typename gda_floats<N>::t v; float f[N];
 
 // ---- The forward families (gda_recurrent_fwd, gda_chunk_fwd): one parameter list, declared
 // in Python as cupy_gda/_launch.py FORWARD (a CPU test holds the two against the PTX).
+// only_if (null, or a device flag): every entry does nothing where *only_if is 0 (the fall-back
+// of chunk_bwd.ForwardPlan, the forward from gda_chunk_bwd's stages: only where its guard was hit).
 #ifdef SEQ_INT64
 #if SEQ_INT64
 typedef long long seq_t;
@@ -78,8 +80,10 @@ typedef int seq_t;
     const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t* __restrict__ v,       \
     const gt::t* __restrict__ g, io::t* __restrict__ o, const float* __restrict__ h0,            \
     float* __restrict__ ht, const seq_t* __restrict__ cu_seqlens, float* __restrict__ ws_s,      \
-    float* __restrict__ ws_d, long long T, int H, int NV, int P, float scale
-#define GDA_FORWARD_ARGS q, k, v, g, o, h0, ht, cu_seqlens, ws_s, ws_d, T, H, NV, P, scale
+    float* __restrict__ ws_d, const int* __restrict__ only_if, long long T, int H, int NV, int P, \
+    float scale
+#define GDA_FORWARD_ARGS q, k, v, g, o, h0, ht, cu_seqlens, ws_s, ws_d, only_if, T, H, NV, P, scale
+#define GDA_FORWARD_ONLY_IF if (only_if && *only_if == 0) return
 #endif
 
 // Which inputs the forward kernels may stage by cp.async (ASYNC_COPY, chosen by the launchers'

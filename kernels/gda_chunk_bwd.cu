@@ -53,14 +53,18 @@
 //   tile of GN value columns; 0: local, then states), PLANES (1, with SCAN and bfloat16 inputs:
 //   the GEMMs' operands split once by pack into planes, the scan's copied through a ring, 3
 //   blocks an SM), SMEM_BYTES (the ring's dynamic shared memory, cupy_gda/chunk_bwd.py smem: 0
-//   without PLANES).
+//   without PLANES), FWD (1: the forward from these stages, chunk_bwd.ForwardPlan: pack without
+//   do, the scan's forward half storing the final state in dh0's place, scores, and dv's entry
+//   computing o = (scale q A)^T S0 + scale W^T v into dv's place; needs PLANES).
 //   Reference: cupy_gda.reference.gated_attention_backward_ref.
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
-    || !defined(BT) || !defined(KT) || !defined(SCAN) || !defined(PLANES) || !defined(SMEM_BYTES)
-#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES and SMEM_BYTES are required"
+    || !defined(BT) || !defined(KT) || !defined(SCAN) || !defined(PLANES) || !defined(SMEM_BYTES) \
+    || !defined(FWD)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES and FWD are required"
 #endif
 static_assert(BT % 16 == 0 && BT >= 16 && BT <= 64, "BT: 16..64, a multiple of 16");
 static_assert(!PLANES || (SCAN && IO_DTYPE == 2), "PLANES: the fused scan's, bfloat16 inputs");
+static_assert(!FWD || PLANES, "FWD: the forward from the planes");
 static_assert(KT % 32 == 0 && KT <= 256, "KT: a multiple of 32, at most 256");
 
 #define GDA_BWD_VAL_MAX 0x1p20f         // the guard: |q|, |k|, |v|, |do| at most this,
@@ -217,12 +221,12 @@ extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_pack(GDA_CHUNK_B
             if (on && t < ch.rows) {
                 const long long e = ch.at(t, V_DIM, j);
                 vv = io::load(v[e]);
-                dov = io::load(d_o[e]);
+                if (!FWD) dov = io::load(d_o[e]);       // (FWD: no do)
                 ok &= gda_bwd_in(vv, GDA_BWD_VAL_MAX) & gda_bwd_in(dov, GDA_BWD_VAL_MAX);
             }
             if (PLANES) {
                 gda_plane_put<PB>(pc.v + t * VP + j, BT * VP, vv);
-                gda_plane_put<PB>(pc.d + t * VP + j, BT * VP, dov);
+                if (!FWD) gda_plane_put<PB>(pc.d + t * VP + j, BT * VP, dov);
             } else if (on) {
                 vp[(b * BT + t) * V_DIM + j] = vv;
                 dp[(b * BT + t) * V_DIM + j] = dov;
@@ -781,8 +785,8 @@ static_assert(SMEM_BYTES == (PLANES ? RING * RING_STAGE : 0),
               "SMEM_BYTES (cupy_gda/chunk_bwd.py smem) differs from this kernel's layout");
 
 // The scan's stages in the order it takes them, a cursor: for each sequence of the block's
-// sequence-head, its chunks forward (A: k D, B: v), then backward (A: q A scale, B: do), NSUB
-// stages a chunk. issue() copies the cursor's stage (nothing once past the last) and moves on.
+// sequence-head, its chunks forward (A: k D, B: v), then (but FWD) backward (A: q A scale, B:
+// do), NSUB stages a chunk. issue() copies the cursor's stage (nothing once past the last) and moves on.
 struct gda_scan_feed {
     const unsigned short *pq, *pk, *pv, *pd;
     const long long* coff;
@@ -811,10 +815,10 @@ struct gda_scan_feed {
             if (++sub == NSUB) {
                 sub = 0;
                 c += dir;
-                if (dir > 0 && c == j1) {
+                if (dir > 0 && c == j1 && !FWD) {
                     dir = -1;
                     c = j1 - 1;
-                } else if (dir < 0 && c < j0) {
+                } else if ((dir > 0 && c == j1) || (dir < 0 && c < j0)) {
                     dir = 0;
                     if (++n < nseq) range();
                 }
@@ -880,7 +884,8 @@ __device__ __forceinline__ void gda_scan_mma(float (&x)[2][4][4], unsigned at, i
 // with no minimum of blocks ptxas kept it to 168 registers and spilled at K = V = 1.) Chunks
 // past the last sequence's (cu_seqlens) get no S0 or E: rows, intra and dv skip every chunk
 // of no rows.
-extern "C" __global__ void __launch_bounds__(NTG, PLANES ? 3 : 2)
+// (FWD: 2 blocks an SM, as the forward half alone spilled 4-24 bytes at 168 registers)
+extern "C" __global__ void __launch_bounds__(NTG, PLANES && !FWD ? 3 : 2)
 gda_chunk_bwd_scan(GDA_CHUNK_BWD_PARAMS)
 {
     extern __shared__ __align__(16) unsigned short b_ring[];    // PLANES: RING stages
@@ -938,40 +943,42 @@ gda_chunk_bwd_scan(GDA_CHUNK_BWD_PARAMS)
                     more ? vp + (b + 1) * BT * V_DIM : dp + b * BT * V_DIM);
             }
         }
-        gda_gemm_get<K_DIM, V_DIM>(x, dht ? dht + srow * V_DIM : nullptr, m0, n0);
-        for (int c = j1 - 1; c >= j0; --c) {            // backward: E of each chunk, from the last
-            const long long b = nh * NC + c;
-            float s0[2][4][4], part[2][2] = {};         // S0: this thread's own stores
-            gda_gemm_get<K_DIM, V_DIM>(s0, st + b * K_DIM * V_DIM, m0, n0);
-            gda_gemm_rows<K_DIM>(a, ae + b * K_DIM, m0);
-            gda_gemm_store<K_DIM, V_DIM>(et + b * K_DIM * V_DIM, x, m0, n0);
-            gda_scan_step(x, a, ok, [&](int i, int j, int r) {
-                part[i][r / 2] = fmaf(x[i][j][r], s0[i][j][r], part[i][r / 2]);
-            });
-            // rowsum over the tile's columns: the quad's lanes, then the two warps of its rows
-            #pragma unroll
-            for (int i = 0; i < 2; ++i)
+        if constexpr (!FWD) {                           // (FWD: S, the final state, to dh0)
+            gda_gemm_get<K_DIM, V_DIM>(x, dht ? dht + srow * V_DIM : nullptr, m0, n0);
+            for (int c = j1 - 1; c >= j0; --c) {        // backward: E of each chunk, from the last
+                const long long b = nh * NC + c;
+                float s0[2][4][4], part[2][2] = {};     // S0: this thread's own stores
+                gda_gemm_get<K_DIM, V_DIM>(s0, st + b * K_DIM * V_DIM, m0, n0);
+                gda_gemm_rows<K_DIM>(a, ae + b * K_DIM, m0);
+                gda_gemm_store<K_DIM, V_DIM>(et + b * K_DIM * V_DIM, x, m0, n0);
+                gda_scan_step(x, a, ok, [&](int i, int j, int r) {
+                    part[i][r / 2] = fmaf(x[i][j][r], s0[i][j][r], part[i][r / 2]);
+                });
+                // rowsum over the tile's columns: the quad's lanes, then the two warps of its rows
                 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    float y = part[i][h];
-                    y += __shfl_xor_sync(GDA_FULL_MASK, y, 1);
-                    y += __shfl_xor_sync(GDA_FULL_MASK, y, 2);
-                    if (lane % 4 == 0) b_red[wn / 32][wm + 16 * i + lane / 4 + 8 * h] = y;
+                for (int i = 0; i < 2; ++i)
+                    #pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        float y = part[i][h];
+                        y += __shfl_xor_sync(GDA_FULL_MASK, y, 1);
+                        y += __shfl_xor_sync(GDA_FULL_MASK, y, 2);
+                        if (lane % 4 == 0) b_red[wn / 32][wm + 16 * i + lane / 4 + 8 * h] = y;
+                    }
+                __syncthreads();                        // (b_red's next writes are past the
+                const int row = m0 + threadIdx.x;       //  products' barriers)
+                if (threadIdx.x < GM && row < K_DIM)
+                    es[((long long)n0 / GN * NH * NC + b) * K_DIM + row] =
+                        b_red[0][threadIdx.x] + b_red[1][threadIdx.x];
+                if constexpr (PLANES) {
+                    #pragma unroll 1
+                    for (int u = 0; u < NSUB; ++u) take(x);
+                } else {
+                    const bool more = c > j0;
+                    gda_gemm_chain<K_DIM, V_DIM, BT, false, GDA_VX>(
+                        x, A, B, qa + b * BT * K_DIM, dp + b * BT * V_DIM, scale, m0, n0, b_op,
+                        more ? qa + (b - 1) * BT * K_DIM : nullptr,
+                        more ? dp + (b - 1) * BT * V_DIM : nullptr);
                 }
-            __syncthreads();                            // (b_red's next writes are past the
-            const int row = m0 + threadIdx.x;           //  products' barriers)
-            if (threadIdx.x < GM && row < K_DIM)
-                es[((long long)n0 / GN * NH * NC + b) * K_DIM + row] =
-                    b_red[0][threadIdx.x] + b_red[1][threadIdx.x];
-            if constexpr (PLANES) {
-                #pragma unroll 1
-                for (int u = 0; u < NSUB; ++u) take(x);
-            } else {
-                const bool more = c > j0;
-                gda_gemm_chain<K_DIM, V_DIM, BT, false, GDA_VX>(
-                    x, A, B, qa + b * BT * K_DIM, dp + b * BT * V_DIM, scale, m0, n0, b_op,
-                    more ? qa + (b - 1) * BT * K_DIM : nullptr,
-                    more ? dp + (b - 1) * BT * V_DIM : nullptr);
             }
         }
         if (dh0)
@@ -1342,7 +1349,8 @@ extern "C" __global__ void __launch_bounds__(KT) gda_chunk_bwd_intra(GDA_CHUNK_B
     }
 }
 
-// 7. dv of chunk b: (k D) E + scale W do, into [B, T, H, V] in v's dtype. Block: (b, tile of V).
+// 7. dv of chunk b: (k D) E + scale W do, into [B, T, H, V] in v's dtype (FWD: o of chunk b,
+// (scale q A)^T S0 + scale W^T v, into dv's place). Block: (b, tile of V).
 // (two GEMMs: where ptxas would keep it to 168 registers, 3 blocks an SM, it spilled)
 extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_dv(GDA_CHUNK_BWD_PARAMS)
 {
@@ -1353,7 +1361,16 @@ extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_dv(GDA_CHUNK_
     if (ch.rows == 0) return;
     float acc[2][4][4] = {};
     const float* e = et + b * K_DIM * V_DIM;
-    if constexpr (PLANES) {                             // k D's three terms and do as made
+    if constexpr (FWD) {                                // o = (scale q A)^T S0 + scale W^T v
+        const gda_planes_at pc(pl, NH * NC, b);
+        typedef gda_gemm_ops<BT, V_DIM, K_DIM, false, false> qs;
+        typedef gda_gemm_ops<BT, V_DIM, BT, true, false, false, GDA_VX> wv;
+        gda_gemm_of<BT, V_DIM, K_DIM, false, false, gda_plane_operand<BT, K_DIM, KP, false, PA>,
+                    typename qs::B>(acc, pc.q, st + b * K_DIM * V_DIM, 1.f, 0, n0, b_op);
+        gda_gemm_of<BT, V_DIM, BT, false, GDA_VX, typename wv::A,
+                    gda_plane_operand<BT, V_DIM, VP, true, PB>>(acc, ww + b * BT * BT, pc.v, scale,
+                                                                0, n0, b_op);
+    } else if constexpr (PLANES) {                      // k D's three terms and do as made
         const gda_planes_at pc(pl, NH * NC, b);
         typedef gda_gemm_ops<BT, V_DIM, K_DIM, false, false> ke;
         typedef gda_gemm_ops<BT, V_DIM, BT, false, false, false, GDA_VX> wd;

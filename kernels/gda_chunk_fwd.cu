@@ -1071,11 +1071,13 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
 // Grid: one block per (sequence n, head h, segment p < P, value tile iv), block id
 // (((n * H) + h) * P + p) * NV + iv. With P = 1: the whole sequence, no workspace.
 extern "C" __global__ void __launch_bounds__(NT, 1) gda_chunk_fwd(GDA_FORWARD_PARAMS) {
+    GDA_FORWARD_ONLY_IF;
     gda_chunk<false>(GDA_FORWARD_ARGS);
 }
 
 // Grid: the same for the segments p < P - 1 (P >= 2), launched before gda_chunk_fwd on the
 // same stream; q, o, h0 and ht are not read.
 extern "C" __global__ void __launch_bounds__(NT, 1) gda_chunk_state(GDA_FORWARD_PARAMS) {
+    GDA_FORWARD_ONLY_IF;
     gda_chunk<true>(GDA_FORWARD_ARGS);
 }

@@ -305,6 +305,7 @@ __device__ __forceinline__ void gda_recurrent(GDA_FORWARD_PARAMS)
 // Grid: one block per (sequence n, head h, segment p < P, value tile iv), block id
 // (((n * H) + h) * P + p) * NV + iv. With P = 1: the whole sequence, no workspace.
 extern "C" __global__ void __launch_bounds__(NT, 1) gda_recurrent_fwd(GDA_FORWARD_PARAMS) {
+    GDA_FORWARD_ONLY_IF;
     gda_recurrent<false>(GDA_FORWARD_ARGS);
 }
 
@@ -314,5 +315,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gda_recurrent_fwd(GDA_FORWAR
 // a SM (with 8 rows, K > 128, the cap spills).
 #define STATE_BLOCKS (R * KG <= 4 && 512 / NT > 1 ? 512 / NT : 1)
 extern "C" __global__ void __launch_bounds__(NT, STATE_BLOCKS) gda_recurrent_state(GDA_FORWARD_PARAMS) {
+    GDA_FORWARD_ONLY_IF;
     gda_recurrent<true>(GDA_FORWARD_ARGS);
 }

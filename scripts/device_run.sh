@@ -114,10 +114,12 @@ if [ "$phase" = "sanitize" ] || [ "$phase" = "sanitize-bwd" ]; then
     }
     if [ "$phase" = "sanitize-bwd" ]; then
         # the backward families' own tests: the chunked one's every scan form (the planes' ring
-        # too) and GEMM stage, its contract cases, a few of the reverse loop's; one plain run
-        # first fills the kernel cache (compiles under the sanitizers are slow)
+        # too) and GEMM stage, its contract cases, a few of the reverse loop's, the forward from
+        # its stages (ForwardPlan) and that forward's fall-back; one plain run first fills the
+        # kernel cache (compiles under the sanitizers are slow)
         sel="gpu and (chunked_backward or gemms or (contract and chunk and (K24-V24 or K256 or \
-K1-V7 or K5-V1 or varlen)) or (contract and recurrent and (K24-V24 or K256 or varlen)))"
+K1-V7 or K5-V1 or varlen)) or (contract and recurrent and (K24-V24 or K256 or varlen)) or \
+forward_from_the_backward_stages or forward_from_planes_guard)"
         xd=()
         python3 -c "import xdist" 2>/dev/null && xd=(-n 8)
         timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py -k "$sel" \

@@ -89,8 +89,9 @@ def stage_times(call, rounds=3):
 
 
 def shape_line(name, stages):
+    import cupy
     import cupy_gda
-    from cupy_gda import chunk_bwd
+    from cupy_gda import chunk, chunk_bwd
     from cupy_gda._checks import Problem
     B, T, H, K, V, dtype = SHAPES[name]
     args, do = inputs(_verify.Case(B, T, H, K, V, dtype=dtype, init=False))
@@ -100,7 +101,7 @@ def shape_line(name, stages):
     def backward(method):
         return cupy_gda.gated_attention_backward(**args, do=do, method=method)
 
-    fwd = median_ms(lambda: cupy_gda.gated_attention(**args))
+    fwd = median_ms(lambda: cupy_gda.gated_attention(**args))     # (by the dispatch rule)
     rec, chk = (median_ms(lambda: backward(m), n) for m in ("recurrent", "chunk"))
     p = Problem(B, T, H, K, V, B, dtype, "float32", False)
     plan = chunk_bwd.plan(p)
@@ -122,6 +123,18 @@ def shape_line(name, stages):
           f"ws {plan.ws_floats * 4 / 2**20:.0f} MiB  flag {int(flag[0])}  "
           f"{differences(backward('recurrent'), backward('chunk'))}  {form(flip.cfg)}: "
           f"{differences(backward('chunk'), by(flip))}", flush=True)
+    if dtype == "bfloat16":     # the forward from the planes against gda_chunk_fwd
+        fp, cf = chunk_bwd.ForwardPlan(p), chunk.plan(p, False)
+        flag = cupy.zeros((1,), np.int32)
+        x = (q, k, v, g, 1.0, None, None, False, None)
+        o_fp, o_cf = fp(*x, flag=flag)[0], cf(*x)[0]
+        diff = float(abs(o_fp.astype("float32") - o_cf.astype("float32")).max())
+        print(f"{name:13s} gda_chunk_fwd {median_ms(lambda: cf(*x)):8.3f}  from the planes "
+              f"{median_ms(lambda: fp(*x)):8.3f} ms  flag {int(flag[0])}  max |o - o_chunk| "
+              f"{diff:.1e}", flush=True)
+        if stages:
+            for entry, ms in stage_times(lambda: fp(*x)).items():
+                print(f"    forward from the planes  {entry:40s} {ms:8.3f} ms")
     if stages:
         ways = ((plan, lambda: backward("chunk")), (flip, lambda: by(flip)),
                 (other, lambda: by(other)))

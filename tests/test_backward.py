@@ -325,6 +325,109 @@ def test_gpu_chunked_backward_itself_meets_the_contract(case, scan):
         assert res.ok, res
 
 
+# the forward from the backward's stages (chunk_bwd.ForwardPlan): bfloat16 inputs, whole and
+# cut tiles, two key tiles, the gate kinds the guard keeps, bf16 gates, packed sequences, T = 1
+FORWARD_FROM_PLANES = [
+    _verify.Case(1, 300, 2, 256, 512, dtype="bfloat16", log=True),
+    _verify.Case(2, 200, 3, 128, 128, dtype="bfloat16", gate="neg"),
+    _verify.Case(2, 129, 2, 100, 72, dtype="bfloat16", gate="zeros", init=False),
+    _verify.Case(1, 1, 1, 64, 64, dtype="bfloat16"),
+    _verify.varlen_case((130, 0, 1, 64, 65), K=128, V=128, dtype="bfloat16"),
+    *(_verify.Case(1, 150, 2, 192, 64, dtype="bfloat16", gate=g)
+      for g in ("unif", "ones", "tiny")),
+    _verify.Case(1, 100, 2, 256, 128, dtype="bfloat16", g_dtype="bfloat16", log=True),
+]
+
+
+def _forward_plan_inputs(case, seed=0):
+    """(Problem, ForwardPlan's call arguments but the flag, the float64 and float32 references)
+    of forward Case ``case``; the final state asked for."""
+    import cupy
+    from cupy_gda._checks import check_forward
+    args = _verify.make_inputs(case, seed)
+    ref, emu = _verify.references(case, args)
+    dev = {n: cupy.asarray(x) for n, x in args.items()}
+    g, cu, h0 = dev.get("gate", dev.get("log_gate")), dev.get("cu_seqlens"), dev.get("initial_state")
+    p = check_forward("t", dev["q"], dev["k"], dev["v"], dev.get("gate"), dev.get("log_gate"), h0,
+                      cu, cpu=False)
+    return p, (dev["q"], dev["k"], dev["v"], g, 1.0, h0, cu, True, None), ref, emu
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FORWARD_FROM_PLANES, ids=lambda c: c.id)
+def test_gpu_forward_from_the_backward_stages(case):
+    """chunk_bwd.ForwardPlan: o and the final state within the contract (poisoned outputs: the
+    plan allocates them unwritten), the guard not hit (its fall-back not run)."""
+    import cupy
+    from cupy_gda import chunk_bwd
+    p, call, ref, emu = _forward_plan_inputs(case)
+    flag = cupy.full((1,), 7, np.int32)
+    o, ht = chunk_bwd.ForwardPlan(p, call[6] is not None, False)(*call, flag=flag)
+    assert int(flag[0]) == 0
+    for name, x, r, e in zip(("o", "state"), (o, ht), ref, emu):
+        res = compare(name, cupy.asnumpy(x.astype(np.float32) if name == "o" else x), r, e)
+        assert res.ok, res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("what", ["big-gate", "grow-gate", "nan-q", "large-v", "large-state",
+                                  "varlen-big-gate"])
+def test_gpu_forward_from_planes_guard_falls_back(what):
+    """Inputs or states outside the range the planes are exact in set the flag, and the chunk
+    forward (the fall-back) then overwrites o and the final state: bit for bit its own result
+    (NaN where it has NaN), within the contract where the inputs are finite."""
+    import cupy
+    from cupy_gda import chunk, chunk_bwd
+    gate = {"big-gate": "big", "grow-gate": "grow", "varlen-big-gate": "big"}.get(what, "unif")
+    case = (_verify.varlen_case((130, 0, 70), K=192, V=64, dtype="bfloat16", gate=gate)
+            if what.startswith("varlen") else
+            _verify.Case(2, 150, 2, 192, 64, dtype="bfloat16", gate=gate))
+    p, call, ref, emu = _forward_plan_inputs(case, seed=3)
+    q, k, v, g, scale, h0, cu, _, _ = call
+    if what == "nan-q":
+        q[0, 7, 1, 0] = np.nan
+    elif what == "large-v":
+        v[1, 3, 0, 0] = 2.0 ** 21
+    elif what == "large-state":
+        h0[1, 0, 5, 5] = 2.0 ** 41
+    flag = cupy.zeros((1,), np.int32)
+    o, ht = chunk_bwd.ForwardPlan(p, cu is not None, False)(*call, flag=flag)
+    assert int(flag[0]) == 1
+    o_cf, ht_cf = chunk.plan(p, False)(*call)
+    for x, y in ((o, o_cf), (ht, ht_cf)):
+        assert cupy.array_equal(x, y, equal_nan=True)
+    if what in ("big-gate", "grow-gate", "varlen-big-gate"):
+        for name, x, r, e in zip(("o", "state"), (o, ht), ref, emu):
+            res = compare(name, cupy.asnumpy(x.astype(np.float32) if name == "o" else x), r, e)
+            assert res.ok, res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens", [None, (2100, 0, 1, 6200)], ids=["dense", "varlen"])
+def test_gpu_auto_forward_runs_from_the_planes(lens, monkeypatch):
+    """gated_attention picks the forward from the planes by _dispatch.planes_forward (the fast
+    path keeps it), with and without the final state and out; o, the state within the contract."""
+    import cupy
+    from cupy_gda import _api, _dispatch, chunk_bwd
+    case = (_verify.Case(4, 2048, 4, 192, 192, dtype="bfloat16") if lens is None else
+            _verify.varlen_case(lens, H=15, K=129, V=129, dtype="bfloat16"))
+    args = _verify.make_inputs(case, 4)
+    ref, emu = _verify.references(case, args)
+    dev = {n: cupy.asarray(x) for n, x in args.items()}
+    p, _, _, _ = _forward_plan_inputs(case, 4)
+    assert _dispatch.planes_forward(p, lens is not None)
+    monkeypatch.setattr(_api, "_FAST", {})
+    o, ht = cupy_gda.gated_attention(**dev, output_final_state=True)
+    out = cupy.full(o.shape, np.nan, o.dtype)
+    o2 = cupy_gda.gated_attention(**dev, out=out)
+    assert o2 is out and cupy.array_equal(o2, o)
+    if lens is None:
+        assert [type(x) for x in _api._FAST.values()] == [chunk_bwd.ForwardPlan]
+    for name, x, r, e in zip(("o", "state"), (o, ht), ref, emu):
+        res = compare(name, cupy.asnumpy(x.astype(np.float32) if name == "o" else x), r, e)
+        assert res.ok, res
+
+
 def _planes(ws, plan):
     """The planes (PLANES: every GEMM's operands) as pack split them, summed (exactly, in
     float64): scale q A, k D, v, do, each [NB][BT][K or V]."""

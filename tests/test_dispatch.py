@@ -532,12 +532,13 @@ def test_launch_parameter_buffer():
     fn = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=1234))
     fwd = (ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_float)
     la = _launch.Launch(fn, _launch.FORWARD, 7, 256, 1024, P=3, NV=2, H=16, T=4096)
-    assert la.names == ("q", "k", "v", "g", "o", "h0", "ht", "cu_seqlens", "ws_s", "ws_d")
-    la.ptrs[:] = tuple(range(1000, 1010))
+    assert la.names == ("q", "k", "v", "g", "o", "h0", "ht", "cu_seqlens", "ws_s", "ws_d",
+                        "only_if")
+    la.ptrs[:] = tuple(range(1000, 1011))
     la.scalars[-1].value = 0.5
-    got = [ctypes.c_uint64.from_address(la.params[i]).value for i in range(10)]
-    got += [t.from_address(la.params[10 + i]).value for i, t in enumerate(fwd)]
-    assert got == list(range(1000, 1010)) + [4096, 16, 2, 3, 0.5]
+    got = [ctypes.c_uint64.from_address(la.params[i]).value for i in range(11)]
+    got += [t.from_address(la.params[11 + i]).value for i, t in enumerate(fwd)]
+    assert got == list(range(1000, 1011)) + [4096, 16, 2, 3, 0.5]
     assert (la.ptr, la.grid, la.block, la.smem) == (1234, 7, 256, 1024)
     st = _launch.Launch(fn, _launch.STEP, 1, 32, 0, H=32, N=64, NV=1)
     assert [t.from_address(st.params[7 + i]).value
@@ -586,6 +587,34 @@ def test_backward_named_methods():
 _BF16 = dict(dtype="bfloat16")
 
 
+@pytest.mark.parametrize("p, varlen, want", [
+    pytest.param(P._replace(T=4096, K=256, V=512, B=8, N=8, H=4, **_BF16), False, True,
+                 id="gla-1.3b-bf16"),
+    pytest.param(P._replace(T=4096, K=256, V=512, B=8, N=8, H=4), False, False, id="gla-1.3b-fp32"),
+    pytest.param(P._replace(T=4096, K=256, V=512, B=8, N=8, H=4, dtype="float16"), False, False,
+                 id="gla-1.3b-fp16"),
+    pytest.param(_p(T=4096, K=128, B=8, H=16)._replace(**_BF16), False, False, id="big128-bf16"),
+    pytest.param(_p(T=2047, K=256, B=8, H=4)._replace(V=512, **_BF16), False, False, id="T2047"),
+    pytest.param(_p(T=2048, K=129, B=4, H=4)._replace(V=129, **_BF16), False, True,
+                 id="K129-V129-144-blocks"),
+    pytest.param(_p(T=2048, K=192, B=2, H=4)._replace(V=192, **_BF16), False, False,
+                 id="K192-V192-72-blocks"),
+    # packed: one chain a head (H of them), the sequences' chunks in turn
+    pytest.param(P._replace(T=8192, K=256, V=512, B=1, N=4, H=5, **_BF16), True, True,
+                 id="varlen-H5"),
+    pytest.param(P._replace(T=8192, K=256, V=512, B=1, N=4, H=4, **_BF16), True, False,
+                 id="varlen-H4-128-blocks"),
+    pytest.param(P._replace(T=8191, K=256, V=512, B=1, N=4, H=5, **_BF16), True, False,
+                 id="varlen-below-2048"),
+])
+def test_forward_from_the_planes_where_the_rule_says(p, varlen, want):
+    """_dispatch.planes_forward on 132 SMs: bfloat16 inputs, K over chunk.MAX_KT (gda_chunk_fwd's
+    key tiles), mean sequence length at least PLANES_FORWARD_FROM, a scan block (a state tile
+    of a chain) for every SM."""
+    assert _dispatch.planes_forward(p, varlen, 132) == want
+    assert _dispatch.pick("f", "auto", p, True, (132, 227 * 1024)) == "chunk"
+
+
 @pytest.mark.parametrize("p, want", [
     pytest.param(_p(T=4096, K=128, B=8, H=16), (64, 64, True, False), id="big128"),
     # 512 scan blocks: 2 waves at 2 an SM or at 3 (each slower): not the planes scan
@@ -619,6 +648,12 @@ def test_chunk_backward_workspace_sizes(varlen):
     assert ws["st"] == ws["et"] == NB * 5 * 7 and ws["mm"] == ws["ww"] == NB * 32 * 32
     assert ws["qa"] == ws["kd"] == ws["ev"] == NB * 32 * 5 and ws["ar"] == 2 * NB * 32 * 5
     assert ws["vp"] == ws["dp"] == NB * 32 * 7 and ws["ae"] == ws["es"] == NB * 5
+    # the forward from the planes (ForwardPlan): S0, A_end, W and the planes only
+    fw = chunk_bwd.workspace(p, chunk_bwd.Config(32, 32, True, True), varlen, fwd=True)
+    kp, vp = chunk_bwd.planes(p)
+    assert {n for n, x in fw.items() if x} == {"st", "ae", "ww", "pl"}
+    assert (fw["st"], fw["ae"], fw["ww"], fw["pl"]) == (NB * 5 * 7, NB * 5, NB * 32 * 32,
+                                                        NB * 32 * (3 * kp + vp))
 
 
 @pytest.mark.parametrize("lens", [(100,), (0, 5, 0, 95), (31, 33, 1, 35), (64, 0, 36)])

@@ -306,15 +306,21 @@ def test_gpu_half_precision_is_the_cores(dtype):
 
 
 @pytest.mark.gpu
-def test_gpu_workspaces_come_from_xla():
+@pytest.mark.parametrize("planes", [False, True], ids=["segments", "planes"])
+def test_gpu_workspaces_come_from_xla(planes):
     """A jitted training step whose forward and backward allocate workspaces (the chunked
-    forward in sequence segments, the chunked backward) takes nothing from CuPy's pool: every
-    allocation of the core inside the callbacks is cut from their scratch outputs; the values and
-    gradients are the core's on CuPy arrays."""
+    forward in sequence segments, or from the backward's planes with its fall-back's segments;
+    the chunked backward) takes nothing from CuPy's pool: every allocation of the core inside
+    the callbacks is cut from their scratch outputs; the values and gradients are the core's on
+    CuPy arrays."""
     import cupy
     gpu = _device("gpu")
-    args, W, Wf, _ = _problem("unif", False, B=1, T=2048, H=2, K=64, V=64, dtype=np.float32,
+    B, H, K, V = (4, 4, 192, 192) if planes else (1, 2, 64, 64)
+    args, W, Wf, _ = _problem("unif", False, B=B, T=2048, H=H, K=K, V=V, dtype=np.float32,
                               seed=4)
+    if planes:              # bfloat16 q, k, v and o's weights (the gate, the states float32)
+        args = (*(x.astype(jnp.bfloat16) for x in args[:3]), *args[3:])
+        W = W.astype(jnp.bfloat16)
     q, k, v, g, h0, Wd, Wfd = jax.device_put((*args, W, Wf), gpu)
 
     def loss(q, k, v, g, h0):
@@ -327,6 +333,9 @@ def test_gpu_workspaces_come_from_xla():
     pool.free_all_blocks()
     (_, (o, s)), grads = jax.block_until_ready(step(q, k, v, g, h0))
     assert pool.total_bytes() == 0
+    from cupy_gda import _launch, chunk_bwd
+    assert any(key[0] is chunk_bwd.ForwardPlan and key[2][:5] == (B, 2048, H, K, V)
+               for key in _launch._PLANS) == planes
     q, k, v, g, h0 = (cupy.asarray(x) for x in args)
     want = [*cupy_gda.gated_attention(q, k, v, g, initial_state=h0, output_final_state=True),
             *cupy_gda.gated_attention_backward(q, k, v, g, do=cupy.asarray(W), initial_state=h0,
