@@ -51,8 +51,11 @@ CHUNK_FROM = (
 # block for every SM (a block a state tile, running a sequence-head's chunks in turn; fewer
 # leave the GPU idle while each runs its chain). docs/perf-notes.md, v24 (scripts/
 # sweep_planes_forward.py): of 30 shapes with K 128..256, the 5 it picks take 0.44-0.83x
-# gda_chunk_fwd's time and one 1.06x; the others, 0.57-2.54x.
+# gda_chunk_fwd's time and one 1.06x; the others, 0.57-2.54x. Its workspace holds every chunk's
+# state (1.7 GiB at GLA-1.3B, O(T H K V / 64)): above PLANES_FORWARD_MAX_BYTES the call keeps to
+# gda_chunk_fwd, whose workspace stays within q's size (a million-token prefill fits).
 PLANES_FORWARD_FROM = 2048
+PLANES_FORWARD_MAX_BYTES = 4 << 30
 
 
 def planes_forward(p, varlen=False, sms=None):
@@ -61,7 +64,8 @@ def planes_forward(p, varlen=False, sms=None):
     if p.dtype != "bfloat16" or p.K <= chunk.MAX_KT or mean_len(p) < PLANES_FORWARD_FROM:
         return False
     NH = chunk_bwd.chunks(p, 64, varlen)[0]         # the scan's chains: N H, or H where packed
-    return NH * chunk_bwd.tiles(p.K) * chunk_bwd.tiles(p.V) >= (sms or device_limits()[0])
+    return (NH * chunk_bwd.tiles(p.K) * chunk_bwd.tiles(p.V) >= (sms or device_limits()[0])
+            and chunk_bwd.forward_bytes(p, varlen) <= PLANES_FORWARD_MAX_BYTES)
 
 
 def _chunk_wins(p):

@@ -17,6 +17,10 @@ The pipeline of one call, all on the current stream, no host sync (NB chunks, ch
   6. intra      dq, dk, dg
   7. dv         (k D) E + scale W do (GEMMs), into [B, T, H, V]
   8. the reverse loop (gda_recurrent_bwd), run only where the guard was hit, over everything
+
+ForwardPlan is the forward from stages 1, 2-3 (the scan's forward half), 5 and 7 (o in dv's
+place), built with FWD for bfloat16 inputs, its fall-back gda_chunk_fwd (chunk.ChunkPlan) run
+only where the guard was hit; _dispatch.planes_forward says where it runs.
 """
 from typing import NamedTuple
 
@@ -129,6 +133,13 @@ def layout(sizes):
         base += -(-n // ALIGN) * ALIGN
     at["sd"] = at["qa"]
     return at, base
+
+
+def forward_bytes(p, varlen=False):
+    """The bytes of ForwardPlan's workspace for Problem ``p`` (packed where ``varlen``): each
+    chunk's S0 (float32) and the planes, O(T H K V / BT)."""
+    cfg = config(p, varlen)._replace(SCAN=True, PLANES=True)
+    return 4 * layout(workspace(p, cfg, varlen, fwd=True))[1]
 
 
 def tiles(n):

@@ -606,11 +606,18 @@ _BF16 = dict(dtype="bfloat16")
                  id="varlen-H4-128-blocks"),
     pytest.param(P._replace(T=8191, K=256, V=512, B=1, N=4, H=5, **_BF16), True, False,
                  id="varlen-below-2048"),
+    # the workspace (every chunk's state) over PLANES_FORWARD_MAX_BYTES: 1.7 GiB at GLA-1.3B
+    pytest.param(P._replace(T=8192, K=256, V=512, B=8, N=8, H=4, **_BF16), False, True,
+                 id="gla-1.3b-T8192"),
+    pytest.param(P._replace(T=12288, K=256, V=512, B=8, N=8, H=4, **_BF16), False, False,
+                 id="gla-1.3b-T12288"),
+    pytest.param(P._replace(T=1 << 20, K=256, V=512, B=1, N=1, H=4, **_BF16), False, False,
+                 id="prefill-1M"),
 ])
 def test_forward_from_the_planes_where_the_rule_says(p, varlen, want):
     """_dispatch.planes_forward on 132 SMs: bfloat16 inputs, K over chunk.MAX_KT (gda_chunk_fwd's
     key tiles), mean sequence length at least PLANES_FORWARD_FROM, a scan block (a state tile
-    of a chain) for every SM."""
+    of a chain) for every SM, a workspace within PLANES_FORWARD_MAX_BYTES."""
     assert _dispatch.planes_forward(p, varlen, 132) == want
     assert _dispatch.pick("f", "auto", p, True, (132, 227 * 1024)) == "chunk"
 
