@@ -101,53 +101,72 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, fwd=None):
 def _cases():
     """Per kernel and arch: every shape with a rotating variant, and every variant at the largest
     shape (most registers), so each (dtype, gate dtype, log_gate) compiles on both archs, with
-    few and many sequence-heads: about 250 compiles, not the full product."""
-    out = []
+    few and many sequence-heads: about 250 compiles, not the full product. The core builds run
+    by default (each shape once a kernel and arch, with few or many heads in turn, the variants
+    rotating; each special build once: about 110, 2/5 of the CPU time); the rest are marked
+    full_compile, which the default run deselects (setup.cfg) and `-m ""`, or any -m that
+    selects them, runs: scripts/device_run.sh's suite does, after every kernel change."""
+    core, full = [], []
+
+    def add(case, is_core):
+        (core if is_core else full).append(case)
+
     for kernel in ("gda_recurrent_fwd", "gda_step", "gda_recurrent_bwd"):
         for a, arch in enumerate(ARCHS):
-            out += [_case(kernel, arch, K, V, VARIANTS[(i + 5 * a + 3 * n) % len(VARIANTS)], BH)
-                    for i, (K, V) in enumerate(SHAPES) for n, BH in enumerate((FEW, MANY))
-                    if kernel != "gda_step" or n == 0]
-            out += [_case(kernel, arch, 256, 256, variant, (FEW, MANY)[j % 2])
-                    for j, variant in enumerate(VARIANTS)]
+            for i, (K, V) in enumerate(SHAPES):
+                for n, BH in enumerate((FEW, MANY)):
+                    if kernel != "gda_step" or n == 0:
+                        add(_case(kernel, arch, K, V, VARIANTS[(i + 5 * a + 3 * n) % len(VARIANTS)],
+                                  BH), kernel == "gda_step" or n == (i + a) % 2)
+            for j, variant in enumerate(VARIANTS):
+                add(_case(kernel, arch, 256, 256, variant, (FEW, MANY)[j % 2]), False)
     for a, arch in enumerate(ARCHS):
         # gda_chunk_fwd: every shape with few and many heads (its value tile depends on the
         # grid; K = 256 and 200 in key tiles), every variant at K = V = 128 (one key tile) and
         # at K = V = 256 with many heads (key tiles of 64, value tiles of 64: most registers)
-        out += [_case("gda_chunk_fwd", arch, K, V, VARIANTS[(i + 5 * a + 3 * n) % len(VARIANTS)], BH)
-                for i, (K, V) in enumerate(SHAPES + ((200, 120),))
-                for n, BH in enumerate((FEW, MANY))]
-        out += [_case("gda_chunk_fwd", arch, 128, 128, variant, (FEW, MANY)[j % 2])
-                for j, variant in enumerate(VARIANTS)]
-        out += [_case("gda_chunk_fwd", arch, 256, 256, variant, MANY) for variant in VARIANTS]
+        for i, (K, V) in enumerate(SHAPES + ((200, 120),)):
+            for n, BH in enumerate((FEW, MANY)):
+                add(_case("gda_chunk_fwd", arch, K, V, VARIANTS[(i + 5 * a + 3 * n) % len(VARIANTS)],
+                          BH), n == (i + a) % 2)
+        for j, variant in enumerate(VARIANTS):
+            add(_case("gda_chunk_fwd", arch, 128, 128, variant, (FEW, MANY)[j % 2]), False)
+            add(_case("gda_chunk_fwd", arch, 256, 256, variant, MANY), False)
     # gda_chunk_fwd's Hopper variant (WGMMA, built for sm_90a): one and two m64 row blocks, key
-    # tiles, value tiles of 16 to 64, each IO dtype with log and multiplicative gates
-    out += [_case("gda_chunk_fwd", "sm_90", K, V, VARIANTS[i], BH, wgmma=True)
-            for i, (K, V, BH) in enumerate(((64, 64, FEW), (128, 128, MANY), (256, 512, MANY),
-                                            (256, 256, FEW), (128, 48, FEW), (64, 64, MANY),
-                                            (256, 256, MANY), (128, 128, FEW), (128, 128, MANY),
-                                            (256, 512, MANY)))]
+    # tiles, value tiles of 16 to 64, each IO dtype with log and multiplicative gates (core: one
+    # row block, two, and key tiles with value tiles of 64)
+    for i, (K, V, BH) in enumerate(((64, 64, FEW), (128, 128, MANY), (256, 512, MANY),
+                                    (256, 256, FEW), (128, 48, FEW), (64, 64, MANY),
+                                    (256, 256, MANY), (128, 128, FEW), (128, 128, MANY),
+                                    (256, 512, MANY))):
+        add(_case("gda_chunk_fwd", "sm_90", K, V, VARIANTS[i], BH, wgmma=True), i in (0, 1, 2))
     for a, arch in enumerate(ARCHS):
         # gda_chunk_bwd (its tiles depend on K and the chunk length only): every shape with a
         # rotating variant and chunk length (FEW heads: 32 steps, MANY: 64 from K = 64), half
         # the variants at K = V = 256 on each arch
-        out += [_case("gda_chunk_bwd", arch, K, V, VARIANTS[(i + 5 * a) % len(VARIANTS)],
-                      (FEW, MANY)[(i + a) % 2]) for i, (K, V) in enumerate(SHAPES)]
-        out += [_case("gda_chunk_bwd", arch, 256, 256, variant, (FEW, MANY)[j % 2])
-                for j, variant in enumerate(VARIANTS) if j % 2 == a]
+        for i, (K, V) in enumerate(SHAPES):
+            add(_case("gda_chunk_bwd", arch, K, V, VARIANTS[(i + 5 * a) % len(VARIANTS)],
+                      (FEW, MANY)[(i + a) % 2]), True)
+        for j, variant in enumerate(VARIANTS):
+            if j % 2 == a:
+                add(_case("gda_chunk_bwd", arch, 256, 256, variant, (FEW, MANY)[j % 2]), False)
         # the planes (bfloat16 inputs): GLA-1.3B's widths and cut tiles, the backward's scan
-        # and the forward's stages (FWD)
+        # and the forward's stages (FWD); core: GLA-1.3B's two on sm_90
         bf16 = [v for v in VARIANTS if v[0] == "bfloat16"]
-        out += [_case("gda_chunk_bwd", arch, K, V, bf16[(2 * a + f) % len(bf16)], MANY, fwd=f)
-                for K, V in ((256, 512), (100, 72)) for f in (False, True)]
+        for K, V in ((256, 512), (100, 72)):
+            for f in (False, True):
+                add(_case("gda_chunk_bwd", arch, K, V, bf16[(2 * a + f) % len(bf16)], MANY, fwd=f),
+                    arch == "sm_90" and K == 256)
     for a, arch in enumerate(ARCHS):
         # gda_step's narrower state accesses: an 8- or 4-byte aligned state (VEC 2, VEC 1)
-        out.append(_case("gda_step", arch, 128, 64, VARIANTS[a], align=8))
-        out.append(_case("gda_step", arch, 100, 100, VARIANTS[a + 2], align=4))
-        out.append(_case("gda_step", arch, 24, 5, VARIANTS[a + 4]))
-    # one case per compile (kernel, arch, defines): K = V = 256 may be in both lists, and where the
-    # inputs are not staged the recurrent tiles do not depend on the sequence-heads
-    return list({c.values: c for c in out if c is not None}.values())
+        add(_case("gda_step", arch, 128, 64, VARIANTS[a], align=8), True)
+        add(_case("gda_step", arch, 100, 100, VARIANTS[a + 2], align=4), True)
+        add(_case("gda_step", arch, 24, 5, VARIANTS[a + 4]), True)
+    # one case per compile (kernel, arch, defines): a build may be in both lists (K = V = 256;
+    # where the inputs are not staged the recurrent tiles do not depend on the sequence-heads)
+    core = {c.values: c for c in core if c is not None}
+    full = {c.values: c for c in full if c is not None and c.values not in core}
+    slow = pytest.mark.full_compile
+    return list(core.values()) + [pytest.param(*c.values, id=c.id, marks=slow) for c in full.values()]
 
 
 def _build(kernel, items, arch):
