@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Device calls that check and measure everything, in phases that each fit the device tool's
 # 10-minute limit; everything lands in $OUT.
+#   Every suite phase runs every test, the kernel builds marked full_compile too (a -m of its
+#   own in place of setup.cfg's default, which deselects them).
 #   suite:   install, the whole test suite in pytest-xdist's workers (SUITE_WORKERS, 6) within
 #            one call, the whole_gpu test alone before them, then cupy-gda verify. The property
 #            tests (tests/test_properties.py: their GPU draws compile some 70 kernels) need
@@ -67,7 +69,7 @@ if [ "$phase" = "suite" ]; then
     else
         echo "pytest-xdist: none (carry [\".vendor\"] of scripts/vendor_tests.sh); the suite in" \
             "one process, cut at the call's cap (suite-a and suite-b run it all in two calls)"
-        timeout -k 10 $((end - 60 - SECONDS)) "${pytest[@]}" --durations=15 > "$out/pytest.txt" 2>&1
+        timeout -k 10 $((end - 60 - SECONDS)) "${pytest[@]}" -m "" --durations=15 > "$out/pytest.txt" 2>&1
     fi
     tail -3 "$out/pytest.txt"
     left=$((end - SECONDS))
@@ -82,7 +84,7 @@ if [ "$phase" = "suite-a" ]; then
     exit 0
 fi
 if [ "$phase" = "suite-b" ]; then
-    timeout 450 python3 -m pytest -q tests $(for f in $SUITE_A; do echo "--ignore=tests/test_$f.py"; done) \
+    timeout 450 python3 -m pytest -q -m "" tests $(for f in $SUITE_A; do echo "--ignore=tests/test_$f.py"; done) \
         > "$out/pytest-b.txt" 2>&1; tail -3 "$out/pytest-b.txt"
     timeout 90 cupy-gda verify > "$out/verify.txt" 2>&1; tail -1 "$out/verify.txt"
     exit 0

@@ -103,7 +103,8 @@ def _cases():
     shape (most registers), so each (dtype, gate dtype, log_gate) compiles on both archs, with
     few and many sequence-heads: about 250 compiles, not the full product. The core builds run
     by default (each shape once a kernel and arch, with few or many heads in turn, the variants
-    rotating; each special build once: about 110, 2/5 of the CPU time); the rest are marked
+    rotating, the chunked kernels' shapes under K = 64 on sm_90 only; each special build once:
+    about 90 builds, a third of the CPU time); the rest are marked
     full_compile, which the default run deselects (setup.cfg) and `-m ""`, or any -m that
     selects them, runs: scripts/device_run.sh's suite does, after every kernel change."""
     core, full = [], []
@@ -127,7 +128,7 @@ def _cases():
         for i, (K, V) in enumerate(SHAPES + ((200, 120),)):
             for n, BH in enumerate((FEW, MANY)):
                 add(_case("gda_chunk_fwd", arch, K, V, VARIANTS[(i + 5 * a + 3 * n) % len(VARIANTS)],
-                          BH), n == (i + a) % 2)
+                          BH), n == (i + a) % 2 and (K >= 64 or arch == "sm_90"))
         for j, variant in enumerate(VARIANTS):
             add(_case("gda_chunk_fwd", arch, 128, 128, variant, (FEW, MANY)[j % 2]), False)
             add(_case("gda_chunk_fwd", arch, 256, 256, variant, MANY), False)
@@ -145,7 +146,7 @@ def _cases():
         # the variants at K = V = 256 on each arch
         for i, (K, V) in enumerate(SHAPES):
             add(_case("gda_chunk_bwd", arch, K, V, VARIANTS[(i + 5 * a) % len(VARIANTS)],
-                      (FEW, MANY)[(i + a) % 2]), True)
+                      (FEW, MANY)[(i + a) % 2]), K >= 64 or arch == "sm_90")
         for j, variant in enumerate(VARIANTS):
             if j % 2 == a:
                 add(_case("gda_chunk_bwd", arch, 256, 256, variant, (FEW, MANY)[j % 2]), False)
@@ -313,11 +314,12 @@ def test_bad_tunable_fails_its_static_assert(kernel, change, expect):
     assert f"kernels/{kernel}.cu" in str(e.value) and "sm_80" in str(e.value)
 
 
-def _chunk_build(cid, p, wgmma=False, **extra):
+def _chunk_build(cid, p, wgmma=False, marks=(), **extra):
     """gda_chunk_fwd's sm_90 build for Problem ``p`` as its launcher configures it, with ``extra``
     defines, as (kernel, arch, items) parameters: start_compiles compiles it with the rest."""
     defines = dict(chunk.defines(p, chunk.config(p, wgmma=wgmma), False), **extra)
-    return pytest.param("gda_chunk_fwd", "sm_90", tuple(sorted(defines.items())), id=cid)
+    return pytest.param("gda_chunk_fwd", "sm_90", tuple(sorted(defines.items())), id=cid,
+                        marks=marks)
 
 
 @pytest.mark.parametrize("kernel, arch, items", [_chunk_build(
@@ -331,7 +333,7 @@ def test_chunk_compiles_at_MAX_K(compiled, kernel, arch, items):
 
 @pytest.mark.parametrize("kernel, arch, items", [_chunk_build(
     "K64-V64-profile", Problem(B=1, T=64, H=1, K=64, V=64, N=1, dtype="float32", g_dtype="float32",
-                               log_gate=False), GDA_PROFILE=1)])
+                               log_gate=False), marks=pytest.mark.full_compile, GDA_PROFILE=1)])
 def test_profiling_build_compiles(compiled, kernel, arch, items):
     """scripts/profile_chunk.py's build: gda_chunk_fwd with -DGDA_PROFILE (a clock per stage)."""
     cubin, res = compiled(kernel, items, arch)
@@ -341,7 +343,7 @@ def test_profiling_build_compiles(compiled, kernel, arch, items):
 @pytest.mark.parametrize("kernel, arch, items", [_chunk_build(
     "K256-V512-bf16-wgmma-WG_4A0", Problem(B=8, T=4096, H=4, K=256, V=512, N=8, dtype="bfloat16",
                                            g_dtype="bfloat16", log_gate=False),
-    wgmma=True, WG_4A=0)])
+    wgmma=True, marks=pytest.mark.full_compile, WG_4A=0)])
 def test_wgmma_stage5_only_build_compiles(compiled, kernel, arch, items):
     """The Hopper variant with WG_4A = 0 (stage 5 by wgmma, 4a by mma.sync; scripts/sweep.py
     WG_4A=0,1 compares them) builds for sm_90a without local memory."""
