@@ -50,8 +50,8 @@ CHUNK_FROM = (
 # the mean sequence length is at least PLANES_FORWARD_FROM and the scan's forward half has a
 # block for every SM (a block a state tile, running a sequence-head's chunks in turn; fewer
 # leave the GPU idle while each runs its chain). docs/perf-notes.md, v24 (scripts/
-# sweep_planes_forward.py): of 30 shapes with K 128..256, the 5 it picks take 0.44-0.83x
-# gda_chunk_fwd's time and one 1.06x; the others, 0.57-2.54x. Its workspace holds every chunk's
+# sweep_planes_forward.py): of 30 shapes with K 128..256 it picks 6, five at 0.44-0.83x
+# gda_chunk_fwd's time and one at 1.06x; the others measured 0.57-2.54x. Its workspace holds every chunk's
 # state (1.7 GiB at GLA-1.3B, O(T H K V / 64)): above PLANES_FORWARD_MAX_BYTES the call keeps to
 # gda_chunk_fwd, whose workspace stays within q's size (a million-token prefill fits).
 PLANES_FORWARD_FROM = 2048
