@@ -411,10 +411,8 @@ def test_gpu_auto_forward_runs_from_the_planes(lens, monkeypatch):
     from cupy_gda import _api, _dispatch, chunk_bwd
     case = (_verify.Case(4, 2048, 4, 192, 192, dtype="bfloat16") if lens is None else
             _verify.varlen_case(lens, H=15, K=129, V=129, dtype="bfloat16"))
-    args = _verify.make_inputs(case, 4)
-    ref, emu = _verify.references(case, args)
-    dev = {n: cupy.asarray(x) for n, x in args.items()}
-    p, _, _, _ = _forward_plan_inputs(case, 4)
+    p, _, ref, emu = _forward_plan_inputs(case, 4)      # (its references, computed once)
+    dev = {n: cupy.asarray(x) for n, x in _verify.make_inputs(case, 4).items()}
     assert _dispatch.planes_forward(p, lens is not None)
     monkeypatch.setattr(_api, "_FAST", {})
     o, ht = cupy_gda.gated_attention(**dev, output_final_state=True)
