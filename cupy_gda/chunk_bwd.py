@@ -82,10 +82,17 @@ def chunks(p, BT, varlen):
     return p.N * p.H, -(-p.T // BT)
 
 
-def defines(p, cfg, seq_int64=False, fwd=False):
+def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BT=cfg.BT, KT=cfg.KT,
-                SCAN=int(cfg.SCAN), PLANES=int(cfg.PLANES), SMEM_BYTES=smem(cfg), FWD=int(fwd))
+                SCAN=int(cfg.SCAN), PLANES=int(cfg.PLANES), SMEM_BYTES=smem(cfg), FWD=int(fwd),
+                KEEP=int(keep))
+
+
+def planes_config(p, varlen=False):
+    """The Config of ForwardPlan, and of a BackwardPlan that takes its kept stages: config's
+    chunk length, the fused scan from the planes."""
+    return config(p, varlen)._replace(SCAN=True, PLANES=True)
 
 
 def planes(p):
@@ -104,13 +111,14 @@ def smem(cfg):
     return RING * 2 * (3 + 1) * sk * (GT + 8)
 
 
-def workspace(p, cfg, varlen=False, fwd=False):
+def workspace(p, cfg, varlen=False, fwd=False, keep=False):
     """{name: floats} of the float32 workspaces, in order (the kernel's parameter names); qa's
     room is reused by sd, written after qa's last read (the planes scan reads no qa: its room is
     sd's only). es holds rowsum(E S0) in one part a state tile's columns where the scan is fused
     (intra adds them). With PLANES pl holds the bfloat16 planes (3 of scale q A, 3 of k D, 1 of
     v, 1 of do a chunk, planes()) that every GEMM stage reads instead of kd, vp and dp (none).
-    ``fwd`` (ForwardPlan): st, ae, ww and the planes only."""
+    ``fwd`` (ForwardPlan): st, ae, ww and the planes only; ``keep`` (a backward from them): all
+    but those (KEPT)."""
     NH, NC = chunks(p, cfg.BT, varlen)
     NB = NH * NC
     C, K, V = cfg.BT, p.K, p.V
@@ -118,10 +126,12 @@ def workspace(p, cfg, varlen=False, fwd=False):
     kp, vp = planes(p)
     rows = 0 if cfg.PLANES else 1                  # kd, vp, dp: the planes instead
     bwd = 0 if fwd else 1                          # the backward's own
-    return dict(st=NB * K * V, et=bwd * NB * K * V, qa=bwd * NB * C * K, kd=rows * NB * C * K,
-                vp=rows * NB * C * V, dp=rows * NB * C * V, ae=NB * K, es=bwd * parts * NB * K,
-                mm=bwd * NB * C * C, ww=NB * C * C, ev=bwd * NB * C * K, ar=bwd * 2 * NB * C * K,
-                pl=NB * C * (3 * kp + vp) if cfg.PLANES else 0)
+    fw = 0 if keep else 1                          # the forward's (KEPT)
+    return dict(st=fw * NB * K * V, et=bwd * NB * K * V, qa=bwd * NB * C * K,
+                kd=rows * NB * C * K, vp=rows * NB * C * V, dp=rows * NB * C * V, ae=fw * NB * K,
+                es=bwd * parts * NB * K, mm=bwd * NB * C * C, ww=fw * NB * C * C,
+                ev=bwd * NB * C * K, ar=bwd * 2 * NB * C * K,
+                pl=fw * NB * C * (3 * kp + vp) if cfg.PLANES else 0)
 
 
 def layout(sizes):
@@ -138,8 +148,21 @@ def layout(sizes):
 def forward_bytes(p, varlen=False):
     """The bytes of ForwardPlan's workspace for Problem ``p`` (packed where ``varlen``): each
     chunk's S0 (float32) and the planes, O(T H K V / BT)."""
-    cfg = config(p, varlen)._replace(SCAN=True, PLANES=True)
-    return 4 * layout(workspace(p, cfg, varlen, fwd=True))[1]
+    return 4 * layout(workspace(p, planes_config(p, varlen), varlen, fwd=True))[1]
+
+
+KEPT = ("st", "ae", "ww", "pl")  # the workspaces a backward takes from a ForwardPlan's (keep=)
+
+
+class Kept(NamedTuple):
+    """A ForwardPlan call's stages kept for the backward (ForwardPlan.run(keep=True)): its
+    workspace (each chunk's S0, A_end, W, the planes of scale q A, k D and v), the guard's flag,
+    and what they were made for (a BackwardPlan(keep=True) checks it)."""
+    ws: object           # the float32 workspace (CuPy), ForwardPlan.at's layout
+    at: dict             # {name: address} of KEPT in it
+    flag: object         # the forward's guard flag (a device int32; 1: the planes are not valid)
+    scale: float         # the scale baked into the planes of q A
+    key: tuple           # (Problem, varlen, BT)
 
 
 def tiles(n):
@@ -153,12 +176,15 @@ class BackwardPlan:
     fall-back: a call allocates the gradients and one workspace (the larger of the two
     families') and queues every launch without a host sync."""
 
-    def __init__(self, p, varlen=False, seq_int64=False, cfg=None):
+    def __init__(self, p, varlen=False, seq_int64=False, cfg=None, keep=False):
+        if keep:
+            cfg = planes_config(p, varlen)
         self.p, self.cfg, self.varlen = p, cfg or config(p, varlen, device_limits()[0]), varlen
+        self.keep = keep
         C, K, V = self.cfg.BT, p.K, p.V
         NH, self.NC = chunks(p, C, varlen)
         NB = self.NB = NH * self.NC if p.N else 0
-        d = defines(p, self.cfg, seq_int64)
+        d = defines(p, self.cfg, seq_int64, keep=keep)
         n_kt = -(-K // self.cfg.KT)
 
         def launch(entry, grid, block, smem=0):
@@ -175,11 +201,11 @@ class BackwardPlan:
                         (3, launch("gda_chunk_bwd_states", -(-NH * K // rows), NTP))]
         # (stage number, launch), in order: run(stages=n) stops after stage n
         self.stages = [(1, launch("gda_chunk_bwd_pack", NB, NTP))] + boundary + [
-            (4, launch("gda_chunk_bwd_rows", NB * 3 * tiles(K), NTG)),
-            (5, launch("gda_chunk_bwd_scores", NB, NTS)),
+            (4, launch("gda_chunk_bwd_rows", NB * 3 * tiles(K), NTG))] + (
+            [] if keep else [(5, launch("gda_chunk_bwd_scores", NB, NTS))]) + [  # (KEEP: W kept)
             (6, launch("gda_chunk_bwd_intra", NB * n_kt, self.cfg.KT)),
             (7, launch("gda_chunk_bwd_dv", NB * tiles(V), NTG))]
-        self.sizes = workspace(p, self.cfg, varlen)
+        self.sizes = workspace(p, self.cfg, varlen, keep=keep)
         self.loop = recurrent_bwd.plan(p, seq_int64)
         self.at, floats = layout(self.sizes)
         self.ws_floats = max(floats, sum(self.loop.ws))
@@ -208,24 +234,34 @@ class BackwardPlan:
         return coff
 
     def run(self, q, k, v, g, do, scale, h0, dht, cu_seqlens=None, fallback=True, stages=7,
-            ws=None):
-        """(gradients, the guard's flag: a device int, 1 where it was hit). Tests: ``fallback=False``
-        leaves out the reverse loop (the chunked form's own results), ``stages`` stops after that
-        stage, and ``ws`` (float32, at least ws_floats) is the workspace to use."""
+            ws=None, kept=None):
+        """(gradients, the guard's flag: a device int, 1 where it was hit). ``kept`` (a plan made
+        with keep=True): the Kept of the ForwardPlan call on the same inputs, whose st, ae, ww and
+        planes this call takes instead of making them (its flag starts as the forward's). Tests:
+        ``fallback=False`` leaves out the reverse loop (the chunked form's own results),
+        ``stages`` stops after that stage, and ``ws`` (float32, at least ws_floats) is the
+        workspace to use."""
         import cupy
         p = self.p
+        if self.keep != (kept is not None):
+            raise ValueError("chunk_bwd: a plan made with keep=True takes kept=, and only it")
+        if kept is not None and (kept.key != (p, self.varlen, self.cfg.BT) or kept.scale != scale):
+            raise ValueError(f"chunk_bwd: kept stages of {kept.key} at scale {kept.scale}, for a "
+                             f"backward of {(p, self.varlen, self.cfg.BT)} at scale {scale}")
         dq, dk = (empty((p.B, p.T, p.H, p.K), np_dtype(p.dtype)) for _ in range(2))
         dv = empty((p.B, p.T, p.H, p.V), np_dtype(p.dtype))
         dg = empty((p.B, p.T, p.H, p.K), np_dtype(p.g_dtype))
         dh0 = empty((p.N, p.H, p.K, p.V), np_dtype("float32")) if h0 is not None else None
         grads = (dq, dk, dv, dg, dh0)
-        flag = cupy.zeros((1,), np.int32)
+        flag = kept.flag.copy() if kept is not None else cupy.zeros((1,), np.int32)
         if self.NB == 0:
             return self.loop(q, k, v, g, do, scale, h0, dht, cu_seqlens, out=grads), flag
         coff = self.chunk_offsets(cu_seqlens) if self.varlen else None
         if ws is None:
             ws = empty((self.ws_floats,), np_dtype("float32"))   # kept alive until all are queued
         at = {name: ws.data.ptr + 4 * x for name, x in self.at.items()}
+        if kept is not None:
+            at.update(kept.at)
         ptrs = (q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, do.data.ptr, address(h0),
                 address(dht), at["st"], at["et"], at["qa"], at["kd"], at["vp"], at["dp"],
                 at["ae"], at["es"], at["mm"], at["ww"], at["sd"], at["ev"], at["ar"],
@@ -250,7 +286,7 @@ class ForwardPlan:
 
     def __init__(self, p, varlen=False, seq_int64=False):
         self.p, self.varlen = p, varlen
-        self.cfg = config(p, varlen, device_limits()[0])._replace(SCAN=True, PLANES=True)
+        self.cfg = planes_config(p, varlen)
         NH, self.NC = chunks(p, self.cfg.BT, varlen)
         self.NB = NH * self.NC if p.N else 0
         d = defines(p, self.cfg, seq_int64, fwd=True)
@@ -283,6 +319,12 @@ class ForwardPlan:
     def __call__(self, q, k, v, g, scale, h0, cu_seqlens, want_final, out, flag=None):
         """o [B, T, H, V] (and the final state); arrays are contiguous CuPy. ``flag`` (tests): a
         device int32 that receives the guard's flag (1 where it was hit)."""
+        return self.run(q, k, v, g, scale, h0, cu_seqlens, want_final, out, flag)[:2]
+
+    def run(self, q, k, v, g, scale, h0, cu_seqlens, want_final, out, flag=None, keep=False):
+        """(o, the final state or None, Kept or None): as a call, and with ``keep`` the stages a
+        BackwardPlan(keep=True) takes (this call's workspace, held by the Kept; None where there
+        is nothing to chunk)."""
         import cupy
         p = self.p
         if flag is None:
@@ -290,7 +332,7 @@ class ForwardPlan:
         else:
             flag.fill(0)
         if self.NB == 0:                        # nothing to chunk: the chunk forward, as it is
-            return self.fallback(q, k, v, g, scale, h0, cu_seqlens, want_final, out)
+            return (*self.fallback(q, k, v, g, scale, h0, cu_seqlens, want_final, out), None)
         o = out if out is not None else empty((p.B, p.T, p.H, p.V), np_dtype(p.dtype))
         ht = empty((p.N, p.H, p.K, p.V), np_dtype("float32")) if want_final else None
         coff = self.chunk_offsets(cu_seqlens) if self.varlen else None
@@ -304,13 +346,16 @@ class ForwardPlan:
             stage(ptrs, scale)
         self.fallback(q, k, v, g, scale, h0, cu_seqlens, want_final, o, only_if=flag.data.ptr,
                       ht=ht)
-        return o, ht
+        kept = (Kept(ws, {n: at[n] for n in KEPT}, flag, scale, (p, self.varlen, self.cfg.BT))
+                if keep else None)
+        return o, ht, kept
 
 
-def plan(p, varlen=False, seq_int64=False):
+def plan(p, varlen=False, seq_int64=False, keep=False):
     """The memoised BackwardPlan of Problem ``p`` (with cu_seqlens where ``varlen``, of int64
-    where ``seq_int64``) on the current device."""
-    return cached(BackwardPlan, p, varlen, seq_int64)
+    where ``seq_int64``; from a ForwardPlan's kept stages where ``keep``) on the current
+    device."""
+    return cached(BackwardPlan, p, varlen, seq_int64, None, keep)
 
 
 def forward_plan(p, varlen=False, seq_int64=False):

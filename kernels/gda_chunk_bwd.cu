@@ -55,16 +55,20 @@
 //   blocks an SM), SMEM_BYTES (the ring's dynamic shared memory, cupy_gda/chunk_bwd.py smem: 0
 //   without PLANES), FWD (1: the forward from these stages, chunk_bwd.ForwardPlan: pack without
 //   do, the scan's forward half storing the final state in dh0's place, scores, and dv's entry
-//   computing o = (scale q A)^T S0 + scale W^T v into dv's place; needs PLANES).
+//   computing o = (scale q A)^T S0 + scale W^T v into dv's place; needs PLANES), KEEP (1: the
+//   backward from a ForwardPlan's kept stages, chunk_bwd.BackwardPlan.run(kept=): st, ae, ww
+//   and the planes of q A, k D, v are the forward's, so pack writes do's plane alone and the
+//   scan runs its backward half alone; scores is not launched; needs PLANES, not FWD).
 //   Reference: cupy_gda.reference.gated_attention_backward_ref.
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
     || !defined(BT) || !defined(KT) || !defined(SCAN) || !defined(PLANES) || !defined(SMEM_BYTES) \
-    || !defined(FWD)
-#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES and FWD are required"
+    || !defined(FWD) || !defined(KEEP)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD and KEEP are required"
 #endif
 static_assert(BT % 16 == 0 && BT >= 16 && BT <= 64, "BT: 16..64, a multiple of 16");
 static_assert(!PLANES || (SCAN && IO_DTYPE == 2), "PLANES: the fused scan's, bfloat16 inputs");
 static_assert(!FWD || PLANES, "FWD: the forward from the planes");
+static_assert(!KEEP || (PLANES && !FWD), "KEEP: the backward from the forward's planes");
 static_assert(KT % 32 == 0 && KT <= 256, "KT: a multiple of 32, at most 256");
 
 #define GDA_BWD_VAL_MAX 0x1p20f         // the guard: |q|, |k|, |v|, |do| at most this,
@@ -181,7 +185,8 @@ extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_pack(GDA_CHUNK_B
     GDA_CHUNK;
     const gda_planes_at pc(pl, NH * NC, b);            // (PLANES: instead of qa, kd, vp, dp)
     bool ok = true;
-    for (int i = threadIdx.x; i < (PLANES ? KP : K_DIM); i += NTP) {  // (i >= K_DIM: planes' 0)
+    for (int i = threadIdx.x; i < (KEEP ? 0 : PLANES ? KP : K_DIM); i += NTP) {  // (KEEP: kept;
+                                                    //  i >= K_DIM: the planes' zeros)
         const bool on = i < K_DIM;
         float a = 1.f;                                  // A_t: q A, A_end
         #pragma unroll 8
@@ -220,12 +225,12 @@ extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_pack(GDA_CHUNK_B
             float vv = 0.f, dov = 0.f;
             if (on && t < ch.rows) {
                 const long long e = ch.at(t, V_DIM, j);
-                vv = io::load(v[e]);
+                if (!KEEP) vv = io::load(v[e]);         // (KEEP: v's plane kept)
                 if (!FWD) dov = io::load(d_o[e]);       // (FWD: no do)
                 ok &= gda_bwd_in(vv, GDA_BWD_VAL_MAX) & gda_bwd_in(dov, GDA_BWD_VAL_MAX);
             }
             if (PLANES) {
-                gda_plane_put<PB>(pc.v + t * VP + j, BT * VP, vv);
+                if (!KEEP) gda_plane_put<PB>(pc.v + t * VP + j, BT * VP, vv);
                 if (!FWD) gda_plane_put<PB>(pc.d + t * VP + j, BT * VP, dov);
             } else if (on) {
                 vp[(b * BT + t) * V_DIM + j] = vv;
@@ -785,18 +790,18 @@ static_assert(SMEM_BYTES == (PLANES ? RING * RING_STAGE : 0),
               "SMEM_BYTES (cupy_gda/chunk_bwd.py smem) differs from this kernel's layout");
 
 // The scan's stages in the order it takes them, a cursor: for each sequence of the block's
-// sequence-head, its chunks forward (A: k D, B: v), then (but FWD) backward (A: q A scale, B:
-// do), NSUB stages a chunk. issue() copies the cursor's stage (nothing once past the last) and moves on.
+// sequence-head, its chunks forward (A: k D, B: v; but KEEP), then (but FWD) backward (A: q A
+// scale, B: do), NSUB stages a chunk. issue() copies the cursor's stage (nothing once past the last) and moves on.
 struct gda_scan_feed {
     const unsigned short *pq, *pk, *pv, *pd;
     const long long* coff;
     long long nh, n, nseq;
     int NC, m0, n0, j0, j1, c, sub, dir;                // dir: 1 forward, -1 backward, 0 done
 
-    __device__ __forceinline__ void range() {          // sequence n's chunks
-        gda_seq_chunks(coff, n, NC, j0, j1);
-        c = j0;
-        dir = 1;
+    __device__ __forceinline__ void range() {          // sequence n's chunks (KEEP: backward
+        gda_seq_chunks(coff, n, NC, j0, j1);            //  alone, from the last)
+        c = KEEP ? j1 - 1 : j0;
+        dir = KEEP ? -1 : 1;
     }
     __device__ __forceinline__ void issue(unsigned at) {
         if (dir != 0) {
@@ -884,8 +889,9 @@ __device__ __forceinline__ void gda_scan_mma(float (&x)[2][4][4], unsigned at, i
 // with no minimum of blocks ptxas kept it to 168 registers and spilled at K = V = 1.) Chunks
 // past the last sequence's (cu_seqlens) get no S0 or E: rows, intra and dv skip every chunk
 // of no rows.
-// (FWD: 2 blocks an SM, as the forward half alone spilled 4-24 bytes at 168 registers)
-extern "C" __global__ void __launch_bounds__(NTG, PLANES && !FWD ? 3 : 2)
+// (FWD: 2 blocks an SM, as the forward half alone spilled 4-24 bytes at 168 registers; KEEP,
+// the backward half alone, likewise)
+extern "C" __global__ void __launch_bounds__(NTG, PLANES && !FWD && !KEEP ? 3 : 2)
 gda_chunk_bwd_scan(GDA_CHUNK_BWD_PARAMS)
 {
     extern __shared__ __align__(16) unsigned short b_ring[];    // PLANES: RING stages
@@ -927,7 +933,7 @@ gda_chunk_bwd_scan(GDA_CHUNK_BWD_PARAMS)
             A.load(kd + (nh * NC + j0) * BT * K_DIM, m0, 0);
             B.load(vp + (nh * NC + j0) * BT * V_DIM, n0, 0);
         }
-        for (int c = j0; c < j1; ++c) {                 // forward: S0 of each chunk
+        for (int c = j0; c < (KEEP ? j0 : j1); ++c) {   // forward: S0 of each chunk (KEEP: kept)
             const long long b = nh * NC + c;
             gda_gemm_rows<K_DIM>(a, ae + b * K_DIM, m0);
             gda_gemm_store<K_DIM, V_DIM>(st + b * K_DIM * V_DIM, x, m0, n0);

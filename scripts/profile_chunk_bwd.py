@@ -135,6 +135,20 @@ def shape_line(name, stages):
         if stages:
             for entry, ms in stage_times(lambda: fp(*x)).items():
                 print(f"    forward from the planes  {entry:40s} {ms:8.3f} ms")
+        # (branch next/keep-states) the backward from the forward's kept stages
+        bk = chunk_bwd.plan(p, False, False, keep=True)
+        kept = fp.run(*x, keep=True)[2]
+        b_args = (q, k, v, g, do, 1.0, None, None)
+
+        def both():                                         # the forward keeping, its backward
+            bk.run(*b_args, kept=fp.run(*x, keep=True)[2])
+        print(f"{name:13s} bwd from the kept forward {median_ms(lambda: bk.run(*b_args, kept=kept)):8.3f}"
+              f"  fwd (keeping) + it {median_ms(both, n):8.3f} ms  kept ws "
+              f"{kept.ws.nbytes / 2**20:.0f} MiB  {differences(by(plan), bk.run(*b_args, kept=kept)[0])}",
+              flush=True)
+        if stages:
+            for entry, ms in stage_times(lambda: bk.run(*b_args, kept=kept)).items():
+                print(f"    backward from the kept   {entry:40s} {ms:8.3f} ms")
     if stages:
         ways = ((plan, lambda: backward("chunk")), (flip, lambda: by(flip)),
                 (other, lambda: by(other)))

@@ -402,6 +402,47 @@ def test_gpu_forward_from_planes_guard_falls_back(what):
             assert res.ok, res
 
 
+# the backward from the forward's kept stages (BackwardPlan(keep=True)): whole and cut tiles, a
+# scale, packed sequences, and gates out of the guard's range (the forward's flag carried)
+KEPT_CASES = [
+    (_verify.Case(1, 300, 2, 256, 512, dtype="bfloat16", log=True), 1.0),
+    (_verify.Case(2, 129, 2, 100, 72, dtype="bfloat16", gate="zeros"), 0.5),
+    (_verify.varlen_case((130, 0, 1, 64, 65), K=128, V=128, dtype="bfloat16", gate="neg"), 1.0),
+    (_verify.Case(2, 150, 2, 192, 64, dtype="bfloat16", gate="big"), 1.0),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case, scale", KEPT_CASES, ids=lambda c: getattr(c, "id", str(c)))
+def test_gpu_backward_from_the_kept_forward(case, scale):
+    """A ForwardPlan call's kept stages (S0, A_end, W, the planes) in place of the backward's
+    own: the same products in the same order, so its gradients are bit for bit those of the
+    backward from the planes (poisoned outputs), the guard's flag the forward's (and then both
+    are the reverse loop's)."""
+    import cupy
+    from cupy_gda import chunk_bwd
+    p, call, _, _ = _forward_plan_inputs(case)
+    q, k, v, g, _, h0, cu, _, _ = call
+    call = (q, k, v, g, scale, h0, cu, True, None)
+    varlen = cu is not None
+    rng = np.random.default_rng(8)
+    do = cupy.asarray(rng.standard_normal(v.shape).astype(_verify._dtype(case.dtype)))
+    dht = cupy.asarray(rng.standard_normal((p.N, p.H, p.K, p.V)).astype(np.float32))
+    fwd_flag = cupy.zeros((1,), np.int32)
+    _, _, kept = chunk_bwd.ForwardPlan(p, varlen, False).run(*call, flag=fwd_flag, keep=True)
+    args = (q, k, v, g, do, scale, h0, dht, cu)
+    want, wflag = chunk_bwd.BackwardPlan(p, varlen, False, chunk_bwd.planes_config(p, varlen)).run(*args)
+    got, gflag = chunk_bwd.plan(p, varlen, False, keep=True).run(*args, kept=kept)
+    hit = int(case.gate == "big")
+    assert int(fwd_flag[0]) == int(wflag[0]) == int(gflag[0]) == hit
+    for name, a, b in zip(R.Gradients._fields, got, want):
+        assert cupy.array_equal(a, b, equal_nan=True), name
+    with pytest.raises(ValueError, match="kept stages of .* at scale"):
+        chunk_bwd.plan(p, varlen, False, keep=True).run(*args[:5], 2 * scale, *args[6:], kept=kept)
+    with pytest.raises(ValueError, match="keep=True takes kept="):
+        chunk_bwd.plan(p, varlen, False).run(*args, kept=kept)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("lens", [None, (2100, 0, 1, 6200)], ids=["dense", "varlen"])
 def test_gpu_auto_forward_runs_from_the_planes(lens, monkeypatch):

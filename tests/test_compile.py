@@ -65,7 +65,7 @@ FAMILIES = {"gda_recurrent_fwd": recurrent.FAMILY, "gda_chunk_fwd": chunk.FAMILY
             "gda_recurrent_bwd": recurrent_bwd.FAMILY, "gda_chunk_bwd": chunk_bwd.FAMILY}
 
 
-def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, fwd=None):
+def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=None):
     dt, gdt, log_gate, int64 = variant
     B, H = BH
     p = Problem(B=B, T=64, H=H, K=K, V=V, N=B, dtype=dt, g_dtype=gdt, log_gate=log_gate)
@@ -86,10 +86,11 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, fwd=None):
         # both chunk lengths where config takes either (64 only from K = 64), both boundary
         # scans (the fused one where the state tiles are many)
         cfg = chunk_bwd.config(p)._replace(BT=64 if BH == MANY and K >= 64 else 32)
-        if fwd is not None:     # the planes (bfloat16): the backward's scan from them (fwd
-            cfg = cfg._replace(BT=64, SCAN=True, PLANES=True)   # False) or ForwardPlan's stages
-        defines = chunk_bwd.defines(p, cfg, int64, fwd=bool(fwd))
-        where = f"-BT{cfg.BT}-KT{cfg.KT}" + ("" if fwd is None else "-fwd" if fwd else "-planes")
+        if planes:              # the planes (bfloat16): the backward's scan from them, the
+            cfg = cfg._replace(BT=64, SCAN=True, PLANES=True)   # forward's stages (fwd) or the
+        defines = chunk_bwd.defines(p, cfg, int64, fwd=planes == "fwd",   # backward from them
+                                    keep=planes == "keep")
+        where = f"-BT{cfg.BT}-KT{cfg.KT}" + (f"-{planes}" if planes else "")
     else:
         defines = step.defines(p, idx_int64=int64, align=align)
         where = "" if align == 16 else f"-align{align}"
@@ -150,13 +151,13 @@ def _cases():
         for j, variant in enumerate(VARIANTS):
             if j % 2 == a:
                 add(_case("gda_chunk_bwd", arch, 256, 256, variant, (FEW, MANY)[j % 2]), False)
-        # the planes (bfloat16 inputs): GLA-1.3B's widths and cut tiles, the backward's scan
-        # and the forward's stages (FWD); core: GLA-1.3B's two on sm_90
+        # the planes (bfloat16 inputs): GLA-1.3B's widths and cut tiles, the backward's scan,
+        # the forward's stages (FWD) and the backward from them (KEEP); core: GLA-1.3B's on sm_90
         bf16 = [v for v in VARIANTS if v[0] == "bfloat16"]
         for K, V in ((256, 512), (100, 72)):
-            for f in (False, True):
-                add(_case("gda_chunk_bwd", arch, K, V, bf16[(2 * a + f) % len(bf16)], MANY, fwd=f),
-                    arch == "sm_90" and K == 256)
+            for f, mode in enumerate(("planes", "fwd", "keep")):
+                add(_case("gda_chunk_bwd", arch, K, V, bf16[(2 * a + f) % len(bf16)], MANY,
+                          planes=mode), arch == "sm_90" and K == 256)
     for a, arch in enumerate(ARCHS):
         # gda_step's narrower state accesses: an 8- or 4-byte aligned state (VEC 2, VEC 1)
         add(_case("gda_step", arch, 128, 64, VARIANTS[a], align=8), True)

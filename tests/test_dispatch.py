@@ -661,6 +661,11 @@ def test_chunk_backward_workspace_sizes(varlen):
     assert {n for n, x in fw.items() if x} == {"st", "ae", "ww", "pl"}
     assert (fw["st"], fw["ae"], fw["ww"], fw["pl"]) == (NB * 5 * 7, NB * 5, NB * 32 * 32,
                                                         NB * 32 * (3 * kp + vp))
+    # the backward from them (keep): the backward's own, the forward's (KEPT) none
+    bw = chunk_bwd.workspace(p, chunk_bwd.Config(32, 32, True, True), varlen)
+    kw = chunk_bwd.workspace(p, chunk_bwd.Config(32, 32, True, True), varlen, keep=True)
+    assert {n for n, x in kw.items() if x} == {n for n, x in bw.items() if x} - set(chunk_bwd.KEPT)
+    assert all(kw[n] == bw[n] for n in kw if n not in chunk_bwd.KEPT)
 
 
 @pytest.mark.parametrize("lens", [(100,), (0, 5, 0, 95), (31, 33, 1, 35), (64, 0, 36)])
