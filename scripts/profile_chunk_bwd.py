@@ -144,7 +144,7 @@ def shape_line(name, stages):
             bk.run(*b_args, kept=fp.run(*x, keep=True)[2])
         print(f"{name:13s} bwd from the kept forward {median_ms(lambda: bk.run(*b_args, kept=kept)):8.3f}"
               f"  fwd (keeping) + it {median_ms(both, n):8.3f} ms  kept ws "
-              f"{kept.ws.nbytes / 2**20:.0f} MiB  {differences(by(plan), bk.run(*b_args, kept=kept)[0])}",
+              f"{kept.ws.nbytes / 2**20:.0f} MiB  {differences(backward('chunk'), bk.run(*b_args, kept=kept)[0])}",
               flush=True)
         if stages:
             for entry, ms in stage_times(lambda: bk.run(*b_args, kept=kept)).items():
