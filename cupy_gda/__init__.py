@@ -6,11 +6,12 @@ See :func:`gated_attention`, :func:`gated_attention_backward`, :func:`gated_atte
 :mod:`cupy_gda.reference`.
 """
 from cupy_gda import reference
-from cupy_gda._api import gated_attention, gated_attention_backward, gated_attention_step
+from cupy_gda._api import (ChunkStates, gated_attention, gated_attention_backward,
+                           gated_attention_step)
 from cupy_gda._checks import MAX_DIM
 from cupy_gda._compile import KernelCompileError
 from cupy_gda.reference import Gradients
 
 __version__ = "0.1.0"
 __all__ = ["gated_attention", "gated_attention_backward", "gated_attention_step", "Gradients",
-           "reference", "MAX_DIM", "KernelCompileError"]
+           "ChunkStates", "reference", "MAX_DIM", "KernelCompileError"]

@@ -62,9 +62,26 @@ def _check_out(fn, out, shape, dtype, gpu):
     _checks.check_writeable(fn, "out", out)
 
 
+class ChunkStates:
+    """What ``gated_attention(..., keep_states=True)`` keeps on the GPU for the backward of the
+    same call (``gated_attention_backward(..., states=)``): each chunk's state and the chunked
+    form's operands (opaque; ``nbytes`` of device memory, held while this object lives). The
+    backward then skips recomputing them (docs/perf-notes.md, v24: 4.75 against 6.37 ms at
+    GLA-1.3B bf16, 1.7 GiB held). Valid for the backward of exactly that call's inputs: the
+    backward checks the shapes, dtypes and scale, not the values."""
+    __slots__ = ("kept",)
+
+    def __init__(self, kept):
+        self.kept = kept
+
+    @property
+    def nbytes(self):
+        return self.kept.ws.nbytes
+
+
 def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_state=None,
                     output_final_state=False, cu_seqlens=None, method="auto", out=None,
-                    check_indices=True):
+                    check_indices=True, keep_states=False):
     """Gated linear attention over a whole sequence (the GLA forward pass).
 
     For each sequence n and head h, t = 1..T::
@@ -86,13 +103,18 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
         out: optional [B, T, H, V] array of v's dtype that receives o.
         check_indices: check cu_seqlens' values (one device sync on the GPU); pass False when
             capturing the call in a CUDA graph.
+        keep_states: also return a ChunkStates for gated_attention_backward(states=), or None
+            where the call did not run the chunked form that keeps them (the CPU, and GPU calls
+            outside _dispatch.planes_forward's rule): training steps that hold the memory
+            between the forward and the backward skip recomputing them there.
 
-    Returns o [B, T, H, V] of v's dtype, or (o, final_state). NumPy in, NumPy out (math in
+    Returns o [B, T, H, V] of v's dtype, or (o, final_state), each with the ChunkStates (or
+    None) after it where keep_states. NumPy in, NumPy out (math in
     float64 for float64 inputs, else float32); CuPy in, CuPy out; a framework's CUDA array in
     (PyTorch, JAX, ...), the same framework's array out, computed on the GPU.
     """
     g = gate if gate is not None else log_gate
-    if cu_seqlens is None and out is None and type(q) is _cupy_ndarray:
+    if cu_seqlens is None and out is None and type(q) is _cupy_ndarray and not keep_states:
         key = _fast_key(_sig(q), _sig(k), _sig(v), _sig(g), gate is None, _sig(initial_state),
                         bool(output_final_state), method, _current_device())
         plan = _FAST.get(key)
@@ -119,10 +141,17 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
                       and _all_contiguous((q, k, v, g, h0)))
             q, k, v, g, h0, cu = _contiguous((q, k, v, g, h0, cu))
             plan = _forward_plan(m, p, cu is not None, cu is not None and cu.dtype == np.int64)
-            o, ht = plan(q, k, v, g, scale, h0, cu, output_final_state, out)
+            if keep_states and isinstance(plan, chunk_bwd.ForwardPlan):
+                o, ht, kept = plan.run(q, k, v, g, scale, h0, cu, output_final_state, out,
+                                       keep=True)
+                states = None if kept is None else ChunkStates(kept)
+            else:
+                o, ht = plan(q, k, v, g, scale, h0, cu, output_final_state, out)
+                states = None
             if cached:
                 _FAST[key] = plan
         else:
+            states = None
             cpu_fn = (reference.gated_attention_chunked if m == "chunk"
                       else reference.gated_attention_recurrent)
             o, ht = cpu_fn(q, k, v, gate, log_gate=log_gate, scale=scale, initial_state=h0,
@@ -133,14 +162,15 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
             if out is not None:
                 out[...] = o
                 o = out
-        if output_final_state:
-            return br.back(o), br.back(ht)
-        return br.back(o)
+        r = (br.back(o), br.back(ht)) if output_final_state else (br.back(o),)
+        if keep_states:
+            return (*r, states)
+        return r if output_final_state else r[0]
 
 
 def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0,
                              initial_state=None, d_final_state=None, cu_seqlens=None,
-                             method="auto", check_indices=True):
+                             method="auto", check_indices=True, states=None):
     """The gradients of a gated_attention call's loss (the GLA backward pass).
 
     With dS_t the whole gradient reaching S_t (dS_T also gets ``d_final_state``)::
@@ -167,6 +197,9 @@ def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0
             leave the range the chunked products are exact in, the reverse loop runs instead
             (on the GPU, decided there without a sync).
         check_indices: as in gated_attention.
+        states: the ChunkStates of this call's forward (gated_attention(keep_states=True)), or
+            None. Where the chunked backward runs it takes them instead of recomputing them
+            (the same gradients, bit for bit); elsewhere they are not needed.
 
     Returns :class:`Gradients` (dq, dk, dv, dgate, dinitial_state): dq, dk, dv in q's dtype,
     dgate of whichever gate argument was given in its dtype, dinitial_state (None without an
@@ -184,13 +217,19 @@ def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0
         p = _checks.check_backward(fn, q, k, v, gate, log_gate, do, h0, dht, cu, cpu=not br.gpu)
         scale = _checks.check_scale(fn, scale)
         m = _dispatch.pick_backward(fn, method, p, br.gpu)
+        kept = _kept(fn, states, p, cu is not None, scale, br.gpu)   # (used where m is chunk)
         if cu is not None and (check_indices or not br.gpu):
             _checks.check_cu_seqlens_values(fn, host_array(cu), p.T)
         g = gate if gate is not None else log_gate
         if br.gpu:
             q, k, v, g, do, h0, dht, cu = _contiguous((q, k, v, g, do, h0, dht, cu))
-            plan = _backward_plan(m, p, cu is not None, cu is not None and cu.dtype == np.int64)
-            grads = plan(q, k, v, g, do, scale, h0, dht, cu)
+            seq_int64 = cu is not None and cu.dtype == np.int64
+            if kept is not None and m == "chunk":
+                plan = chunk_bwd.plan(p, cu is not None, seq_int64, keep=True)
+                grads = plan.run(q, k, v, g, do, scale, h0, dht, cu, kept=kept)[0]
+            else:
+                plan = _backward_plan(m, p, cu is not None, seq_int64)
+                grads = plan(q, k, v, g, do, scale, h0, dht, cu)
         else:
             cpu_fn = (reference.gated_attention_backward_chunked if m == "chunk"
                       else reference.gated_attention_backward_recurrent)
@@ -201,6 +240,24 @@ def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0
                          r.dv.astype(q.dtype, copy=False), r.dgate.astype(g.dtype, copy=False),
                          None if h0 is None else r.dinitial_state.astype(p.cpu_dtype, copy=False))
         return reference.Gradients(*(br.back(x) for x in grads))
+
+
+def _kept(fn, states, p, varlen, scale, gpu):
+    """The chunk_bwd.Kept of ``states`` (a ChunkStates or None) for the chunked backward of
+    Problem ``p``; errors name the argument: not a ChunkStates, NumPy inputs, or another call's."""
+    if states is None:
+        return None
+    if not isinstance(states, ChunkStates):
+        raise TypeError(f"{fn}: states must be the ChunkStates of gated_attention(..., "
+                        f"keep_states=True) or None, got {type(states).__name__}")
+    if not gpu:
+        raise ValueError(f"{fn}: states are a GPU forward's; the CPU backward takes none")
+    kept = states.kept
+    want = (p, varlen, chunk_bwd.planes_config(p, varlen).BT)
+    if kept.key != want or kept.scale != scale:
+        raise ValueError(f"{fn}: states were kept by another call's forward (shapes and dtypes "
+                         f"{kept.key[0]}, scale {kept.scale}); this call has {p}, scale {scale}")
+    return kept
 
 
 def _forward_plan(m, p, varlen, seq_int64):

@@ -443,6 +443,57 @@ def test_gpu_backward_from_the_kept_forward(case, scale):
         chunk_bwd.plan(p, varlen, False).run(*args, kept=kept)
 
 
+def test_keep_states_on_the_cpu_keeps_none():
+    """keep_states: the CPU forward keeps nothing (None after o, and after the final state), the
+    same o; the backward takes states=None, and refuses anything else before any work."""
+    args = _verify.make_inputs(_verify.Case(2, 40, 2, 8, 6), 2)
+    o = cupy_gda.gated_attention(**args)
+    o1, st = cupy_gda.gated_attention(**args, keep_states=True)
+    o2, ht, st2 = cupy_gda.gated_attention(**args, keep_states=True, output_final_state=True)
+    assert st is None and st2 is None and ht.shape == args["initial_state"].shape
+    assert np.array_equal(o, o1) and np.array_equal(o, o2)
+    do = np.ones_like(args["v"])
+    want = cupy_gda.gated_attention_backward(**args, do=do)
+    got = cupy_gda.gated_attention_backward(**args, do=do, states=None)
+    assert all(np.array_equal(a, b) for a, b in zip(want, got))
+    with pytest.raises(TypeError, match="states must be the ChunkStates of gated_attention"):
+        cupy_gda.gated_attention_backward(**args, do=do, states=object())
+    with pytest.raises(ValueError, match="states are a GPU forward's"):
+        cupy_gda.gated_attention_backward(**args, do=do, states=cupy_gda.ChunkStates(None))
+
+
+@pytest.mark.gpu
+def test_gpu_keep_states_through_the_api():
+    """gated_attention(keep_states=True) at a shape of the forward from the planes keeps its
+    stages (their bytes: chunk_bwd.forward_bytes), with the same o and final state; the backward
+    given them is bit for bit the planes backward's; another scale's backward refuses them; a
+    shape of gda_chunk_fwd keeps none."""
+    import cupy
+    from cupy_gda import _dispatch, chunk_bwd
+    from cupy_gda._checks import check_forward
+    case = _verify.Case(4, 2048, 4, 192, 192, dtype="bfloat16")
+    dev = {n: cupy.asarray(x) for n, x in _verify.make_inputs(case, 6).items()}
+    p = check_forward("t", dev["q"], dev["k"], dev["v"], dev["gate"], None,
+                      dev["initial_state"], None, cpu=False)
+    assert _dispatch.planes_forward(p)
+    o, ht, states = cupy_gda.gated_attention(**dev, output_final_state=True, keep_states=True)
+    assert isinstance(states, cupy_gda.ChunkStates) and states.nbytes == chunk_bwd.forward_bytes(p)
+    o2, ht2 = cupy_gda.gated_attention(**dev, output_final_state=True)
+    assert cupy.array_equal(o, o2) and cupy.array_equal(ht, ht2)
+    rng = np.random.default_rng(9)
+    do = cupy.asarray(rng.standard_normal(dev["v"].shape).astype(_verify._dtype("bfloat16")))
+    dht = cupy.asarray(rng.standard_normal(ht.shape).astype(np.float32))
+    got = cupy_gda.gated_attention_backward(**dev, do=do, d_final_state=dht, states=states)
+    want, _ = chunk_bwd.BackwardPlan(p, False, False, chunk_bwd.planes_config(p)).run(
+        dev["q"], dev["k"], dev["v"], dev["gate"], do, 1.0, dev["initial_state"], dht)
+    for name, a, b in zip(R.Gradients._fields, got, want):
+        assert cupy.array_equal(a, b, equal_nan=True), name
+    with pytest.raises(ValueError, match="states were kept by another call's forward"):
+        cupy_gda.gated_attention_backward(**dev, do=do, scale=0.5, states=states)
+    small = {n: cupy.asarray(x) for n, x in _verify.make_inputs(_verify.Case(2, 600, 2, 64, 64), 6).items()}
+    assert cupy_gda.gated_attention(**small, keep_states=True)[1] is None
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("lens", [None, (2100, 0, 1, 6200)], ids=["dense", "varlen"])
 def test_gpu_auto_forward_runs_from_the_planes(lens, monkeypatch):
