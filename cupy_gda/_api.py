@@ -65,18 +65,24 @@ def _check_out(fn, out, shape, dtype, gpu):
 class ChunkStates:
     """What ``gated_attention(..., keep_states=True)`` keeps on the GPU for the backward of the
     same call (``gated_attention_backward(..., states=)``): each chunk's state and the chunked
-    form's operands (opaque; ``nbytes`` of device memory, held while this object lives). The
-    backward then skips recomputing them (docs/perf-notes.md, v24: 4.75 against 6.37 ms at
-    GLA-1.3B bf16, 1.7 GiB held). Valid for the backward of exactly that call's inputs: the
-    backward checks the shapes, dtypes and scale, not the values."""
-    __slots__ = ("kept",)
+    form's operands, in one float32 ``workspace`` (``nbytes`` of device memory, held while this
+    object lives), and the ``flag`` of the forward's guard (int32 [1]), as arrays of the call's
+    framework. The backward then skips recomputing them (docs/perf-notes.md, v24: 4.75 against
+    6.37 ms at GLA-1.3B bf16, 1.7 GiB held). Valid for the backward of exactly that call's
+    inputs: the backward checks the shapes, dtypes and scale, not the values.
 
-    def __init__(self, kept):
-        self.kept = kept
+    ``ChunkStates(workspace, flag)`` rebuilds one from its two arrays, as an adapter carries
+    them through a framework's autograd (cupy_gda.torch); the backward then checks their sizes
+    against the call, and the caller vouches that they are that call's forward's."""
+    __slots__ = ("workspace", "flag", "made_for")
+
+    def __init__(self, workspace, flag, made_for=None):
+        self.workspace, self.flag = workspace, flag
+        self.made_for = made_for          # (chunk_bwd.Kept.key, scale), where the core made it
 
     @property
     def nbytes(self):
-        return self.kept.ws.nbytes
+        return self.workspace.nbytes
 
 
 def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_state=None,
@@ -144,7 +150,8 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
             if keep_states and isinstance(plan, chunk_bwd.ForwardPlan):
                 o, ht, kept = plan.run(q, k, v, g, scale, h0, cu, output_final_state, out,
                                        keep=True)
-                states = None if kept is None else ChunkStates(kept)
+                states = (None if kept is None else ChunkStates(
+                    br.back(kept.ws), br.back(kept.flag), (kept.key, kept.scale)))
             else:
                 o, ht = plan(q, k, v, g, scale, h0, cu, output_final_state, out)
                 states = None
@@ -208,16 +215,18 @@ def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0
     a framework's CUDA array in, the same framework's out.
     """
     fn = "gated_attention_backward"
+    kept_arrays = ({"states.workspace": states.workspace, "states.flag": states.flag}
+                   if isinstance(states, ChunkStates) else {})
     br = Bridge(fn, dict(q=q, k=k, v=v, gate=gate, log_gate=log_gate, do=do,
                          initial_state=initial_state, d_final_state=d_final_state,
-                         cu_seqlens=cu_seqlens))
+                         cu_seqlens=cu_seqlens, **kept_arrays))
     with br.context():
         q, k, v, gate, log_gate, do, h0, dht, cu = (br.native(x) for x in (
             q, k, v, gate, log_gate, do, initial_state, d_final_state, cu_seqlens))
         p = _checks.check_backward(fn, q, k, v, gate, log_gate, do, h0, dht, cu, cpu=not br.gpu)
         scale = _checks.check_scale(fn, scale)
         m = _dispatch.pick_backward(fn, method, p, br.gpu)
-        kept = _kept(fn, states, p, cu is not None, scale, br.gpu)   # (used where m is chunk)
+        kept = _kept(fn, states, p, cu is not None, scale, br)   # (used where m is chunk)
         if cu is not None and (check_indices or not br.gpu):
             _checks.check_cu_seqlens_values(fn, host_array(cu), p.T)
         g = gate if gate is not None else log_gate
@@ -242,22 +251,40 @@ def gated_attention_backward(q, k, v, gate=None, *, do, log_gate=None, scale=1.0
         return reference.Gradients(*(br.back(x) for x in grads))
 
 
-def _kept(fn, states, p, varlen, scale, gpu):
+def _kept(fn, states, p, varlen, scale, br):
     """The chunk_bwd.Kept of ``states`` (a ChunkStates or None) for the chunked backward of
-    Problem ``p``; errors name the argument: not a ChunkStates, NumPy inputs, or another call's."""
+    Problem ``p`` (inside ``br``'s context); errors name the argument: not a ChunkStates, a CPU
+    call, another call's, or arrays of other sizes than this call's forward keeps."""
     if states is None:
         return None
     if not isinstance(states, ChunkStates):
         raise TypeError(f"{fn}: states must be the ChunkStates of gated_attention(..., "
                         f"keep_states=True) or None, got {type(states).__name__}")
-    if not gpu:
+    if not br.gpu:
         raise ValueError(f"{fn}: states are a GPU forward's; the CPU backward takes none")
-    kept = states.kept
-    want = (p, varlen, chunk_bwd.planes_config(p, varlen).BT)
-    if kept.key != want or kept.scale != scale:
+    key = (p, varlen, chunk_bwd.planes_config(p, varlen).BT)
+    if states.made_for is not None and states.made_for != (key, scale):
+        (kp, _, _), ks = states.made_for
         raise ValueError(f"{fn}: states were kept by another call's forward (shapes and dtypes "
-                         f"{kept.key[0]}, scale {kept.scale}); this call has {p}, scale {scale}")
-    return kept
+                         f"{kp}, scale {ks}); this call has {p}, scale {scale}")
+    ws, flag = br.native(states.workspace), br.native(states.flag)
+    floats = chunk_bwd.forward_bytes(p, varlen) // 4
+    for name, x, dtype, n in (("workspace", ws, np.float32, floats), ("flag", flag, np.int32, 1)):
+        if x.dtype != dtype or x.shape != (n,) or not x.flags.c_contiguous:
+            raise ValueError(f"{fn}: states.{name} must be the {np.dtype(dtype).name} [{n}] "
+                             f"array this call's forward keeps, got {x.dtype.name} "
+                             f"{list(x.shape)}")
+    return chunk_bwd.Kept(ws, flag, scale, key)
+
+
+def gpu_kept_bytes(fn, p, method, varlen=False):
+    """The bytes of the ChunkStates' workspace that a GPU forward on Problem ``p`` keeps with
+    keep_states=True: chunk_bwd.forward_bytes where it runs chunk_bwd.ForwardPlan (as
+    _forward_plan; the rule's shapes all have chunks), else 0 (it keeps none). For the current
+    device (the rule counts its SMs)."""
+    if _dispatch.pick(fn, method, p, True) != "chunk" or not _dispatch.planes_forward(p, varlen):
+        return 0
+    return chunk_bwd.forward_bytes(p, varlen)
 
 
 def _forward_plan(m, p, varlen, seq_int64):

@@ -158,8 +158,7 @@ class Kept(NamedTuple):
     """A ForwardPlan call's stages kept for the backward (ForwardPlan.run(keep=True)): its
     workspace (each chunk's S0, A_end, W, the planes of scale q A, k D and v), the guard's flag,
     and what they were made for (a BackwardPlan(keep=True) checks it)."""
-    ws: object           # the float32 workspace (CuPy), ForwardPlan.at's layout
-    at: dict             # {name: address} of KEPT in it
+    ws: object           # the float32 workspace (CuPy, forward_bytes), ForwardPlan.at's layout
     flag: object         # the forward's guard flag (a device int32; 1: the planes are not valid)
     scale: float         # the scale baked into the planes of q A
     key: tuple           # (Problem, varlen, BT)
@@ -208,6 +207,8 @@ class BackwardPlan:
         self.sizes = workspace(p, self.cfg, varlen, keep=keep)
         self.loop = recurrent_bwd.plan(p, seq_int64)
         self.at, floats = layout(self.sizes)
+        # (keep) KEPT's offsets in a Kept's workspace: ForwardPlan's layout
+        self.kept_at = layout(workspace(p, self.cfg, varlen, fwd=True))[0] if keep else None
         self.ws_floats = max(floats, sum(self.loop.ws))
 
     def scratch_bytes(self, with_h0):
@@ -261,7 +262,7 @@ class BackwardPlan:
             ws = empty((self.ws_floats,), np_dtype("float32"))   # kept alive until all are queued
         at = {name: ws.data.ptr + 4 * x for name, x in self.at.items()}
         if kept is not None:
-            at.update(kept.at)
+            at.update({name: kept.ws.data.ptr + 4 * self.kept_at[name] for name in KEPT})
         ptrs = (q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, do.data.ptr, address(h0),
                 address(dht), at["st"], at["et"], at["qa"], at["kd"], at["vp"], at["dp"],
                 at["ae"], at["es"], at["mm"], at["ww"], at["sd"], at["ev"], at["ar"],
@@ -346,8 +347,7 @@ class ForwardPlan:
             stage(ptrs, scale)
         self.fallback(q, k, v, g, scale, h0, cu_seqlens, want_final, o, only_if=flag.data.ptr,
                       ht=ht)
-        kept = (Kept(ws, {n: at[n] for n in KEPT}, flag, scale, (p, self.varlen, self.cfg.BT))
-                if keep else None)
+        kept = Kept(ws, flag, scale, (p, self.varlen, self.cfg.BT)) if keep else None
         return o, ht, kept
 
 

@@ -459,17 +459,18 @@ def test_keep_states_on_the_cpu_keeps_none():
     with pytest.raises(TypeError, match="states must be the ChunkStates of gated_attention"):
         cupy_gda.gated_attention_backward(**args, do=do, states=object())
     with pytest.raises(ValueError, match="states are a GPU forward's"):
-        cupy_gda.gated_attention_backward(**args, do=do, states=cupy_gda.ChunkStates(None))
+        cupy_gda.gated_attention_backward(**args, do=do, states=cupy_gda.ChunkStates(None, None))
 
 
 @pytest.mark.gpu
 def test_gpu_keep_states_through_the_api():
     """gated_attention(keep_states=True) at a shape of the forward from the planes keeps its
     stages (their bytes: chunk_bwd.forward_bytes), with the same o and final state; the backward
-    given them is bit for bit the planes backward's; another scale's backward refuses them; a
-    shape of gda_chunk_fwd keeps none."""
+    given them is bit for bit the planes backward's, and so is one given them rebuilt from their
+    arrays (as the torch adapter carries them); another scale's backward refuses them, and arrays
+    of other sizes; a shape of gda_chunk_fwd keeps none (gpu_kept_bytes says so beforehand)."""
     import cupy
-    from cupy_gda import _dispatch, chunk_bwd
+    from cupy_gda import _api, _dispatch, chunk_bwd
     from cupy_gda._checks import check_forward
     case = _verify.Case(4, 2048, 4, 192, 192, dtype="bfloat16")
     dev = {n: cupy.asarray(x) for n, x in _verify.make_inputs(case, 6).items()}
@@ -478,6 +479,8 @@ def test_gpu_keep_states_through_the_api():
     assert _dispatch.planes_forward(p)
     o, ht, states = cupy_gda.gated_attention(**dev, output_final_state=True, keep_states=True)
     assert isinstance(states, cupy_gda.ChunkStates) and states.nbytes == chunk_bwd.forward_bytes(p)
+    assert _api.gpu_kept_bytes("t", p, "auto") == states.nbytes
+    assert states.flag.dtype == np.int32 and states.flag.shape == (1,)
     o2, ht2 = cupy_gda.gated_attention(**dev, output_final_state=True)
     assert cupy.array_equal(o, o2) and cupy.array_equal(ht, ht2)
     rng = np.random.default_rng(9)
@@ -486,12 +489,25 @@ def test_gpu_keep_states_through_the_api():
     got = cupy_gda.gated_attention_backward(**dev, do=do, d_final_state=dht, states=states)
     want, _ = chunk_bwd.BackwardPlan(p, False, False, chunk_bwd.planes_config(p)).run(
         dev["q"], dev["k"], dev["v"], dev["gate"], do, 1.0, dev["initial_state"], dht)
-    for name, a, b in zip(R.Gradients._fields, got, want):
+    rebuilt = cupy_gda.gated_attention_backward(
+        **dev, do=do, d_final_state=dht,
+        states=cupy_gda.ChunkStates(states.workspace, states.flag))
+    for name, a, b, c in zip(R.Gradients._fields, got, want, rebuilt):
         assert cupy.array_equal(a, b, equal_nan=True), name
+        assert cupy.array_equal(c, b, equal_nan=True), name
     with pytest.raises(ValueError, match="states were kept by another call's forward"):
         cupy_gda.gated_attention_backward(**dev, do=do, scale=0.5, states=states)
+    with pytest.raises(ValueError, match=r"states.workspace must be the float32 \["):
+        cupy_gda.gated_attention_backward(**dev, do=do, states=cupy_gda.ChunkStates(
+            states.workspace[:-1], states.flag))
+    with pytest.raises(ValueError, match=r"states.flag must be the int32 \[1\]"):
+        cupy_gda.gated_attention_backward(**dev, do=do, states=cupy_gda.ChunkStates(
+            states.workspace, states.flag.astype(np.int64)))
     small = {n: cupy.asarray(x) for n, x in _verify.make_inputs(_verify.Case(2, 600, 2, 64, 64), 6).items()}
     assert cupy_gda.gated_attention(**small, keep_states=True)[1] is None
+    ps = check_forward("t", small["q"], small["k"], small["v"], small["gate"], None, None, None,
+                       cpu=False)
+    assert _api.gpu_kept_bytes("t", ps, "auto") == 0
 
 
 @pytest.mark.gpu

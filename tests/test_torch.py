@@ -11,7 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import cupy_gda.torch as gda_torch  # noqa: E402 - after the skip
+import cupy_gda  # noqa: E402 - after the skip
+import cupy_gda.torch as gda_torch  # noqa: E402
 from cupy_gda._verify import compare  # noqa: E402
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
@@ -194,8 +195,8 @@ def _opcheck_args(device):
     lg = torch.log(g.detach() + 0.1).requires_grad_(True)
     do = torch.randn(v.shape, device=device)
     dht = torch.randn(h0.shape, device=device)
-    forward = [(q, k, v, g, None, 0.5, h0, True, cu, "auto", True),
-               (q, k, v, None, lg, 1.0, None, False, None, "chunk", True)]
+    forward = [(q, k, v, g, None, 0.5, h0, True, cu, "auto", True, False),
+               (q, k, v, None, lg, 1.0, None, False, None, "chunk", True, True)]
     plain = [x.detach() for x in (q, k, v, g, lg, h0)]
     backward = [(*plain[:4], None, do, 0.5, plain[5], dht, cu),
                 (*plain[:3], None, plain[4], do, 1.0, None, None, None)]
@@ -328,3 +329,49 @@ def test_cuda_graph_capture_of_forward_and_backward():
         ref = _reference(new, None, False, 0.5, True, torch.float64, W, Wf)
         emu = _reference(new, None, False, 0.5, True, torch.float32, W, Wf)
         _check_contract(names, outs, ref, emu)
+
+
+@pytest.mark.gpu
+def test_keep_states_holds_them_to_the_backward():
+    """keep_states=True at a shape whose GPU forward runs from the planes and keeps its chunk
+    states (B2 T2048 H4 K=V=192 bf16): the forward op returns their workspace (the size its
+    fake gives: opcheck), autograd holds it to the backward, and the gradients are bit for bit
+    the core's backward given the same states; the same compiled whole (fullgraph)."""
+    import cupy
+    from cupy_gda import _api, _checks, chunk_bwd
+    xs, _ = _inputs(2, 2048, 4, 192, 192, "unif", None, True, seed=13)
+    rng = np.random.default_rng(14)
+    W = torch.tensor(rng.standard_normal((2, 2048, 4, 192)), dtype=torch.bfloat16, device="cuda")
+    Wf = torch.tensor(rng.standard_normal((2, 4, 192, 192)), dtype=torch.float32, device="cuda")
+
+    def leaves():
+        return [torch.tensor(x, dtype=torch.bfloat16 if i < 4 else torch.float32, device="cuda",
+                             requires_grad=True) for i, x in enumerate(xs)]
+
+    def step(fn, xs):
+        o, S = fn(*xs)
+        return [o, S, *torch.autograd.grad((o * W).sum() + (S * Wf).sum(), xs)]
+
+    def attention(q, k, v, g, h0):
+        return gda_torch.gated_attention(q, k, v, g, initial_state=h0, output_final_state=True,
+                                         keep_states=True)
+
+    x = leaves()
+    plain = [t.detach() for t in x]
+    args = (*plain[:4], None, 1.0, plain[4], True, None, "auto", True, True)
+    o, S, ws, flag = torch.ops.cupy_gda.gated_attention.default(*args)
+    p = _checks.Problem(2, 2048, 4, 192, 192, 2, "bfloat16", "bfloat16", False)
+    assert ws.numel() * 4 == chunk_bwd.forward_bytes(p) == _api.gpu_kept_bytes("t", p, "auto") > 0
+    assert flag.shape == (1,) and flag.dtype == torch.int32
+    torch.library.opcheck(torch.ops.cupy_gda.gated_attention.default, args)
+    want = cupy_gda.gated_attention_backward(
+        *plain[:4], do=W, initial_state=plain[4], d_final_state=Wf,
+        states=cupy_gda.ChunkStates(ws, flag))
+    got = step(attention, x)
+    assert torch.equal(got[0], o) and torch.equal(got[1], S)
+    for name, a, b in zip(("dq", "dk", "dv", "dgate", "dh0"), got[2:], want):
+        assert torch.equal(a, b), name
+    compiled = step(torch.compile(attention, fullgraph=True, backend="aot_eager"), leaves())
+    for name, a, b in zip(("o", "S", "dq", "dk", "dv", "dgate", "dh0"), compiled, got):
+        assert torch.equal(a, b), name
+    cupy.cuda.Device().synchronize()
