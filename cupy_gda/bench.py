@@ -10,6 +10,8 @@ Rows per shape (``--impl`` selects by family or by name):
 - ``ours-auto-fwd+bwd`` (only when named, or with the selector ``fwd+bwd``): a forward call
   then gated_attention_backward with a random ``do``, as one training step runs them; rel_err is
   the worst of dq, dk, dv, dgate (the float64 reverse loop on the forward rows' slice).
+  ``ours-keep-fwd+bwd``: the same with the forward's ChunkStates kept for the backward
+  (keep_states=True, states=; where the forward keeps none, the same calls as ours-auto's).
 - ``floor``: the bytes that must move (q, k, v, g read once, o written once; decode: + the state
   read and written once) over the device-to-device copy bandwidth measured in the same run;
   fwd+bwd rows add the backward's bytes at the same rate (must_move_bytes).
@@ -186,6 +188,7 @@ def forward_of(impl):
 
 
 OURS_FWD_BWD = "ours-auto-" + FWD_BWD
+OURS_KEEP_FWD_BWD = "ours-keep-" + FWD_BWD   # auto, the forward's chunk states kept
 
 
 class Baseline(NamedTuple):
@@ -216,7 +219,8 @@ def gpu_methods():
 
 
 def _ours_names():
-    return ["ours-auto", *(f"ours-{m}" for m in gpu_methods()), "ours-step", OURS_FWD_BWD]
+    return ["ours-auto", *(f"ours-{m}" for m in gpu_methods()), "ours-step", OURS_FWD_BWD,
+            OURS_KEEP_FWD_BWD]
 
 
 def impl_names():
@@ -245,8 +249,11 @@ def parse_impls(text):
 
 def selected(impl, selectors):
     """Whether a selector names the row: its name or family; fwd+bwd rows only by name or by
-    'fwd+bwd' (a family selects its forward rows, as before they existed)."""
+    'fwd+bwd' (a family selects its forward rows, as before they existed), ours-keep-fwd+bwd
+    only by name."""
     base = impl[:-len(HOST)] if impl.endswith(HOST) else impl
+    if base == OURS_KEEP_FWD_BWD:        # (by name alone: most shapes keep no states)
+        return base in selectors
     if is_fwd_bwd(base):
         return base in selectors or FWD_BWD in selectors
     return any(s == base or s == family(base) for s in selectors)
@@ -263,7 +270,7 @@ def plan(shapes, selectors, baselines=None):
         else:
             cands = ["ours-auto", *(f"ours-{m}" for m in gpu_methods())]
             cands += ["ours-auto" + HOST] if s.host else []
-            cands += [OURS_FWD_BWD]
+            cands += [OURS_FWD_BWD, OURS_KEEP_FWD_BWD]
         cands += [n for b in baselines for n in b.names if b.applies(s, n)]
         units += [(s, i) for i in cands if selected(i, selectors)]
     return units
@@ -695,12 +702,17 @@ def call_ours(shape, s, method="auto", state=None):
 GRADS = ("dq", "dk", "dv", "dgate")     # the gradients a fwd+bwd row checks
 
 
-def call_ours_fwd_bwd(shape, s, method="auto"):
+def call_ours_fwd_bwd(shape, s, method="auto", keep=False):
     """(o, Gradients): our forward on input set ``s``, then our backward with its 'do', both by
-    ``method``."""
-    o = call_ours(shape, s, method)
+    ``method``; with ``keep`` the forward's ChunkStates handed to the backward."""
+    states = None
+    if keep:
+        o, states = cupy_gda.gated_attention(s["q"], s["k"], s["v"], s["gate"], method=method,
+                                             keep_states=True)
+    else:
+        o = call_ours(shape, s, method)
     return o, cupy_gda.gated_attention_backward(s["q"], s["k"], s["v"], s["gate"], do=s["do"],
-                                                method=method)
+                                                method=method, states=states)
 
 
 def _slice_dims(shape):
@@ -800,11 +812,14 @@ def _run_shape(shape, impls, floor_ms, clock, l2, reps, budget_s, seed, on_step,
     rows = [new_row(shape, "floor", kind="floor", ms=floor_ms, floor_ms=floor_ms)]
 
     def ours(impl):
-        method = forward_of(impl)[len("ours-"):]
+        keep = impl == OURS_KEEP_FWD_BWD
+        method = "auto" if keep else forward_of(impl)[len("ours-"):]
         fwd_bwd = is_fwd_bwd(impl)
 
         def call(s):
-            return call_ours_fwd_bwd(shape, s, method) if fwd_bwd else call_ours(shape, s, method)
+            if fwd_bwd:
+                return call_ours_fwd_bwd(shape, s, method, keep)
+            return call_ours(shape, s, method)
 
         if fwd_bwd:
             acc = accuracy(refs, gradient_slices(shape, call(backward_cut(shape, s0))[1]))

@@ -169,6 +169,32 @@ def tiles(n):
     return -(-n // GT)
 
 
+POINTERS = tuple(name for name, _ in CHUNK_BACKWARD[:-6])   # the entries' pointer parameters
+
+
+def pointers(ws, at, **arrays):
+    """The entries' pointer arguments, in CHUNK_BACKWARD's order: each workspace of ``at``
+    ({name: float offset}) in ``ws`` (float32 CuPy), each of ``arrays`` (CuPy or None, or a
+    device address) by its parameter name; 0 for the rest (what a stage set does not use)."""
+    got = {name: ws.data.ptr + 4 * x for name, x in at.items()}
+    got.update((name, x if isinstance(x, int) else address(x)) for name, x in arrays.items())
+    unknown = set(got) - set(POINTERS)
+    assert not unknown, unknown
+    return tuple(got.get(name, 0) for name in POINTERS)
+
+
+def chunk_offsets(p, BT, cu_seqlens):
+    """[N + 1] int64 on the GPU: sequence n's chunks of BT steps start at coff[n] (each at
+    least one: ceil(len / BT), clamped like gda_seq_rows)."""
+    import cupy
+    cu = cu_seqlens.astype(np.int64)
+    bos = cupy.clip(cu[:-1], 0, p.T)
+    eos = cupy.minimum(cupy.maximum(cu[1:], bos), p.T)
+    coff = cupy.zeros((p.N + 1,), np.int64)
+    cupy.cumsum(cupy.maximum((eos - bos + BT - 1) // BT, 1), out=coff[1:])
+    return coff
+
+
 class BackwardPlan:
     """gda_chunk_bwd compiled and sized for one Problem (``varlen``: with cu_seqlens, of int64
     where ``seq_int64``) on the current device, with the reverse loop's plan as its guarded
@@ -223,17 +249,6 @@ class BackwardPlan:
         """(dq, dk, dv, dg, dh0) as recurrent_bwd.BackwardPlan's; arrays are contiguous CuPy."""
         return self.run(q, k, v, g, do, scale, h0, dht, cu_seqlens)[0]
 
-    def chunk_offsets(self, cu_seqlens):
-        """[N + 1] int64 on the GPU: sequence n's chunks start at coff[n] (each at least one:
-        ceil(len / BT), clamped like gda_seq_rows)."""
-        import cupy
-        cu = cu_seqlens.astype(np.int64)
-        bos = cupy.clip(cu[:-1], 0, self.p.T)
-        eos = cupy.minimum(cupy.maximum(cu[1:], bos), self.p.T)
-        coff = cupy.zeros((self.p.N + 1,), np.int64)
-        cupy.cumsum(cupy.maximum((eos - bos + self.cfg.BT - 1) // self.cfg.BT, 1), out=coff[1:])
-        return coff
-
     def run(self, q, k, v, g, do, scale, h0, dht, cu_seqlens=None, fallback=True, stages=7,
             ws=None, kept=None):
         """(gradients, the guard's flag: a device int, 1 where it was hit). ``kept`` (a plan made
@@ -257,17 +272,14 @@ class BackwardPlan:
         flag = kept.flag.copy() if kept is not None else cupy.zeros((1,), np.int32)
         if self.NB == 0:
             return self.loop(q, k, v, g, do, scale, h0, dht, cu_seqlens, out=grads), flag
-        coff = self.chunk_offsets(cu_seqlens) if self.varlen else None
+        coff = chunk_offsets(p, self.cfg.BT, cu_seqlens) if self.varlen else None
         if ws is None:
             ws = empty((self.ws_floats,), np_dtype("float32"))   # kept alive until all are queued
-        at = {name: ws.data.ptr + 4 * x for name, x in self.at.items()}
-        if kept is not None:
-            at.update({name: kept.ws.data.ptr + 4 * self.kept_at[name] for name in KEPT})
-        ptrs = (q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, do.data.ptr, address(h0),
-                address(dht), at["st"], at["et"], at["qa"], at["kd"], at["vp"], at["dp"],
-                at["ae"], at["es"], at["mm"], at["ww"], at["sd"], at["ev"], at["ar"],
-                at["pl"], flag.data.ptr, dq.data.ptr, dk.data.ptr, dv.data.ptr, dg.data.ptr,
-                address(dh0), address(cu_seqlens), address(coff))
+        kept_ptrs = ({name: kept.ws.data.ptr + 4 * self.kept_at[name] for name in KEPT}
+                     if kept is not None else {})
+        ptrs = pointers(ws, self.at, q=q, k=k, v=v, g=g, do=do, h0=h0, dht=dht, flag=flag,
+                        dq=dq, dk=dk, dv=dv, dg=dg, dh0=dh0, cu_seqlens=cu_seqlens, coff=coff,
+                        **kept_ptrs)
         for n, stage in self.stages:                                        # 1 .. 7
             if n <= stages:
                 stage(ptrs, scale)
@@ -314,9 +326,6 @@ class ForwardPlan:
         return (self.fallback.scratch_bytes(want_final)
                 + rounded(4, 4 * self.ws_floats, *small))
 
-    def chunk_offsets(self, cu_seqlens):
-        return BackwardPlan.chunk_offsets(self, cu_seqlens)
-
     def __call__(self, q, k, v, g, scale, h0, cu_seqlens, want_final, out, flag=None):
         """o [B, T, H, V] (and the final state); arrays are contiguous CuPy. ``flag`` (tests): a
         device int32 that receives the guard's flag (1 where it was hit)."""
@@ -336,13 +345,11 @@ class ForwardPlan:
             return (*self.fallback(q, k, v, g, scale, h0, cu_seqlens, want_final, out), None)
         o = out if out is not None else empty((p.B, p.T, p.H, p.V), np_dtype(p.dtype))
         ht = empty((p.N, p.H, p.K, p.V), np_dtype("float32")) if want_final else None
-        coff = self.chunk_offsets(cu_seqlens) if self.varlen else None
+        coff = chunk_offsets(p, self.cfg.BT, cu_seqlens) if self.varlen else None
         ws = empty((self.ws_floats,), np_dtype("float32"))   # kept alive until all are queued
-        at = {name: ws.data.ptr + 4 * x for name, x in self.at.items()}
-        ptrs = (q.data.ptr, k.data.ptr, v.data.ptr, g.data.ptr, 0, address(h0), 0, at["st"],
-                at["et"], at["qa"], at["kd"], at["vp"], at["dp"], at["ae"], at["es"], at["mm"],
-                at["ww"], at["sd"], at["ev"], at["ar"], at["pl"], flag.data.ptr, 0, 0,
-                o.data.ptr, 0, address(ht), address(cu_seqlens), address(coff))
+        # (FWD: dv's entry writes o in dv's place, the final state in dh0's)
+        ptrs = pointers(ws, self.at, q=q, k=k, v=v, g=g, h0=h0, flag=flag, dv=o, dh0=ht,
+                        cu_seqlens=cu_seqlens, coff=coff)
         for stage in self.stages:
             stage(ptrs, scale)
         self.fallback(q, k, v, g, scale, h0, cu_seqlens, want_final, o, only_if=flag.data.ptr,

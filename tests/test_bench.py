@@ -147,6 +147,10 @@ def test_fwd_bwd_rows_only_when_named():
         assert [i for _, i in bench.plan([seed, dec], (sel,))] == ["ours-auto-fwd+bwd"]
     assert [i for _, i in bench.plan([seed], ("ours-auto", "fwd+bwd"))] == [
         "ours-auto", "ours-auto (host)", "ours-auto-fwd+bwd"]
+    keep = "ours-keep-fwd+bwd"
+    assert [i for _, i in bench.plan([seed, dec], ("fwd+bwd", keep))] == [
+        "ours-auto-fwd+bwd", keep]
+    assert bench.parse_impls(keep) == (keep,) and bench.is_fwd_bwd(keep)
     assert bench.is_fwd_bwd("fla-chunk_gla-fwd+bwd") and not bench.is_fwd_bwd("ours-auto")
     assert bench.forward_of("fla-chunk_gla-fwd+bwd") == "fla-chunk_gla"
     assert bench.forward_of("ours-auto (host)") == "ours-auto (host)"
