@@ -334,15 +334,15 @@ def test_cuda_graph_capture_of_forward_and_backward():
 @pytest.mark.gpu
 def test_keep_states_holds_them_to_the_backward():
     """keep_states=True at a shape whose GPU forward runs from the planes and keeps its chunk
-    states (B2 T2048 H4 K=V=192 bf16): the forward op returns their workspace (the size its
+    states (B4 T2048 H4 K=V=192 bf16): the forward op returns their workspace (the size its
     fake gives: opcheck), autograd holds it to the backward, and the gradients are bit for bit
     the core's backward given the same states; the same compiled whole (fullgraph)."""
     import cupy
     from cupy_gda import _api, _checks, chunk_bwd
-    xs, _ = _inputs(2, 2048, 4, 192, 192, "unif", None, True, seed=13)
+    xs, _ = _inputs(4, 2048, 4, 192, 192, "unif", None, True, seed=13)
     rng = np.random.default_rng(14)
-    W = torch.tensor(rng.standard_normal((2, 2048, 4, 192)), dtype=torch.bfloat16, device="cuda")
-    Wf = torch.tensor(rng.standard_normal((2, 4, 192, 192)), dtype=torch.float32, device="cuda")
+    W = torch.tensor(rng.standard_normal((4, 2048, 4, 192)), dtype=torch.bfloat16, device="cuda")
+    Wf = torch.tensor(rng.standard_normal((4, 4, 192, 192)), dtype=torch.float32, device="cuda")
 
     def leaves():
         return [torch.tensor(x, dtype=torch.bfloat16 if i < 4 else torch.float32, device="cuda",
@@ -360,7 +360,7 @@ def test_keep_states_holds_them_to_the_backward():
     plain = [t.detach() for t in x]
     args = (*plain[:4], None, 1.0, plain[4], True, None, "auto", True, True)
     o, S, ws, flag = torch.ops.cupy_gda.gated_attention.default(*args)
-    p = _checks.Problem(2, 2048, 4, 192, 192, 2, "bfloat16", "bfloat16", False)
+    p = _checks.Problem(4, 2048, 4, 192, 192, 4, "bfloat16", "bfloat16", False)
     assert ws.numel() * 4 == chunk_bwd.forward_bytes(p) == _api.gpu_kept_bytes("t", p, "auto") > 0
     assert flag.shape == (1,) and flag.dtype == torch.int32
     torch.library.opcheck(torch.ops.cupy_gda.gated_attention.default, args)
