@@ -1,0 +1,445 @@
+"""Sequence parallelism (issue 16): one sequence split over ranks, in rank order.
+
+Each rank holds a contiguous slice ``[B, T_r, H, *]`` of the sequence and calls these functions
+with its slice and a communicator (SPMD). The recurrence splits exactly, as a scan over pairs:
+
+1. local: the rank runs its slice from a zero state (a sequence that starts in the slice, from
+   its initial state) with the single-GPU kernels, and takes each sequence piece's gate product
+   ``P`` (the product of its gates) and final state;
+2. exchange: one all-gather of those pairs (the backward adds each piece's gradient at its start);
+3. combine: every rank folds the pairs in rank order, S <- P . S + S_r (the product reset to 0
+   at the rank where a sequence starts), which gives the state entering its slice, ``S_in``, and
+   the whole sequence's final state; the backward folds the gradients the other way;
+4. correct: the tokens of a sequence that began on an earlier rank get the incoming state's
+   part, o_t += scale (q_t . G_t)^T S_in with G_t the gate product from the slice's start to t
+   (the backward: the same for dq, and the terms of the gradient D entering the slice's end for
+   dk, dv and the gate; docs/distributed.md has the algebra).
+
+Every product is a running product of the gates in time order (no division, no differences of
+log gates), so gates of 0, negative, tiny or above 1 give what the loop gives where its products
+stay finite. The scans over time run as the library's own recurrence on K = V = 1 heads.
+
+Communicators (``comm``): :class:`SimulatedGroup`'s ranks for NumPy arrays (threads in one
+process, so that CPU tests run the same combine code as the GPU); a
+``cupy.cuda.nccl.NcclCommunicator`` for CuPy arrays; a ``torch.distributed`` process group for
+PyTorch tensors. The exchange runs on the arrays' stream (CuPy's current one, or torch's).
+
+cu_seqlens is global: the same [N + 1] offsets on every rank, into the whole sequence of
+sum(T_r) tokens; with it one more all-gather, of each rank's T_r (an int64 each), comes first.
+initial_state [N, H, K, V] is passed the same on every rank (the rank where a sequence starts
+reads its row); the final state and dinitial_state returned are the whole call's, on every rank.
+"""
+import threading
+
+import numpy as np
+
+import cupy_gda
+from cupy_gda import _checks
+from cupy_gda._interop import Bridge, host_array
+
+__all__ = ["gated_attention", "gated_attention_backward", "SimulatedGroup"]
+
+
+# ------------------------------------------------------------------------------ communicators
+
+class SimulatedGroup:
+    """``size`` ranks in one process, for NumPy arrays: ``group.rank(r)`` is rank r's
+    communicator, to be used from one thread per rank (``group.run(fn)`` runs ``fn(comm)`` on
+    every rank's thread and returns the results in rank order, re-raising the first error). A
+    rank that raises breaks the group's barrier, so the others raise too instead of waiting."""
+
+    def __init__(self, size, timeout=60.0):
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"SimulatedGroup: size must be a positive int, got {size!r}")
+        self.size = size
+        self._slots = [None] * size
+        self._barrier = threading.Barrier(size, timeout=timeout)
+
+    def rank(self, r):
+        return SimulatedRank(self, r)
+
+    def run(self, fn):
+        results, errors = [None] * self.size, [None] * self.size
+
+        def body(r):
+            try:
+                results[r] = fn(self.rank(r))
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                errors[r] = e
+                self._barrier.abort()
+
+        threads = [threading.Thread(target=body, args=(r,)) for r in range(self.size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self._barrier.reset()
+        first = next((e for e in errors if e is not None
+                      and not isinstance(e, threading.BrokenBarrierError)), None)
+        first = first or next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
+        return results
+
+
+class SimulatedRank:
+    """One rank of a SimulatedGroup (``rank``, ``size``, ``allgather``)."""
+
+    def __init__(self, group, rank):
+        self.group, self.rank, self.size = group, rank, group.size
+
+    def allgather(self, x):
+        """[size, *x.shape]: every rank's x, in rank order (NumPy, or CuPy arrays of one GPU)."""
+        xp = _array_module(x)
+        g = self.group
+        g._slots[self.rank] = xp.array(x, copy=True)
+        g._barrier.wait()
+        out = xp.stack(g._slots)
+        g._barrier.wait()                 # every rank has read before any writes again
+        return out
+
+
+def _array_module(x):
+    if type(x).__module__.split(".")[0] == "cupy":
+        import cupy
+        return cupy
+    return np
+
+
+class _Nccl:
+    """A cupy.cuda.nccl.NcclCommunicator's all-gather on CuPy's current stream."""
+
+    def __init__(self, comm):
+        self.comm, self.rank, self.size = comm, comm.rank_id(), comm.size()
+
+    def allgather(self, x):
+        import cupy
+        from cupy.cuda import nccl
+        types = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64,
+                 np.dtype(np.int64): nccl.NCCL_INT64}
+        x = cupy.ascontiguousarray(x)
+        out = cupy.empty((self.size, *x.shape), x.dtype)
+        self.comm.allGather(x.data.ptr, out.data.ptr, x.size, types[x.dtype],
+                            cupy.cuda.get_current_stream().ptr)
+        return out
+
+
+class _Torch:
+    """A torch.distributed process group's all-gather (on torch's current stream: the Bridge's)."""
+
+    def __init__(self, group):
+        import torch.distributed as dist
+        self.group, self.dist = group, dist
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+
+    def allgather(self, x):
+        import cupy
+        import torch
+        t = torch.from_dlpack(cupy.ascontiguousarray(x))
+        out = t.new_empty((self.size, *t.shape))
+        self.dist.all_gather_into_tensor(out, t, group=self.group)
+        return cupy.from_dlpack(out)
+
+
+def _communicator(fn, comm, br):
+    """The exchange of ``comm`` for a call whose arrays are ``br``'s; a TypeError names what
+    each kind of array takes."""
+    want = {"numpy": "a cupy_gda.distributed.SimulatedGroup rank",
+            "cupy": "a cupy.cuda.nccl.NcclCommunicator (or a SimulatedGroup rank: threads on "
+                    "one GPU)",
+            "torch": "a torch.distributed process group"}
+    lib = br.lib if br.gpu or br.lib == "numpy" else "numpy"
+    if lib in ("numpy", "cupy") and isinstance(comm, SimulatedRank):
+        return comm
+    if lib == "cupy" and type(comm).__name__ == "NcclCommunicator":
+        return _Nccl(comm)
+    if lib == "torch" and br.gpu and type(comm).__module__.startswith("torch"):
+        return _Torch(comm)
+    raise TypeError(f"{fn}: comm must be {want.get(lib, 'a communicator of the arrays library')} "
+                    f"for {lib} arrays{' on the GPU' if br.gpu else ''}, got "
+                    f"{type(comm).__module__}.{type(comm).__qualname__}")
+
+
+# ------------------------------------------------------------------------------ the slice
+
+class _Slice:
+    """This rank's place in the sequence: its pieces of each sequence (local offsets), which
+    sequences start and end on which rank, and the token masks of the pieces that continue a
+    sequence from an earlier rank (``cont_in``) or into a later one (``cont_out``)."""
+
+    def __init__(self, xp, c, p, cu, lens=None):
+        self.R, self.r, self.T = c.size, c.rank, p.T
+        self.packed = cu is not None
+        if not self.packed:       # every sequence over every slice: no rank owns a start or end
+            self.cu = None
+            self.own_start = self.own_end = xp.zeros((self.R, p.N), bool)
+            self.cont_in = self.cont_out = None
+            self.first = self.last = None
+            return
+        ends = xp.cumsum(lens)                  # lens: every rank's T_r (lengths())
+        starts = ends - lens
+        self.total = ends[-1]
+        cu = cu.astype(np.int64)
+        at = starts[self.r]
+        self.cu = (xp.clip(cu - at, 0, p.T)).astype(np.int64)   # the pieces in this slice
+
+        def rank_of(x):       # the rank holding token x; x = T_total: the last rank
+            inside = (starts[:, None] <= x[None]) & (x[None] < ends[:, None])
+            return xp.where(x == self.total, self.R - 1, xp.argmax(inside, axis=0))
+
+        empty = cu[1:] == cu[:-1]
+        start_rank = rank_of(cu[:-1])
+        end_rank = xp.where(empty, start_rank, rank_of(xp.maximum(cu[1:] - 1, 0)))
+        ranks = xp.arange(self.R)[:, None]
+        self.own_start, self.own_end = ranks == start_rank[None], ranks == end_rank[None]
+        if p.T:
+            t = xp.arange(p.T)
+            seq = xp.minimum(xp.searchsorted(self.cu[1:], t, side="right"), p.N - 1)
+            self.first, self.last = seq[:1], seq[-1:]
+            self.cont_in = ~self.own_start[self.r][seq]
+            self.cont_out = ~self.own_end[self.r][seq]
+
+    @staticmethod
+    def lengths(xp, c, p, packed):
+        """Every rank's T_r [R] (int64; an all-gather), where ``packed``, else None."""
+        return c.allgather(xp.asarray([p.T], np.int64))[:, 0] if packed else None
+
+    def local_rows(self, xp, x, owned):
+        """x [N, ...] where this rank owns the row (``owned``: own_start or own_end), else 0;
+        dense: zeros (the combine carries x)."""
+        if x is None:
+            return None
+        keep = owned[self.r].reshape((-1,) + (1,) * (x.ndim - 1))
+        return xp.where(keep, x, 0).astype(x.dtype)
+
+    def rows(self, xp, x, which):
+        """The row of x [N, ...] of the first or last piece's sequence ([1, ...]); dense: x."""
+        return x if not self.packed else xp.take(x, which, axis=0)
+
+    def mask(self, xp, m, dtype):
+        """A token mask [T] as a factor [1, T, 1, 1]; dense: 1 (every token continues)."""
+        return 1 if m is None else m.astype(dtype)[None, :, None, None]
+
+
+def _slice(fn, xp, c, p, cu, gpu):
+    """This rank's _Slice; cu_seqlens' values checked against sum(T_r) first (on the host: the
+    CPU path; the GPU's offsets are clamped, as with check_indices=False)."""
+    lens = _Slice.lengths(xp, c, p, cu is not None)
+    if cu is not None and not gpu:
+        _checks.check_cu_seqlens_values(fn, host_array(cu), int(lens.sum()))
+    return _Slice(xp, c, p, cu, lens)
+
+
+# ------------------------------------------------------------------------------ scans in time
+
+def _scan(xp, a, z, init, cu=None, final=False):
+    """e_t = a_t . e_{t-1} + z_t over T (e_0 = init [N, H, K]), for [B, T, H, K] arrays: the
+    library's recurrence on B, H K heads of K = V = 1 (exact running products, in time order);
+    with ``final`` also each sequence's last e [N, H, K]."""
+    B, T, H, K = a.shape
+    N = init.shape[0]
+    one = xp.ones((B, T, H * K, 1), a.dtype)
+    r = cupy_gda.gated_attention(one, z.reshape(B, T, H * K, 1), one, a.reshape(B, T, H * K, 1),
+                                 initial_state=init.reshape(N, H * K, 1, 1).astype(np.float32
+                                 if a.dtype != np.float64 else np.float64),
+                                 output_final_state=final, cu_seqlens=cu, method="recurrent",
+                                 check_indices=False)
+    if final:
+        return r[0].reshape(B, T, H, K), r[1].reshape(N, H, K)
+    return r.reshape(B, T, H, K)
+
+
+def _reverse_scan(xp, a_next, y):
+    """c_t = y_t + a_next_t . c_{t+1} over T, c_T = 0 (a_next_t: the gate of step t + 1)."""
+    B, T, H, K = y.shape
+    c = _scan(xp, a_next[:, ::-1], y[:, ::-1], xp.zeros((B, H, K), y.dtype))
+    return c[:, ::-1]
+
+
+def _shift(xp, x, step, fill):
+    """x_{t - step} along T (step 1: the previous token's, -1: the next's), ``fill`` past the
+    edge."""
+    out = xp.full_like(x, fill)
+    if step > 0:
+        out[:, step:] = x[:, :-step]
+    else:
+        out[:, :step] = x[:, -step:]
+    return out
+
+
+# ------------------------------------------------------------------------------ the API
+
+def _prepare(fn, br, q, k, v, gate, log_gate, h0, cu, scale, comm, extra=()):
+    """Checks, then (xp, comm, Problem, compute dtype, float copies, a = the gates)."""
+    p = _checks.check_forward(fn, q, k, v, gate, log_gate, h0, cu, cpu=not br.gpu)
+    scale = _checks.check_scale(fn, scale)
+    c = _communicator(fn, comm, br)
+    if br.gpu:
+        import cupy as xp
+        dt = np.dtype(np.float32)
+    else:
+        xp = np
+        dt = np.dtype(p.cpu_dtype)
+    g = gate if gate is not None else log_gate
+    f = [None if x is None else x.astype(dt) for x in (q, k, v, *extra)]
+    a = g.astype(dt)
+    if log_gate is not None:
+        with np.errstate(under="ignore"):
+            a = xp.exp(a)
+    return xp, c, p, scale, dt, f, a
+
+
+def _fold(xp, sl, pairs, start):
+    """The scan over ranks of (P, S) pairs [R, N, H, K(, V)], reset at each sequence's start
+    rank, from ``start`` [N, H, K, V]: (the state entering this rank's slice, the final state)."""
+    P, S = pairs
+    x = start
+    s_in = None
+    for r in range(sl.R):
+        if r == sl.r:
+            s_in = x
+        keep = xp.where(sl.own_start[r][:, None, None], 0, P[r])
+        x = keep[..., None] * x + S[r]
+    return s_in, x
+
+
+def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initial_state=None,
+                    output_final_state=False, cu_seqlens=None):
+    """:func:`cupy_gda.gated_attention` over a sequence split across ranks: this rank's slice
+    q, k, gate (or log_gate) [B, T_r, H, K], v [B, T_r, H, V] (T_r may be 0), and ``comm``
+    (see the module). Returns this slice's o [B, T_r, H, V] in v's dtype, or (o, the whole
+    sequence's final state [N, H, K, V], the same on every rank)."""
+    fn = "cupy_gda.distributed.gated_attention"
+    br = Bridge(fn, dict(q=q, k=k, v=v, gate=gate, log_gate=log_gate, initial_state=initial_state,
+                         cu_seqlens=cu_seqlens))
+    with br.context():
+        q, k, v, gate, log_gate, h0, cu = (br.native(x) for x in (
+            q, k, v, gate, log_gate, initial_state, cu_seqlens))
+        xp, c, p, scale, dt, (qf, kf, vf), a = _prepare(fn, br, q, k, v, gate, log_gate, h0, cu,
+                                                       scale, comm)
+        sl = _slice(fn, xp, c, p, cu, br.gpu)
+        h0f = None if h0 is None else h0.astype(dt)
+        # 1. local: this slice from zero (a sequence starting here, from its initial state)
+        o, S = cupy_gda.gated_attention(qf, kf, vf, a, scale=scale,
+                                        initial_state=sl.local_rows(xp, h0f, sl.own_start),
+                                        output_final_state=True, cu_seqlens=sl.cu,
+                                        check_indices=False)
+        G, P = _scan(xp, a, xp.zeros_like(a), xp.ones((p.N, p.H, p.K), dt), sl.cu, final=True)
+        # 2. exchange, 3. combine
+        V = p.V
+        got = c.allgather(xp.concatenate([P[..., None], S.astype(dt)], axis=-1))
+        start = (xp.zeros((p.N, p.H, p.K, V), dt) if sl.packed or h0f is None else h0f)
+        s_in, final = _fold(xp, sl, (got[..., 0], got[..., 1:]), start)
+        # 4. correct the tokens whose sequence began before this slice
+        if p.T:
+            s_first = sl.rows(xp, s_in, sl.first)
+            qg = qf * G * sl.mask(xp, sl.cont_in, dt)
+            o = o + scale * xp.einsum("bthk,bhkv->bthv", qg, s_first)
+        with np.errstate(over="ignore"):
+            o = o.astype(v.dtype)
+        if output_final_state:
+            return br.back(o), br.back(final.astype(np.float64 if dt == np.float64
+                                                    else np.float32))
+        return br.back(o)
+
+
+def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, scale=1.0,
+                             initial_state=None, d_final_state=None, cu_seqlens=None):
+    """:func:`cupy_gda.gated_attention_backward` over a sequence split across ranks (as
+    :func:`gated_attention`): this slice's do [B, T_r, H, V]; d_final_state [N, H, K, V] the
+    whole final state's gradient, the same on every rank. Returns Gradients: this slice's dq,
+    dk, dv and dgate (of the gate argument given), and dinitial_state (the whole call's, the
+    same on every rank; None without an initial state)."""
+    fn = "cupy_gda.distributed.gated_attention_backward"
+    br = Bridge(fn, dict(q=q, k=k, v=v, gate=gate, log_gate=log_gate, do=do,
+                         initial_state=initial_state, d_final_state=d_final_state,
+                         cu_seqlens=cu_seqlens))
+    with br.context():
+        q, k, v, gate, log_gate, do, h0, dht, cu = (br.native(x) for x in (
+            q, k, v, gate, log_gate, do, initial_state, d_final_state, cu_seqlens))
+        _checks.check_backward(fn, q, k, v, gate, log_gate, do, h0, dht, cu, cpu=not br.gpu)
+        xp, c, p, scale, dt, (qf, kf, vf, dof), a = _prepare(
+            fn, br, q, k, v, gate, log_gate, h0, cu, scale, comm, extra=(do,))
+        sl = _slice(fn, xp, c, p, cu, br.gpu)
+        N, H, K, V = p.N, p.H, p.K, p.V
+        zero_state = xp.zeros((N, H, K, V), dt)
+        h0f = zero_state if h0 is None else h0.astype(dt)
+        dhtf = zero_state if dht is None else dht.astype(dt)
+        # 1. local: the slice's states from zero, its gradients with none entering its end
+        h0_loc = sl.local_rows(xp, h0f, sl.own_start) if sl.packed else zero_state
+        dht_loc = sl.local_rows(xp, dhtf, sl.own_end) if sl.packed else zero_state
+        _, S = cupy_gda.gated_attention(qf, kf, vf, a, scale=scale, initial_state=h0_loc,
+                                        output_final_state=True, cu_seqlens=sl.cu,
+                                        check_indices=False)
+        grads = cupy_gda.gated_attention_backward(qf, kf, vf, a, do=dof, scale=scale,
+                                                  initial_state=h0_loc, d_final_state=dht_loc,
+                                                  cu_seqlens=sl.cu, check_indices=False)
+        dq, dk, dv, da, dstart = grads
+        G, P = _scan(xp, a, xp.zeros_like(a), xp.ones((N, H, K), dt), sl.cu, final=True)
+        # 2. exchange: each piece's (P, S, gradient at its start)
+        got = c.allgather(xp.concatenate([P[..., None], S.astype(dt), dstart.astype(dt)], -1))
+        Pr, Sr, Dr = got[..., 0], got[..., 1:V + 1], got[..., V + 1:]
+        # 3. combine: the state entering this slice, the gradient entering its end, dh0
+        s_in, _ = _fold(xp, sl, (Pr, Sr), zero_state if sl.packed else h0f)
+        x = zero_state if sl.packed else dhtf
+        d_in, dh0 = None, zero_state
+        for r in reversed(range(sl.R)):
+            if r == sl.r:
+                d_in = x
+            keep = xp.where(sl.own_end[r][:, None, None], 0, Pr[r])
+            x = keep[..., None] * x + Dr[r]
+            dh0 = xp.where(sl.own_start[r][:, None, None, None], x, dh0)
+        if not sl.packed:
+            dh0 = x
+        # 4. correct: the incoming state's and the entering gradient's terms
+        if p.T:
+            dq, dk, dv, da = _correct(xp, sl, scale, qf, kf, vf, dof, a, G, s_in, d_in, h0_loc,
+                                      dht_loc, (dq, dk, dv, da))
+        if log_gate is not None:
+            da = da * a                           # d/dlog a = a . d/da
+        with np.errstate(over="ignore"):
+            out = (dq.astype(q.dtype), dk.astype(q.dtype), dv.astype(q.dtype),
+                   da.astype((gate if gate is not None else log_gate).dtype),
+                   None if h0 is None else dh0.astype(np.float64 if dt == np.float64
+                                                      else np.float32))
+        return cupy_gda.Gradients(*(br.back(x) for x in out))
+
+
+def _correct(xp, sl, scale, q, k, v, do, a, G, s_in, d_in, h0_loc, dht_loc, grads):
+    """The gradients' terms from S_in (the state entering the slice, for the first piece's
+    tokens where its sequence began earlier) and D (the gradient entering the slice's end, for
+    the last piece's tokens where its sequence goes on), docs/distributed.md:
+
+        dq_t += scale G_t . (S_in do_t)                 dk_t += R_t . (D v_t)
+        dv_t += D^T (R_t . k_t)
+        da_t += G_{t-1} . c_t + R_t . e_{t-1} + R_t . G_{t-1} . rowsum(D . S_in)
+
+    with G_t the gates' product over the slice up to t, R_t over t+1 to its end, c the reverse
+    scan of scale q . (S_in do) (and the first piece's own final-state gradient at its end), e
+    the forward scan of k . (D v) (from the last piece's own initial state at its start)."""
+    dq, dk, dv, da = grads
+    dt = q.dtype
+    B, T, H, K = q.shape
+    S0, D = sl.rows(xp, s_in, sl.first), sl.rows(xp, d_in, sl.last)     # [B or 1, H, K, V]
+    m_in, m_out = sl.mask(xp, sl.cont_in, dt), sl.mask(xp, sl.cont_out, dt)
+    if sl.packed:
+        nxt, prv = _shift(xp, m_in, -1, 0), _shift(xp, m_out, 1, 0)
+        end_in, start_out = m_in * (1 - nxt), m_out * (1 - prv)    # the pieces' edge tokens
+        fin = xp.einsum("bhkv,bhkv->bhk", sl.rows(xp, dht_loc, sl.first), S0)[:, None]
+        ini = xp.einsum("bhkv,bhkv->bhk", D, sl.rows(xp, h0_loc, sl.last))[:, None]
+    else:                       # one piece each, the whole slice; no own initial or final state
+        nxt = prv = 1
+        end_in = start_out = fin = ini = 0
+    Rin = _scan(xp, a[:, ::-1], xp.zeros_like(a), xp.ones((B, H, K), dt))[:, ::-1]  # t .. T-1
+    R, Gp = _shift(xp, Rin, -1, 1), _shift(xp, G, 1, 1)         # over t+1 .. T-1; G_{t-1}
+    Sdo = xp.einsum("bhkv,bthv->bthk", S0, do)
+    Dv = xp.einsum("bhkv,bthv->bthk", D, v)
+    dq = dq + scale * m_in * G * Sdo
+    dk = dk + m_out * R * Dv
+    dv = dv + xp.einsum("bhkv,bthk->bthv", D, m_out * R * k)
+    c = _reverse_scan(xp, _shift(xp, a, -1, 0) * nxt, m_in * scale * q * Sdo + end_in * fin)
+    e = _scan(xp, a * m_out * prv, m_out * k * Dv + start_out * a * ini, xp.zeros((B, H, K), dt))
+    ep = _shift(xp, e, 1, 0) + start_out * ini                 # e_{t-1}
+    cross = xp.einsum("bhkv,bhkv->bhk", D, S0)[:, None]
+    da = da + m_in * Gp * c + m_out * R * ep + m_in * m_out * R * Gp * cross
+    return dq, dk, dv, da

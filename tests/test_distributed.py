@@ -1,0 +1,239 @@
+"""Issue 16, CPU: cupy_gda.distributed over SimulatedGroup's ranks (threads in one process, the
+same combine code as the GPU's) against the whole sequence's loop: o, the final state and every
+gradient within the accuracy contract (the float64 loop, the float32 loop's error), over 1 to 5
+ranks with empty and length-1 slices, sequence boundaries on and inside slice edges, every gate
+regime, initial and final states; and the errors."""
+import numpy as np
+import pytest
+
+import cupy_gda
+from cupy_gda import distributed as D
+from cupy_gda import reference as R
+from cupy_gda._verify import compare
+
+
+def _gate(regime, rng, shape):
+    u = rng.uniform(0.5, 1, shape)
+    if regime == "zeros":                         # exact resets (log gate -inf)
+        return np.where(rng.random(shape) < 0.3, 0.0, u)
+    if regime == "neg":
+        return rng.uniform(-1.2, 1.2, shape)
+    if regime == "tiny":
+        return rng.uniform(1e-30, 1e-20, shape)
+    if regime == "big":                           # above 1, the products within float32
+        return rng.uniform(1.0, 1.6, shape)
+    return u
+
+
+def _inputs(B, T, H, K, V, regime, lens, log, seed):
+    """Float32 inputs of one call over the whole sequence (cu_seqlens from ``lens``)."""
+    rng = np.random.default_rng(seed)
+    N = B if lens is None else len(lens)
+    if lens is not None:
+        B, T = 1, sum(lens)
+    g = _gate(regime, rng, (B, T, H, K))
+    x = dict(q=rng.standard_normal((B, T, H, K)) / K ** 0.5, k=rng.standard_normal((B, T, H, K)),
+             v=rng.standard_normal((B, T, H, V)), initial_state=rng.standard_normal((N, H, K, V)))
+    if log:
+        with np.errstate(divide="ignore"):
+            x["log_gate"] = np.log(g)
+    else:
+        x["gate"] = g
+    x = {n: a.astype(np.float32) for n, a in x.items()}
+    do = rng.standard_normal((B, T, H, V)).astype(np.float32)
+    dht = rng.standard_normal((N, H, K, V)).astype(np.float32)
+    cu = None if lens is None else np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    return x, do, dht, cu
+
+
+def _per_rank(group, cuts, T, x, do, dht, cu, scale, final):
+    """Each rank's (o, final state, Gradients) of its slice [cuts[r], cuts[r + 1])."""
+    bounds = [0, *cuts, T]
+
+    def rank(c):
+        a, b = bounds[c.rank], bounds[c.rank + 1]
+        s = {n: (a_[:, a:b] if n != "initial_state" else a_) for n, a_ in x.items()}
+        o, ht = D.gated_attention(**s, comm=c, scale=scale, output_final_state=True,
+                                  cu_seqlens=cu)
+        grads = D.gated_attention_backward(**s, comm=c, scale=scale, do=do[:, a:b],
+                                           d_final_state=dht if final else None, cu_seqlens=cu)
+        return o, ht, grads
+
+    return group.run(rank)
+
+
+# (B, T, H, K, V, packed lengths, slice cuts, gate regime, log gate)
+CASES = [
+    pytest.param((2, 21, 2, 4, 3, None, [], "unif", False), id="R1-B2-T21"),
+    pytest.param((2, 21, 2, 4, 3, None, [9], "unif", False), id="R2-B2-T21-cut9"),
+    pytest.param((2, 21, 2, 4, 3, None, [0, 9, 9, 20], "zeros", True),
+                 id="R5-empty_first_and_middle-len1_last-log_gate_-inf"),
+    pytest.param((1, 30, 3, 5, 6, None, [1, 2, 29], "neg", False), id="R4-len1_slices-gate_neg"),
+    pytest.param((2, 16, 2, 3, 2, None, [4, 8, 12], "tiny", False), id="R4-gate_tiny"),
+    pytest.param((2, 16, 2, 3, 2, None, [5, 11], "big", True), id="R3-gate_big-log"),
+    pytest.param((1, 0, 2, 4, 3, (4, 0, 6, 1, 9), [3, 9, 14], "unif", False),
+                 id="R4-varlen-boundaries_inside_slices"),
+    pytest.param((1, 0, 2, 4, 3, (4, 0, 6, 1, 9), [4, 10, 11], "zeros", False),
+                 id="R4-varlen-boundaries_on_slice_edges-gate_zeros"),
+    pytest.param((1, 0, 2, 4, 3, (0, 5, 0, 15, 0), [0, 2, 2, 20], "neg", False),
+                 id="R5-varlen-empty_sequences_and_slices-gate_neg"),
+    pytest.param((1, 0, 2, 4, 3, (20,), [8], "unif", False), id="R2-varlen-one_sequence"),
+    pytest.param((1, 0, 2, 4, 3, (3, 3, 3), [1, 2, 4, 7], "unif", False),
+                 id="R5-varlen-sequences_across_three_slices"),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_ranks_are_the_whole_sequence(case):
+    _check_ranks(case, np.asarray, np.asarray)
+
+
+def _check_ranks(case, to_device, to_host):
+    B, T, H, K, V, lens, cuts, regime, log = case
+    x, do, dht, cu = _inputs(B, T, H, K, V, regime, lens, log, seed=len(cuts) + 7)
+    T = x["q"].shape[1]
+    scale = 0.5
+    dev = {n: to_device(a) for n, a in x.items()}
+    res = _per_rank(D.SimulatedGroup(len(cuts) + 1), cuts, T, dev, to_device(do),
+                    to_device(dht), None if cu is None else to_device(cu), scale, True)
+    res = [(to_host(o), to_host(ht), cupy_gda.Gradients(*(None if g is None else to_host(g)
+                                                           for g in grads)))
+           for o, ht, grads in res]
+    x64 = {n: a.astype(np.float64) for n, a in x.items()}
+    with np.errstate(all="ignore"):
+        ref = R.gated_attention_ref(**x64, scale=scale, output_final_state=True, cu_seqlens=cu)
+        emu = R.gated_attention_ref(**x, scale=scale, output_final_state=True, cu_seqlens=cu,
+                                    dtype=np.float32)
+        gref = R.gated_attention_backward_ref(**x64, do=do.astype(np.float64), scale=scale,
+                                              d_final_state=dht.astype(np.float64), cu_seqlens=cu)
+        gemu = R.gated_attention_backward_ref(**x, do=do, scale=scale, d_final_state=dht,
+                                              cu_seqlens=cu, dtype=np.float32)
+    o = np.concatenate([r[0] for r in res], axis=1)
+    got = {"o": o, **{n: np.concatenate([r[2][i] for r in res], axis=1)
+                      for i, n in enumerate(("dq", "dk", "dv", "dgate"))}}
+    refs = {"o": (ref[0], emu[0]), "dq": (gref.dq, gemu.dq), "dk": (gref.dk, gemu.dk),
+            "dv": (gref.dv, gemu.dv), "dgate": (gref.dgate, gemu.dgate)}
+    for r, (_, ht, grads) in enumerate(res):       # the whole call's, on every rank
+        got[f"final_state@{r}"] = ht
+        refs[f"final_state@{r}"] = (ref[1], emu[1])
+        got[f"dinitial_state@{r}"] = grads.dinitial_state
+        refs[f"dinitial_state@{r}"] = (gref.dinitial_state, gemu.dinitial_state)
+    for name, x_ in got.items():
+        assert x_.dtype == np.float32, name
+        c = compare(name, x_, *refs[name])
+        assert c.ok, f"{name}: err {c.err:.3e} > bound {c.bound:.3e}"
+
+
+def test_one_rank_is_the_single_call():
+    """On one rank the slice is the whole sequence: o, the final state and every gradient are
+    the single call's to float32 rounding (the initial state enters through the combine and
+    the correction, so not bit for bit)."""
+    x, do, dht, _ = _inputs(2, 12, 2, 3, 4, "zeros", None, False, seed=3)
+    (o, ht, grads), = _per_rank(D.SimulatedGroup(1), [], 12, x, do, dht, None, 1.0, True)
+    o1, ht1 = cupy_gda.gated_attention(**x, output_final_state=True)
+    g1 = cupy_gda.gated_attention_backward(**x, do=do, d_final_state=dht)
+    assert np.allclose(o, o1, rtol=1e-6, atol=1e-6) and np.allclose(ht, ht1, rtol=1e-6, atol=1e-6)
+    for a, b, n in zip(grads, g1, g1._fields):
+        assert np.allclose(a, b, rtol=1e-6, atol=1e-6), n
+
+
+def test_without_states_and_in_bfloat16():
+    """No initial state (dinitial_state None), the loss without the final state, bfloat16
+    inputs (results in bfloat16, the math in float32): within the contract's bfloat16 bound."""
+    import ml_dtypes
+    x, do, _, _ = _inputs(2, 18, 2, 4, 4, "unif", None, False, seed=4)
+    x.pop("initial_state")
+    bf = {n: a.astype(ml_dtypes.bfloat16) for n, a in x.items()}
+    dob = do.astype(ml_dtypes.bfloat16)
+
+    def rank(c):
+        a, b = (0, 7, 18)[c.rank], (0, 7, 18)[c.rank + 1]
+        s = {n: a_[:, a:b] for n, a_ in bf.items()}
+        return (D.gated_attention(**s, comm=c),
+                D.gated_attention_backward(**s, comm=c, do=dob[:, a:b]))
+
+    res = D.SimulatedGroup(2).run(rank)
+    o = np.concatenate([r[0] for r in res], axis=1)
+    assert o.dtype == ml_dtypes.bfloat16 and all(r[1].dinitial_state is None for r in res)
+    f32 = {n: a.astype(np.float32) for n, a in bf.items()}
+    want = cupy_gda.gated_attention(**f32)
+    gwant = cupy_gda.gated_attention_backward(**f32, do=dob.astype(np.float32))
+    assert np.allclose(o.astype(np.float32), want, rtol=2e-2, atol=2e-2)
+    for i, n in enumerate(("dq", "dk", "dv", "dgate")):
+        got = np.concatenate([r[1][i] for r in res], axis=1).astype(np.float32)
+        assert np.allclose(got, gwant[i], rtol=2e-2, atol=5e-2 * np.abs(gwant[i]).max()), n
+
+
+def test_errors_name_the_argument():
+    x, do, _, _ = _inputs(1, 6, 1, 2, 2, "unif", None, False, seed=5)
+    with pytest.raises(TypeError, match="comm must be a cupy_gda.distributed.SimulatedGroup rank"):
+        D.gated_attention(**x, comm=object())
+    with pytest.raises(TypeError, match="comm must be"):
+        D.gated_attention_backward(**x, do=do, comm=None)
+    with pytest.raises(ValueError, match="k must have shape"):
+        D.SimulatedGroup(1).run(lambda c: D.gated_attention(
+            x["q"], x["k"][..., :1], x["v"], x["gate"], comm=c))
+    with pytest.raises(ValueError, match="cu_seqlens must end at T = 6"):
+        D.SimulatedGroup(1).run(lambda c: D.gated_attention(
+            x["q"], x["k"], x["v"], x["gate"], comm=c, cu_seqlens=np.array([0, 5], np.int32)))
+    with pytest.raises(ValueError, match="size must be a positive int"):
+        D.SimulatedGroup(0)
+
+
+def test_a_failing_rank_stops_the_others():
+    """A rank that raises before the exchange breaks the group's barrier: the others raise
+    instead of waiting, and run() re-raises the first rank's own error."""
+    x, _, _, _ = _inputs(1, 8, 1, 2, 2, "unif", None, False, seed=6)
+
+    def rank(c):
+        k = x["k"][..., :1] if c.rank == 1 else x["k"]
+        return D.gated_attention(x["q"], k, x["v"], x["gate"], comm=c)
+
+    with pytest.raises(ValueError, match="k must have shape"):
+        D.SimulatedGroup(3, timeout=20).run(rank)
+
+
+# ---- GPU: the same combine on CuPy arrays (SimulatedGroup's threads on one GPU), and the
+# NCCL and torch.distributed exchanges on one rank (a 2-GPU host runs them across processes)
+
+GPU_CASES = [CASES[1], CASES[2], CASES[5], CASES[7], CASES[8]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_gpu_ranks_are_the_whole_sequence(case):
+    import cupy
+    _check_ranks(case, cupy.asarray, cupy.asnumpy)
+
+
+@pytest.mark.gpu
+def test_gpu_nccl_and_torch_exchanges_on_one_rank(tmp_path):
+    """One rank of an NcclCommunicator (CuPy arrays) and of a torch.distributed NCCL group
+    (torch tensors, results as torch tensors): the single GPU call's results."""
+    import cupy
+    from cupy.cuda import nccl
+    x, do, dht, _ = _inputs(2, 40, 2, 8, 8, "zeros", None, False, seed=8)
+    dev = {n: cupy.asarray(a) for n, a in x.items()}
+    want = cupy_gda.gated_attention(**dev, output_final_state=True)
+    gwant = cupy_gda.gated_attention_backward(**dev, do=cupy.asarray(do),
+                                              d_final_state=cupy.asarray(dht))
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    got = D.gated_attention(**dev, comm=comm, output_final_state=True)
+    ggot = D.gated_attention_backward(**dev, comm=comm, do=cupy.asarray(do),
+                                      d_final_state=cupy.asarray(dht))
+    for a, b in zip((*got, *ggot), (*want, *gwant)):
+        assert isinstance(a, cupy.ndarray) and cupy.allclose(a, b, rtol=1e-5, atol=1e-5)
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        tx = {n: torch.as_tensor(a, device="cuda") for n, a in x.items()}
+        o, ht = D.gated_attention(**tx, comm=dist.group.WORLD, output_final_state=True)
+        grads = D.gated_attention_backward(**tx, comm=dist.group.WORLD,
+                                           do=torch.as_tensor(do, device="cuda"),
+                                           d_final_state=torch.as_tensor(dht, device="cuda"))
+        for a, b in zip((o, ht, *grads), (*want, *gwant)):
+            assert isinstance(a, torch.Tensor) and a.is_cuda
+            assert cupy.allclose(cupy.asarray(a), b, rtol=1e-5, atol=1e-5)
+    finally:
+        dist.destroy_process_group()
