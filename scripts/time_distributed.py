@@ -1,0 +1,46 @@
+"""Time cupy_gda.distributed on one GPU, one NCCL rank, against the single-GPU call at the same
+shape: what the local pass, the exchange, the combine and the corrections cost beside the
+kernels (a 2-GPU host times the split itself). Medians of CUDA-event times.
+
+    python -m scripts.time_distributed [B T H K V dtype]
+"""
+import sys
+
+import cupy
+import numpy as np
+from cupy.cuda import nccl
+
+import cupy_gda
+from cupy_gda import _verify, distributed
+
+
+def median_ms(fn, n=7):
+    fn()
+    times = []
+    for _ in range(n):
+        a, b = cupy.cuda.Event(), cupy.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(a, b))
+    return float(np.median(times))
+
+
+def main(B=1, T=65536, H=16, K=128, V=128, dtype="float32"):
+    case = _verify.Case(int(B), int(T), int(H), int(K), int(V), dtype=dtype)
+    x = {n: cupy.asarray(a) for n, a in _verify.make_inputs(case, 0).items() if a is not None}
+    x.pop("initial_state", None)
+    do = cupy.asarray(np.random.default_rng(1).standard_normal(x["v"].shape).astype(x["v"].dtype))
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    rows = [("single fwd", lambda: cupy_gda.gated_attention(**x)),
+            ("one rank fwd", lambda: distributed.gated_attention(**x, comm=comm)),
+            ("single bwd", lambda: cupy_gda.gated_attention_backward(**x, do=do)),
+            ("one rank bwd", lambda: distributed.gated_attention_backward(**x, comm=comm, do=do))]
+    print(f"B{B} T{T} H{H} K{K} V{V} {dtype}")
+    for name, fn in rows:
+        print(f"  {name:14s} {median_ms(fn):9.3f} ms")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
