@@ -39,6 +39,9 @@ CHUNK_BACKWARD = tuple((n, PTR) for n in (
     "q", "k", "v", "g", "do", "h0", "dht", "st", "et", "qa", "kd", "vp", "dp", "ae", "es", "mm",
     "ww", "sd", "ev", "ar", "pl", "flag", "dq", "dk", "dv", "dg", "dh0", "cu_seqlens", "coff")) + (
     ("T", I64), ("NH", I64), ("N", I64), ("H", I32), ("NC", I32), ("scale", F32))
+# every entry of gda_scan
+SCAN = (("a", PTR), ("z", PTR), ("init", PTR), ("ws", PTR), ("e", PTR),
+        ("T", I64), ("L", I64), ("NSEG", I32), ("TS", I32), ("reverse", I32))
 # gda_step
 STEP = (("q", PTR), ("k", PTR), ("v", PTR), ("g", PTR), ("o", PTR), ("state", PTR),
         ("state_indices", PTR), ("H", I32), ("N", I64), ("NV", I32), ("scale", F32))

@@ -17,7 +17,7 @@ with its slice and a communicator (SPMD). The recurrence splits exactly, as a sc
 
 Every product is a running product of the gates in time order (no division, no differences of
 log gates), so gates of 0, negative, tiny or above 1 give what the loop gives where its products
-stay finite. The scans over time run as the library's own recurrence on K = V = 1 heads.
+stay finite. The scans in time are gda_scan's (cupy_gda/scan.py), lane by lane.
 
 Communicators (``comm``): :class:`SimulatedGroup`'s ranks for NumPy arrays (threads in one
 process, so that CPU tests run the same combine code as the GPU); a
@@ -36,6 +36,7 @@ import numpy as np
 import cupy_gda
 from cupy_gda import _checks
 from cupy_gda._interop import Bridge, host_array
+from cupy_gda.scan import scan
 
 __all__ = ["gated_attention", "gated_attention_backward", "SimulatedGroup"]
 
@@ -230,30 +231,27 @@ def _slice(fn, xp, c, p, cu, gpu):
     return _Slice(xp, c, p, cu, lens)
 
 
-# ------------------------------------------------------------------------------ scans in time
+# ------------------------------------------------------------------------------ in time
 
-def _scan(xp, a, z, init, cu=None, final=False):
-    """e_t = a_t . e_{t-1} + z_t over T (e_0 = init [N, H, K]), for [B, T, H, K] arrays: the
-    library's recurrence on B, H K heads of K = V = 1 (exact running products, in time order);
-    with ``final`` also each sequence's last e [N, H, K]."""
+def _products(xp, sl, a, reverse_too):
+    """(G, Rin, P): the gates' running products over the slice, G_t = a_0 ... a_t and (where
+    ``reverse_too``, else None) Rin_t = a_t ... a_{T-1}, and each sequence piece's product P
+    [N, H, K]: the first piece's from G, any other's from Rin (a piece inside the slice owns
+    both ends, so both folds reset its P), 1 for an empty piece."""
     B, T, H, K = a.shape
-    N = init.shape[0]
-    one = xp.ones((B, T, H * K, 1), a.dtype)
-    r = cupy_gda.gated_attention(one, z.reshape(B, T, H * K, 1), one, a.reshape(B, T, H * K, 1),
-                                 initial_state=init.reshape(N, H * K, 1, 1).astype(np.float32
-                                 if a.dtype != np.float64 else np.float64),
-                                 output_final_state=final, cu_seqlens=cu, method="recurrent",
-                                 check_indices=False)
-    if final:
-        return r[0].reshape(B, T, H, K), r[1].reshape(N, H, K)
-    return r.reshape(B, T, H, K)
-
-
-def _reverse_scan(xp, a_next, y):
-    """c_t = y_t + a_next_t . c_{t+1} over T, c_T = 0 (a_next_t: the gate of step t + 1)."""
-    B, T, H, K = y.shape
-    c = _scan(xp, a_next[:, ::-1], y[:, ::-1], xp.zeros((B, H, K), y.dtype))
-    return c[:, ::-1]
+    ones = xp.ones((B, H, K), a.dtype)
+    G = scan(a, None, ones)
+    Rin = scan(a, None, ones, reverse=True) if reverse_too or sl.packed else None
+    if not sl.packed:
+        return G, Rin, G[:, -1] if T else ones
+    st, en = sl.cu[:-1], sl.cu[1:]
+    if not T:
+        return G, Rin, xp.ones((st.shape[0], H, K), a.dtype)
+    first = xp.take(G[0], xp.clip(en - 1, 0, T - 1), axis=0)
+    other = xp.take(Rin[0], xp.clip(st, 0, T - 1), axis=0)
+    keep = (en == st)[:, None, None]
+    return G, Rin, xp.where(keep, 1, xp.where((st == 0)[:, None, None], first, other)).astype(
+        a.dtype)
 
 
 def _shift(xp, x, step, fill):
@@ -324,7 +322,7 @@ def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initi
                                         initial_state=sl.local_rows(xp, h0f, sl.own_start),
                                         output_final_state=True, cu_seqlens=sl.cu,
                                         check_indices=False)
-        G, P = _scan(xp, a, xp.zeros_like(a), xp.ones((p.N, p.H, p.K), dt), sl.cu, final=True)
+        G, _, P = _products(xp, sl, a, False)
         # 2. exchange, 3. combine
         V = p.V
         got = c.allgather(xp.concatenate([P[..., None], S.astype(dt)], axis=-1))
@@ -375,7 +373,7 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
                                                   initial_state=h0_loc, d_final_state=dht_loc,
                                                   cu_seqlens=sl.cu, check_indices=False)
         dq, dk, dv, da, dstart = grads
-        G, P = _scan(xp, a, xp.zeros_like(a), xp.ones((N, H, K), dt), sl.cu, final=True)
+        G, Rin, P = _products(xp, sl, a, True)
         # 2. exchange: each piece's (P, S, gradient at its start)
         got = c.allgather(xp.concatenate([P[..., None], S.astype(dt), dstart.astype(dt)], -1))
         Pr, Sr, Dr = got[..., 0], got[..., 1:V + 1], got[..., V + 1:]
@@ -393,8 +391,8 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
             dh0 = x
         # 4. correct: the incoming state's and the entering gradient's terms
         if p.T:
-            dq, dk, dv, da = _correct(xp, sl, scale, qf, kf, vf, dof, a, G, s_in, d_in, h0_loc,
-                                      dht_loc, (dq, dk, dv, da))
+            dq, dk, dv, da = _correct(xp, sl, scale, qf, kf, vf, dof, a, G, Rin, s_in, d_in,
+                                      h0_loc, dht_loc, (dq, dk, dv, da))
         if log_gate is not None:
             da = da * a                           # d/dlog a = a . d/da
         with np.errstate(over="ignore"):
@@ -405,7 +403,7 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
         return cupy_gda.Gradients(*(br.back(x) for x in out))
 
 
-def _correct(xp, sl, scale, q, k, v, do, a, G, s_in, d_in, h0_loc, dht_loc, grads):
+def _correct(xp, sl, scale, q, k, v, do, a, G, Rin, s_in, d_in, h0_loc, dht_loc, grads):
     """The gradients' terms from S_in (the state entering the slice, for the first piece's
     tokens where its sequence began earlier) and D (the gradient entering the slice's end, for
     the last piece's tokens where its sequence goes on), docs/distributed.md:
@@ -419,7 +417,6 @@ def _correct(xp, sl, scale, q, k, v, do, a, G, s_in, d_in, h0_loc, dht_loc, grad
     the forward scan of k . (D v) (from the last piece's own initial state at its start)."""
     dq, dk, dv, da = grads
     dt = q.dtype
-    B, T, H, K = q.shape
     S0, D = sl.rows(xp, s_in, sl.first), sl.rows(xp, d_in, sl.last)     # [B or 1, H, K, V]
     m_in, m_out = sl.mask(xp, sl.cont_in, dt), sl.mask(xp, sl.cont_out, dt)
     if sl.packed:
@@ -430,15 +427,15 @@ def _correct(xp, sl, scale, q, k, v, do, a, G, s_in, d_in, h0_loc, dht_loc, grad
     else:                       # one piece each, the whole slice; no own initial or final state
         nxt = prv = 1
         end_in = start_out = fin = ini = 0
-    Rin = _scan(xp, a[:, ::-1], xp.zeros_like(a), xp.ones((B, H, K), dt))[:, ::-1]  # t .. T-1
     R, Gp = _shift(xp, Rin, -1, 1), _shift(xp, G, 1, 1)         # over t+1 .. T-1; G_{t-1}
     Sdo = xp.einsum("bhkv,bthv->bthk", S0, do)
     Dv = xp.einsum("bhkv,bthv->bthk", D, v)
     dq = dq + scale * m_in * G * Sdo
     dk = dk + m_out * R * Dv
     dv = dv + xp.einsum("bhkv,bthk->bthv", D, m_out * R * k)
-    c = _reverse_scan(xp, _shift(xp, a, -1, 0) * nxt, m_in * scale * q * Sdo + end_in * fin)
-    e = _scan(xp, a * m_out * prv, m_out * k * Dv + start_out * a * ini, xp.zeros((B, H, K), dt))
+    # c_t = y_t + a_{t+1} c_{t+1} (reversed), cut where the first piece ends; e over the last
+    c = scan(_shift(xp, a, -1, 0) * nxt, m_in * scale * q * Sdo + end_in * fin, reverse=True)
+    e = scan(a * m_out * prv, m_out * k * Dv + start_out * a * ini)
     ep = _shift(xp, e, 1, 0) + start_out * ini                 # e_{t-1}
     cross = xp.einsum("bhkv,bhkv->bhk", D, S0)[:, None]
     da = da + m_in * Gp * c + m_out * R * ep + m_in * m_out * R * Gp * cross

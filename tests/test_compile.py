@@ -2,7 +2,7 @@
 
 For sm_80 and sm_90: a cubin, no compiler warning, no local memory (stack frame, spills) in
 these hot loops, every entry point's PTX parameters as its launcher declares them (_launch.FORWARD,
-_launch.STEP, _launch.BACKWARD, _launch.CHUNK_BACKWARD), and the launcher's shared-memory bytes
+_launch.STEP, _launch.BACKWARD, _launch.CHUNK_BACKWARD, _launch.SCAN), and the launcher's shared-memory bytes
 as the kernel's layout has them (the kernels' SMEM_BYTES static_asserts). A bad define fails with KernelCompileError naming the file
 and the defines. Needs only NVRTC (the `nvidia-cuda-nvrtc-cu12` wheel of the `test` extra); where
 it cannot be loaded the module skips, except under CI=true, where that is an error.
@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from cupy_gda import _compile, _launch, chunk, chunk_bwd, recurrent, recurrent_bwd, step
+from cupy_gda import _compile, _launch, chunk, chunk_bwd, recurrent, recurrent_bwd, scan, step
 from cupy_gda._checks import Problem
 
 
@@ -62,7 +62,8 @@ _SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 # (B, H): gda_recurrent_fwd's tiles depend on the N*H sequence-heads (narrower blocks when few)
 FEW, MANY = (2, 4), (32, 16)
 FAMILIES = {"gda_recurrent_fwd": recurrent.FAMILY, "gda_chunk_fwd": chunk.FAMILY, "gda_step": step.FAMILY,
-            "gda_recurrent_bwd": recurrent_bwd.FAMILY, "gda_chunk_bwd": chunk_bwd.FAMILY}
+            "gda_recurrent_bwd": recurrent_bwd.FAMILY, "gda_chunk_bwd": chunk_bwd.FAMILY,
+            "gda_scan": scan.FAMILY}
 
 
 def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=None):
@@ -158,6 +159,10 @@ def _cases():
             for f, mode in enumerate(("planes", "fwd", "keep")):
                 add(_case("gda_chunk_bwd", arch, K, V, bf16[(2 * a + f) % len(bf16)], MANY,
                           planes=mode), arch == "sm_90" and K == 256)
+    for arch in ARCHS:
+        # gda_scan: no shape defines, one build an arch
+        add(pytest.param("gda_scan", arch, (("NT", scan.NT),), id=f"gda_scan-{arch}-NT{scan.NT}"),
+            True)
     for a, arch in enumerate(ARCHS):
         # gda_step's narrower state accesses: an 8- or 4-byte aligned state (VEC 2, VEC 1)
         add(_case("gda_step", arch, 128, 64, VARIANTS[a], align=8), True)
@@ -178,7 +183,7 @@ def _build(kernel, items, arch):
 # the kernels by the CPU time a compile takes (NVRTC 12.9: chunk_fwd 1.5-5.6 s, recurrent_fwd
 # and chunk_bwd 0.3-1, recurrent_bwd 0.2-0.5, step 0.1-0.2; 5 CPU minutes in all, 3/4 chunk_fwd)
 _COST = {"gda_chunk_fwd": 2, "gda_recurrent_fwd": 1, "gda_recurrent_bwd": 1, "gda_chunk_bwd": 1,
-         "gda_step": 0}
+         "gda_step": 0, "gda_scan": 0}
 _jobs = {}          # (kernel, items, arch) -> its compile's Future
 
 
@@ -192,7 +197,7 @@ def build_order(item):
     slowest builds first (the fewer cores a run has, the more a slow one left to the end costs),
     the order start_compiles starts them in."""
     key = _build_key(item)
-    return (0,) if key is None else (1, -_COST[key[0]], -dict(key[1])["K_DIM"])
+    return (0,) if key is None else (1, -_COST[key[0]], -dict(key[1]).get("K_DIM", 0))
 
 
 def start_compiles(session):
