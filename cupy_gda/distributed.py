@@ -22,7 +22,8 @@ stay finite. The scans in time are gda_scan's (cupy_gda/scan.py), lane by lane.
 Communicators (``comm``): :class:`SimulatedGroup`'s ranks for NumPy arrays (threads in one
 process, so that CPU tests run the same combine code as the GPU); a
 ``cupy.cuda.nccl.NcclCommunicator`` for CuPy arrays; a ``torch.distributed`` process group for
-PyTorch tensors. The exchange runs on the arrays' stream (CuPy's current one, or torch's).
+PyTorch tensors (NCCL for CUDA tensors, gloo for CPU ones). The exchange runs on the arrays'
+stream (CuPy's current one, or torch's).
 
 cu_seqlens is global: the same [N + 1] offsets on every rank, into the whole sequence of
 sum(T_r) tokens; with it one more all-gather, of each rank's T_r (an int64 each), comes first.
@@ -126,20 +127,30 @@ class _Nccl:
 
 
 class _Torch:
-    """A torch.distributed process group's all-gather (on torch's current stream: the Bridge's)."""
+    """A torch.distributed process group's all-gather: of CuPy arrays (CUDA tensors' calls; on
+    torch's current stream, the Bridge's) or NumPy arrays (CPU tensors' calls, e.g. gloo)."""
 
     def __init__(self, group):
         import torch.distributed as dist
-        self.group, self.dist = group, dist
+        self.group = group
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        # (all_gather_single from torch 2.13, all_gather_into_tensor before)
+        self._gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
     def allgather(self, x):
-        import cupy
         import torch
-        t = torch.from_dlpack(cupy.ascontiguousarray(x))
-        out = t.new_empty((self.size, *t.shape))
-        self.dist.all_gather_into_tensor(out, t, group=self.group)
-        return cupy.from_dlpack(out)
+        gpu = not isinstance(x, np.ndarray)
+        if gpu:
+            import cupy
+            t = torch.from_dlpack(cupy.ascontiguousarray(x))
+        else:
+            t = torch.from_numpy(np.ascontiguousarray(x))
+        out = t.new_empty((self.size * t.numel(),))
+        self._gather(out, t.reshape(-1), group=self.group)
+        out = out.reshape((self.size, *t.shape))
+        if gpu:
+            return cupy.from_dlpack(out)
+        return out.numpy()
 
 
 def _communicator(fn, comm, br):
@@ -149,16 +160,16 @@ def _communicator(fn, comm, br):
             "cupy": "a cupy.cuda.nccl.NcclCommunicator (or a SimulatedGroup rank: threads on "
                     "one GPU)",
             "torch": "a torch.distributed process group"}
-    lib = br.lib if br.gpu or br.lib == "numpy" else "numpy"
+    lib = br.lib
     if lib in ("numpy", "cupy") and isinstance(comm, SimulatedRank):
         return comm
     if lib == "cupy" and type(comm).__name__ == "NcclCommunicator":
         return _Nccl(comm)
-    if lib == "torch" and br.gpu and type(comm).__module__.startswith("torch"):
+    if lib == "torch" and type(comm).__module__.startswith("torch.distributed"):
         return _Torch(comm)
-    raise TypeError(f"{fn}: comm must be {want.get(lib, 'a communicator of the arrays library')} "
-                    f"for {lib} arrays{' on the GPU' if br.gpu else ''}, got "
-                    f"{type(comm).__module__}.{type(comm).__qualname__}")
+    raise TypeError(f"{fn}: comm must be "
+                    f"{want.get(lib, 'one of ' + '; '.join(f'{v} for {k}' for k, v in want.items()))}"
+                    f" for {lib} arrays, got {type(comm).__module__}.{type(comm).__qualname__}")
 
 
 # ------------------------------------------------------------------------------ the slice
@@ -279,8 +290,9 @@ def _prepare(fn, br, q, k, v, gate, log_gate, h0, cu, scale, comm, extra=()):
         xp = np
         dt = np.dtype(p.cpu_dtype)
     g = gate if gate is not None else log_gate
-    f = [None if x is None else x.astype(dt) for x in (q, k, v, *extra)]
-    a = g.astype(dt)
+    # (no copies where the inputs are in dt already: nothing below writes into them)
+    f = [None if x is None else x.astype(dt, copy=False) for x in (q, k, v, *extra)]
+    a = g.astype(dt, copy=False)
     if log_gate is not None:
         with np.errstate(under="ignore"):
             a = xp.exp(a)
@@ -316,7 +328,7 @@ def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initi
         xp, c, p, scale, dt, (qf, kf, vf), a = _prepare(fn, br, q, k, v, gate, log_gate, h0, cu,
                                                        scale, comm)
         sl = _slice(fn, xp, c, p, cu, br.gpu)
-        h0f = None if h0 is None else h0.astype(dt)
+        h0f = None if h0 is None else h0.astype(dt, copy=False)
         # 1. local: this slice from zero (a sequence starting here, from its initial state)
         o, S = cupy_gda.gated_attention(qf, kf, vf, a, scale=scale,
                                         initial_state=sl.local_rows(xp, h0f, sl.own_start),
@@ -334,7 +346,7 @@ def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initi
             qg = qf * G * sl.mask(xp, sl.cont_in, dt)
             o = o + scale * xp.einsum("bthk,bhkv->bthv", qg, s_first)
         with np.errstate(over="ignore"):
-            o = o.astype(v.dtype)
+            o = o.astype(v.dtype, copy=False)
         if output_final_state:
             return br.back(o), br.back(final.astype(np.float64 if dt == np.float64
                                                     else np.float32))
@@ -361,8 +373,8 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
         sl = _slice(fn, xp, c, p, cu, br.gpu)
         N, H, K, V = p.N, p.H, p.K, p.V
         zero_state = xp.zeros((N, H, K, V), dt)
-        h0f = zero_state if h0 is None else h0.astype(dt)
-        dhtf = zero_state if dht is None else dht.astype(dt)
+        h0f = zero_state if h0 is None else h0.astype(dt, copy=False)
+        dhtf = zero_state if dht is None else dht.astype(dt, copy=False)
         # 1. local: the slice's states from zero, its gradients with none entering its end
         h0_loc = sl.local_rows(xp, h0f, sl.own_start) if sl.packed else zero_state
         dht_loc = sl.local_rows(xp, dhtf, sl.own_end) if sl.packed else zero_state

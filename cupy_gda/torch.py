@@ -29,7 +29,7 @@ __all__ = ["gated_attention"]
 
 def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_state=None,
                     output_final_state=False, cu_seqlens=None, method="auto",
-                    check_indices=True, keep_states=False):
+                    check_indices=True, keep_states=False, process_group=None):
     """:func:`cupy_gda.gated_attention` on torch tensors, differentiable in q, k, v, the gate
     argument given (gate or log_gate) and initial_state. Same arguments (no ``out=``) and
     returns: o [B, T, H, V] of v's dtype, or (o, final_state [N, H, K, V] float32; float64
@@ -38,7 +38,25 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
     keep_states: the forward's cupy_gda.ChunkStates (where the GPU forward keeps any: see
     cupy_gda.gated_attention) are held for the backward, which then skips recomputing them
     (GLA-1.3B bf16: 1.7 GiB held from the forward to the backward for 1.6 ms less backward;
-    docs/perf-notes.md, v25); elsewhere it changes nothing."""
+    docs/perf-notes.md, v25); elsewhere it changes nothing.
+
+    process_group: a torch.distributed group over which one sequence is split
+    (cupy_gda.distributed): q, k, v and the gate are this rank's slice [B, T_r, H, *], cu_seqlens
+    and initial_state the whole call's, the same on every rank (NCCL for CUDA tensors, gloo for
+    CPU ones). Autograd runs across the ranks: every rank calls backward (each a collective).
+    The final state is the whole sequence's on every rank, and its gradient the sum of the
+    ranks' (an all-reduce in the backward); initial_state's gradient is the whole loss's on
+    every rank (what averaging a replicated parameter's gradients over the ranks, as DDP does,
+    keeps). An autograd.Function (not a custom op: torch.compile breaks the graph there);
+    method, check_indices and keep_states do not apply."""
+    if process_group is not None:
+        if keep_states or method != "auto":
+            raise ValueError(f"{FN}: with process_group, method must be 'auto' and keep_states "
+                             f"False, got {method!r} and {keep_states!r}")
+        o, ht = _Distributed.apply(q, k, v, gate if gate is not None else log_gate,
+                                   initial_state, cu_seqlens, log_gate is not None, scale,
+                                   output_final_state, process_group)
+        return (o, ht) if output_final_state else o
     o, ht, _, _ = _forward_op(q, k, v, gate, log_gate, scale, initial_state, output_final_state,
                               cu_seqlens, method, check_indices, keep_states)
     return (o, ht) if output_final_state else o
@@ -204,3 +222,44 @@ def _backward_fake(q, k, v, gate, log_gate, do, scale, initial_state, d_final_st
     h0_shape = (0,) if initial_state is None else initial_state.shape
     return (q.new_empty(q.shape), q.new_empty(q.shape), v.new_empty(v.shape),
             g.new_empty(g.shape), q.new_empty(h0_shape, dtype=_state_dtype(q)))
+
+
+# ---- across ranks (cupy_gda.distributed)
+
+class _Distributed(torch.autograd.Function):
+    """cupy_gda.distributed's forward and backward as one autograd node a rank."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, initial_state, cu_seqlens, log, scale, final, group):
+        from cupy_gda import distributed
+        gate, log_gate = (None, g) if log else (g, None)
+        with _memory(q):
+            o, ht = distributed.gated_attention(
+                *map(_plain, (q, k, v, gate)), comm=group, log_gate=_plain(log_gate),
+                scale=scale, initial_state=_plain(initial_state), output_final_state=True,
+                cu_seqlens=cu_seqlens)
+        ctx.save_for_backward(q, k, v, g, initial_state, cu_seqlens)
+        ctx.log, ctx.scale, ctx.final, ctx.group = log, scale, final, group
+        ctx.set_materialize_grads(False)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, d_final_state):
+        import torch.distributed as dist
+        from cupy_gda import distributed
+        q, k, v, g, initial_state, cu_seqlens = ctx.saved_tensors
+        if do is None:
+            do = v.new_zeros(v.shape)
+        dht = None
+        if ctx.final:            # each rank's loss used the same final state: theirs summed
+            N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+            dht = (q.new_zeros((N, q.shape[2], q.shape[3], v.shape[3]), dtype=_state_dtype(q))
+                   if d_final_state is None else d_final_state.contiguous().clone())
+            dist.all_reduce(dht, group=ctx.group)
+        gate, log_gate = (None, g) if ctx.log else (g, None)
+        with _memory(q):
+            r = distributed.gated_attention_backward(
+                *map(_plain, (q, k, v, gate)), comm=ctx.group, do=_plain(do),
+                log_gate=_plain(log_gate), scale=ctx.scale, initial_state=_plain(initial_state),
+                d_final_state=dht, cu_seqlens=cu_seqlens)
+        return (r.dq, r.dk, r.dv, r.dgate, r.dinitial_state, None, None, None, None, None)

@@ -6,15 +6,14 @@ kernels (a 2-GPU host times the split itself). Medians of CUDA-event times.
 """
 import sys
 
-import cupy
 import numpy as np
-from cupy.cuda import nccl
 
 import cupy_gda
 from cupy_gda import _verify, distributed
 
 
 def median_ms(fn, n=7):
+    import cupy
     fn()
     times = []
     for _ in range(n):
@@ -28,6 +27,8 @@ def median_ms(fn, n=7):
 
 
 def main(B=1, T=65536, H=16, K=128, V=128, dtype="float32"):
+    import cupy
+    from cupy.cuda import nccl
     case = _verify.Case(int(B), int(T), int(H), int(K), int(V), dtype=dtype)
     x = {n: cupy.asarray(a) for n, a in _verify.make_inputs(case, 0).items() if a is not None}
     x.pop("initial_state", None)

@@ -99,6 +99,8 @@ def _check_ranks(case, to_device, to_host):
     res = [(to_host(o), to_host(ht), cupy_gda.Gradients(*(None if g is None else to_host(g)
                                                            for g in grads)))
            for o, ht, grads in res]
+    for n, a_ in dev.items():                      # nothing the caller owns is modified
+        assert np.array_equal(to_host(a_), x[n], equal_nan=True), n
     x64 = {n: a.astype(np.float64) for n, a in x.items()}
     with np.errstate(all="ignore"):
         ref = R.gated_attention_ref(**x64, scale=scale, output_final_state=True, cu_seqlens=cu)
@@ -237,3 +239,88 @@ def test_gpu_nccl_and_torch_exchanges_on_one_rank(tmp_path):
             assert cupy.allclose(cupy.asarray(a), b, rtol=1e-5, atol=1e-5)
     finally:
         dist.destroy_process_group()
+
+
+# ---- PyTorch: process_group= with autograd across ranks, R processes over gloo (CPU)
+
+_WORKER = """
+import sys
+import numpy as np
+import torch
+import torch.distributed as dist
+import cupy_gda.torch as gda_torch
+
+rank, R, init, d = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", init_method="file://" + init, rank=rank, world_size=R)
+x = np.load(d + "/inputs.npz")
+a, b = x["bounds"][rank], x["bounds"][rank + 1]
+q, k, v, lg = (torch.tensor(x[n][:, a:b], requires_grad=True) for n in ("q", "k", "v", "log_gate"))
+h0 = torch.tensor(x["initial_state"], requires_grad=True)
+cu = torch.tensor(x["cu"]) if x["cu"].size else None
+o, S = gda_torch.gated_attention(q, k, v, log_gate=lg, initial_state=h0, scale=0.5,
+                                 output_final_state=True, cu_seqlens=cu,
+                                 process_group=dist.group.WORLD)
+loss = (o * torch.tensor(x["W"][:, a:b])).sum() + (S * torch.tensor(x["Wf"][rank])).sum()
+loss.backward()
+np.savez(d + f"/rank{rank}.npz", o=o.detach().numpy(), S=S.detach().numpy(), dq=q.grad.numpy(),
+         dk=k.grad.numpy(), dv=v.grad.numpy(), dgate=lg.grad.numpy(), dh0=h0.grad.numpy())
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("lens, cuts", [
+    pytest.param(None, [0, 11], id="R3-dense-empty_first"),
+    pytest.param((5, 0, 9), [7], id="R2-varlen"),
+])
+def test_torch_process_group_autograd_across_processes(tmp_path, lens, cuts):
+    """cupy_gda.torch.gated_attention(process_group=) in R processes over gloo: each rank's
+    loss uses its o and the final state; loss.backward() on every rank gives this slice's
+    gradients of the summed loss and the whole dinitial_state, within the contract."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+    x, _, _, cu = _inputs(2 if lens is None else 1, 18, 2, 4, 3, "zeros", lens, True, seed=9)
+    T = x["q"].shape[1]
+    ranks = len(cuts) + 1
+    rng = np.random.default_rng(10)
+    W = rng.standard_normal(x["v"].shape).astype(np.float32)
+    Wf = rng.standard_normal((ranks, *x["initial_state"].shape)).astype(np.float32)
+    np.savez(tmp_path / "inputs.npz", **x, W=W, Wf=Wf, bounds=np.array([0, *cuts, T]),
+             cu=np.zeros(0, np.int64) if cu is None else cu.astype(np.int64))
+    (tmp_path / "worker.py").write_text(_WORKER)
+    procs = [subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), str(r), str(ranks),
+                               str(tmp_path / "pg"), str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(ranks)]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(outs)
+    got = [np.load(tmp_path / f"rank{r}.npz") for r in range(ranks)]
+    dfinal = Wf.sum(axis=0)
+    x64 = {n: a.astype(np.float64) for n, a in x.items()}
+    with np.errstate(all="ignore"):
+        ref = R.gated_attention_ref(**x64, scale=0.5, output_final_state=True, cu_seqlens=cu)
+        emu = R.gated_attention_ref(**x, scale=0.5, output_final_state=True, cu_seqlens=cu,
+                                     dtype=np.float32)
+        gref = R.gated_attention_backward_ref(**x64, do=W.astype(np.float64), scale=0.5,
+                                               d_final_state=dfinal.astype(np.float64),
+                                               cu_seqlens=cu)
+        gemu = R.gated_attention_backward_ref(**x, do=W, scale=0.5, d_final_state=dfinal,
+                                               cu_seqlens=cu, dtype=np.float32)
+    checks = {"o": (np.concatenate([g["o"] for g in got], 1), ref[0], emu[0])}
+    for n in ("dq", "dk", "dv", "dgate"):
+        checks[n] = (np.concatenate([g[n] for g in got], 1), getattr(gref, n), getattr(gemu, n))
+    for r, g in enumerate(got):
+        checks[f"S@{r}"] = (g["S"], ref[1], emu[1])
+        checks[f"dh0@{r}"] = (g["dh0"], gref.dinitial_state, gemu.dinitial_state)
+    for name, (a, r_, e) in checks.items():
+        c = compare(name, a, r_, e)
+        assert c.ok, f"{name}: err {c.err:.3e} > bound {c.bound:.3e}"
+
+
+def test_torch_process_group_refuses_what_does_not_apply():
+    torch = pytest.importorskip("torch")
+    import cupy_gda.torch as gda_torch
+    x = [torch.zeros(1, 4, 1, 2) for _ in range(4)]
+    for kw in (dict(keep_states=True), dict(method="chunk")):
+        with pytest.raises(ValueError, match="with process_group, method must be 'auto'"):
+            gda_torch.gated_attention(*x, process_group=object(), **kw)
