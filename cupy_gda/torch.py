@@ -11,7 +11,8 @@ Two ``torch.library`` custom ops (torch >= 2.4), each with a fake (shapes only) 
 derivative). CUDA tensors run on torch's current stream, and every array CuPy allocates inside
 (outputs, workspaces, contiguous copies) comes from torch's caching allocator on that stream, so
 ``torch.cuda.memory_allocated`` counts it and CUDA-graph capture puts it in the graph's pool.
-CPU tensors run the NumPy path.
+CPU tensors run the NumPy path. With ``process_group=`` one sequence is split across the
+group's ranks (cupy_gda.distributed), differentiable across them through an autograd.Function.
 
 Imported only explicitly (``import cupy_gda.torch``): the core never imports torch.
 """
