@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from cupy_gda import chunk, recurrent_bwd
-from cupy_gda._launch import (CHUNK_BACKWARD, DTYPE_CODE, Family, Launch, address, cached,
+from cupy_gda._launch import (CHUNK_BACKWARD, DTYPE_CODE, PTR, Family, Launch, address, cached,
                               device_limits, empty, np_dtype, rounded)
 
 ENTRIES = ("gda_chunk_bwd_pack", "gda_chunk_bwd_local", "gda_chunk_bwd_states",
@@ -169,7 +169,7 @@ def tiles(n):
     return -(-n // GT)
 
 
-POINTERS = tuple(name for name, _ in CHUNK_BACKWARD[:-6])   # the entries' pointer parameters
+POINTERS = tuple(name for name, kind in CHUNK_BACKWARD if kind == PTR)   # the entries' pointers
 
 
 def pointers(ws, at, **arrays):

@@ -23,6 +23,12 @@
 #endif
 static_assert(NT % 32 == 0 && NT <= 1024, "NT must be a multiple of 32, at most 1024");
 
+// every entry's parameters (_launch.SCAN)
+#define GDA_SCAN_PARAMS                                                                        \
+    const float* __restrict__ a, const float* __restrict__ z, const float* __restrict__ init,  \
+    float* __restrict__ ws, float* __restrict__ e, long long T, long long L, int NSEG, int TS, \
+    int reverse
+
 // the element of step t (in scan order) of lane ``lane`` in row b
 __device__ __forceinline__ long long gda_scan_at(long long b, long long t, long long T,
                                                  long long L, long long lane, int reverse) {
@@ -41,9 +47,7 @@ __device__ __forceinline__ bool gda_scan_lane(long long L, int NSEG, long long& 
 }
 
 extern "C" __global__ void __launch_bounds__(NT)
-gda_scan_segments(const float* __restrict__ a, const float* __restrict__ z,
-                  const float* __restrict__ init, float* __restrict__ ws, float* __restrict__ e,
-                  long long T, long long L, int NSEG, int TS, int reverse) {
+gda_scan_segments(GDA_SCAN_PARAMS) {
     long long b, lane;
     int s;
     if (!gda_scan_lane(L, NSEG, b, s, lane)) return;
@@ -61,9 +65,7 @@ gda_scan_segments(const float* __restrict__ a, const float* __restrict__ z,
 }
 
 extern "C" __global__ void __launch_bounds__(NT)
-gda_scan_carry(const float* __restrict__ a, const float* __restrict__ z,
-               const float* __restrict__ init, float* __restrict__ ws, float* __restrict__ e,
-               long long T, long long L, int NSEG, int TS, int reverse) {
+gda_scan_carry(GDA_SCAN_PARAMS) {
     const long long nlb = (L + NT - 1) / NT;
     const long long b = blockIdx.x / nlb, lane = (blockIdx.x % nlb) * NT + threadIdx.x;
     if (lane >= L) return;
@@ -77,9 +79,7 @@ gda_scan_carry(const float* __restrict__ a, const float* __restrict__ z,
 }
 
 extern "C" __global__ void __launch_bounds__(NT)
-gda_scan_apply(const float* __restrict__ a, const float* __restrict__ z,
-               const float* __restrict__ init, float* __restrict__ ws, float* __restrict__ e,
-               long long T, long long L, int NSEG, int TS, int reverse) {
+gda_scan_apply(GDA_SCAN_PARAMS) {
     long long b, lane;
     int s;
     if (!gda_scan_lane(L, NSEG, b, s, lane)) return;
