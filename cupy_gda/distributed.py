@@ -214,7 +214,8 @@ class _Slice:
     @staticmethod
     def lengths(xp, c, p, packed):
         """Every rank's T_r [R] (int64; an all-gather), where ``packed``, else None."""
-        return c.allgather(xp.asarray([p.T], np.int64))[:, 0] if packed else None
+        # (a fill kernel, not a host-to-device copy, which CUDA-graph capture would refuse)
+        return c.allgather(xp.full((1,), p.T, np.int64))[:, 0] if packed else None
 
     def local_rows(self, xp, x, owned):
         """x [N, ...] where this rank owns the row (``owned``: own_start or own_end), else 0;
