@@ -99,21 +99,38 @@ class Bridge:
         if self.gpu:
             import cupy
             return cupy.from_dlpack(x)
+        if "bfloat16" in str(getattr(x, "dtype", "")):
+            return _cpu_bfloat16(self.lib, x)
         return np.from_dlpack(x)
 
     def back(self, y):
         """A result as the caller's array type. Call inside context()."""
         if y is None or self.lib in ("numpy", "cupy"):
             return y
+        cpu_bf16 = not self.gpu and y.dtype.name == "bfloat16"     # (DLPack has none for NumPy)
         if self.lib == "torch":
             import torch
+            if cpu_bf16:                    # the same memory, as int16 then bfloat16
+                return torch.from_numpy(np.ascontiguousarray(y).view(np.int16)).view(torch.bfloat16)
             return torch.from_dlpack(y)
         if self.lib == "jax":
             import jax.dlpack
-            return jax.dlpack.from_dlpack(y)
+            import jax.numpy as jnp
+            return jnp.asarray(y) if cpu_bf16 else jax.dlpack.from_dlpack(y)
         import importlib
         from_dlpack = getattr(importlib.import_module(self.lib), "from_dlpack", None)
         return from_dlpack(y) if from_dlpack is not None else y
+
+
+def _cpu_bfloat16(lib, x):
+    """A framework's CPU bfloat16 array as NumPy's (ml_dtypes) bfloat16, which NumPy's DLPack
+    import does not take: a torch tensor through an int16 view of the same memory, others
+    (JAX) through __array__."""
+    import ml_dtypes
+    if lib == "torch":
+        import torch
+        return np.from_dlpack(x.view(torch.int16)).view(ml_dtypes.bfloat16)
+    return np.asarray(x)
 
 
 def host_array(x):

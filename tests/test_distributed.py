@@ -324,3 +324,39 @@ def test_torch_process_group_refuses_what_does_not_apply():
     for kw in (dict(keep_states=True), dict(method="chunk")):
         with pytest.raises(ValueError, match="with process_group, method must be 'auto'"):
             gda_torch.gated_attention(*x, process_group=object(), **kw)
+
+
+# ---- scripts/dist_ranks.py: R processes against the single call (gloo here; NCCL on 2 GPUs)
+
+def _dist_ranks(*args):
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-m", "scripts.dist_ranks", *args, "--check", "--reps",
+                        "2"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_dist_ranks_over_gloo_checks_every_slice():
+    pytest.importorskip("torch")
+    out = _dist_ranks("--ranks", "2", "--front", "torch", "--cpu", "--T", "37", "--H", "2",
+                      "--K", "4", "--V", "3")
+    assert out.count("check ok") == 2 and "ratio (rank 0 / one device)" in out, out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("front", ["cupy", "torch"])
+def test_gpu_two_processes_two_gpus(front):
+    """Two processes, one a GPU, over NCCL (CuPy's communicator, or torch.distributed's): each
+    slice's o, final state and gradients against the single GPU call on the whole sequence."""
+    import cupy
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs 2 GPUs of one host (the device tool's nvidia-h200-x2)")
+    if front == "torch":
+        pytest.importorskip("torch")
+    for dtype in ("float32", "bfloat16"):
+        out = _dist_ranks("--ranks", "2", "--front", front, "--T", "3000", "--H", "4", "--K",
+                          "64", "--V", "96", "--dtype", dtype)
+        assert out.count("check ok") == 2, out

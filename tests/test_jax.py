@@ -357,3 +357,19 @@ def test_gpu_scratch_allocator_falls_back_to_the_pool():
         b = cupy.empty(200, np.float32)
     assert a.data.ptr % 256 == 0 and base <= a.data.ptr and a.data.ptr + 400 <= base + 1000
     assert not base <= b.data.ptr < base + 1000
+
+
+def test_core_takes_cpu_bfloat16_arrays():
+    """cupy_gda.gated_attention (the core, not the adapter) on CPU bfloat16 JAX arrays, which
+    NumPy's DLPack import refuses: in through __array__, back as bfloat16 JAX arrays, the NumPy
+    path's results."""
+    import ml_dtypes
+    rng = np.random.default_rng(12)
+    xs = [rng.standard_normal((1, 7, 2, 4)), rng.standard_normal((1, 7, 2, 4)),
+          rng.standard_normal((1, 7, 2, 3)), rng.uniform(0.5, 1, (1, 7, 2, 4))]
+    bf = [x.astype(ml_dtypes.bfloat16) for x in xs]
+    o = cupy_gda.gated_attention(*(jax.device_put(jnp.asarray(x), jax.devices("cpu")[0])
+                                   for x in bf))
+    assert isinstance(o, jax.Array) and o.dtype == jnp.bfloat16
+    assert np.array_equal(np.asarray(o).astype(np.float32),
+                          cupy_gda.gated_attention(*bf).astype(np.float32))

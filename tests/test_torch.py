@@ -379,3 +379,24 @@ def test_keep_states_holds_them_to_the_backward():
     for name, a, b in zip(("o", "S", "dq", "dk", "dv", "dgate", "dh0"), compiled, got):
         assert torch.equal(a, b), name
     cupy.cuda.Device().synchronize()
+
+
+def test_cpu_bfloat16_tensors_through_the_core():
+    """bfloat16 CPU tensors, which NumPy's DLPack import refuses, go in as views of their memory
+    and come back as bfloat16 tensors: the NumPy path's results on the same values."""
+    import ml_dtypes
+    rng = np.random.default_rng(11)
+    q, k = (torch.tensor(rng.standard_normal((1, 9, 2, 4)), dtype=torch.bfloat16) for _ in "qk")
+    v = torch.tensor(rng.standard_normal((1, 9, 2, 3)), dtype=torch.bfloat16)
+    g = torch.tensor(rng.uniform(0.5, 1, (1, 9, 2, 4)), dtype=torch.bfloat16)
+    o, S = cupy_gda.gated_attention(q, k, v, g, output_final_state=True)
+    grads = cupy_gda.gated_attention_backward(q, k, v, g, do=v)
+    as_np = [x.float().numpy().astype(ml_dtypes.bfloat16) for x in (q, k, v, g)]
+    o_np, S_np = cupy_gda.gated_attention(*as_np, output_final_state=True)
+    g_np = cupy_gda.gated_attention_backward(*as_np, do=as_np[2])
+    assert o.dtype == torch.bfloat16 and S.dtype == torch.float32
+    assert np.array_equal(o.float().numpy(), o_np.astype(np.float32))
+    assert np.array_equal(S.numpy(), S_np)
+    for a, b in zip(grads[:4], g_np[:4]):
+        assert a.dtype == torch.bfloat16
+        assert np.array_equal(a.float().numpy(), b.astype(np.float32))
