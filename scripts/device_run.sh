@@ -30,9 +30,12 @@
 #   compare: `cupy-gda bench --shapes SHAPES --impl ours` of an older tree (its files in .old/,
 #            e.g. `git archive <commit> | tar -x -C .old`) and of this one, in one run, ROUNDS
 #            times each, interleaved (old, new, old, new, ...), and the ratios of the best times
+#   dist2:   (nvidia-h200-x2) install, the distributed and scan GPU tests (the two-process
+#            ones need the second GPU), then scripts/dist_ranks.py over 2 ranks at B1 T512K H16
+#            K=V=128 against one GPU, CuPy's NCCL and torch.distributed, fp32 and bf16
 # Usage (device tool; carry [".vendor"] for suite and suite-a, [".baselines"] for fla, [".old"]
 # for compare):
-#   bash scripts/device_run.sh <commit> suite|suite-a|suite-b|sanitize|sanitize-bwd|bench|fla
+#   bash scripts/device_run.sh <commit> suite|suite-a|suite-b|sanitize|sanitize-bwd|bench|fla|dist2
 #   bash scripts/device_run.sh <commit> bwd [NAMES (all)]
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
@@ -199,6 +202,21 @@ if [ "$phase" = "bwd" ]; then
     exit 0
 fi
 shapes="seed,gla64,long24,big128,big128-bf16,decode,few24,few64"
+if [ "$phase" = "dist2" ]; then
+    export NCCL_NVLS_ENABLE=0             # (NVLink multicast off: KINDS.md)
+    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_distributed.py \
+        tests/test_scan.py -m gpu -rs > "$out/pytest-dist.txt" 2>&1
+    tail -3 "$out/pytest-dist.txt"
+    for front in cupy torch; do
+        for dt in float32 bfloat16; do
+            timeout 75 python3 -m scripts.dist_ranks --ranks 2 --front "$front" --dtype "$dt" \
+                --T 524288 > "$out/dist-$front-$dt.txt" 2>&1
+            echo "== $front $dt (rc $?)"
+            grep -E "^rank|fwd|ratio" "$out/dist-$front-$dt.txt"
+        done
+    done
+    exit 0
+fi
 if [ "$phase" = "fla" ]; then
     PYTHONPATH=.baselines timeout 540 python3 -m scripts.baselines --impl fla --fla-timeout 60 \
         --shapes "$shapes" --json "$out/bench-fla.json" > "$out/bench-fla.txt" 2>&1
