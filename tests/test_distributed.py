@@ -360,3 +360,33 @@ def test_gpu_two_processes_two_gpus(front):
         out = _dist_ranks("--ranks", "2", "--front", front, "--T", "3000", "--H", "4", "--K",
                           "64", "--V", "96", "--dtype", dtype)
         assert out.count("check ok") == 2, out
+
+
+# ---- drawn splits (hypothesis): any cuts, packed lengths and gate regime
+
+try:
+    from hypothesis import given, settings, strategies as st
+except ImportError:             # (the property test is left out; the cases above still run)
+    given = None
+
+if given is not None:
+    @st.composite
+    def _splits(draw):
+        packed = draw(st.booleans())
+        lens = (tuple(draw(st.lists(st.integers(0, 7), min_size=1, max_size=5))) if packed
+                else None)
+        B = 1 if packed else draw(st.integers(1, 2))
+        T = sum(lens) if packed else draw(st.integers(0, 16))
+        ranks = draw(st.integers(1, 5))
+        cuts = sorted(draw(st.lists(st.integers(0, T), min_size=ranks - 1, max_size=ranks - 1)))
+        regime = draw(st.sampled_from(["unif", "zeros", "neg", "tiny", "big"]))
+        log = regime in ("unif", "zeros") and draw(st.booleans())
+        return (B, T, 2, 3, 2, lens, cuts, regime, log)
+
+    @settings(max_examples=150, deadline=None, derandomize=True, database=None)
+    @given(_splits())
+    def test_drawn_splits_are_the_whole_sequence(case):
+        """Any cuts (empty slices, slices inside and across sequences), any packed lengths
+        (empty sequences), 1 to 5 ranks, each gate regime: o, the final state and the gradients
+        within the contract (as test_ranks_are_the_whole_sequence)."""
+        _check_ranks(case, np.asarray, np.asarray)
