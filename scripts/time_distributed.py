@@ -2,7 +2,11 @@
 shape: what the local pass, the exchange, the combine and the corrections cost beside the
 kernels (a 2-GPU host times the split itself). Medians of CUDA-event times.
 
-    python -m scripts.time_distributed [B T H K V dtype]
+    python -m scripts.time_distributed [B T H K V dtype] [--profile]
+
+--profile: then each distributed call once under torch.profiler (CUPTI sees every kernel of the
+process, CuPy's included): the kernels by device time, the table that says where the path's own
+time goes.
 """
 import sys
 
@@ -26,7 +30,7 @@ def median_ms(fn, n=7):
     return float(np.median(times))
 
 
-def main(B=1, T=65536, H=16, K=128, V=128, dtype="float32"):
+def main(B=1, T=65536, H=16, K=128, V=128, dtype="float32", profile=False):
     import cupy
     from cupy.cuda import nccl
     case = _verify.Case(int(B), int(T), int(H), int(K), int(V), dtype=dtype)
@@ -41,7 +45,18 @@ def main(B=1, T=65536, H=16, K=128, V=128, dtype="float32"):
     print(f"B{B} T{T} H{H} K{K} V{V} {dtype}")
     for name, fn in rows:
         print(f"  {name:14s} {median_ms(fn):9.3f} ms")
+    if profile:
+        import torch
+        from torch.profiler import ProfilerActivity
+        for name, fn in rows[1::2]:
+            with torch.profiler.profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn()
+                cupy.cuda.Device().synchronize()
+            print(f"{name}: kernels by device time")
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25,
+                                            max_name_column_width=70))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    args = [a for a in sys.argv[1:] if a != "--profile"]
+    main(*args, profile="--profile" in sys.argv[1:])
