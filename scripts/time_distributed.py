@@ -53,7 +53,7 @@ def main(B=1, T=65536, H=16, K=128, V=128, dtype="float32", profile=False):
                 fn()
                 cupy.cuda.Device().synchronize()
             print(f"{name}: kernels by device time")
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25,
+            print(prof.key_averages().table(sort_by="device_time_total", row_limit=25,
                                             max_name_column_width=70))
 
 
