@@ -29,6 +29,9 @@ cu_seqlens is global: the same [N + 1] offsets on every rank, into the whole seq
 sum(T_r) tokens; with it one more all-gather, of each rank's T_r (an int64 each), comes first.
 initial_state [N, H, K, V] is passed the same on every rank (the rank where a sequence starts
 reads its row); the final state and dinitial_state returned are the whole call's, on every rank.
+The arguments besides the slices (scale, cu_seqlens, initial_state, d_final_state, whether a
+final state is asked for, B, H, K, V and the dtypes) must agree across the ranks: each rank
+checks its own call before the exchange, but not the others' (that would take another).
 """
 import threading
 
@@ -204,6 +207,7 @@ class _Slice:
         end_rank = xp.where(empty, start_rank, rank_of(xp.maximum(cu[1:] - 1, 0)))
         ranks = xp.arange(self.R)[:, None]
         self.own_start, self.own_end = ranks == start_rank[None], ranks == end_rank[None]
+        self.first = self.last = self.cont_in = self.cont_out = None    # (no tokens here)
         if p.T:
             t = xp.arange(p.T)
             seq = xp.minimum(xp.searchsorted(self.cu[1:], t, side="right"), p.N - 1)
