@@ -319,11 +319,14 @@ def _fold(xp, sl, pairs, start):
 
 
 def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initial_state=None,
-                    output_final_state=False, cu_seqlens=None):
+                    output_final_state=False, cu_seqlens=None, keep_states=False):
     """:func:`cupy_gda.gated_attention` over a sequence split across ranks: this rank's slice
     q, k, gate (or log_gate) [B, T_r, H, K], v [B, T_r, H, V] (T_r may be 0), and ``comm``
     (see the module). Returns this slice's o [B, T_r, H, V] in v's dtype, or (o, the whole
-    sequence's final state [N, H, K, V], the same on every rank)."""
+    sequence's final state [N, H, K, V], the same on every rank); with ``keep_states`` also
+    the states entering this rank's slice [N, H, K, V] (float32; float64 for float64 NumPy
+    inputs), which gated_attention_backward(states=) takes instead of recomputing them: its
+    local forward pass is skipped and its exchange halves."""
     fn = "cupy_gda.distributed.gated_attention"
     br = Bridge(fn, dict(q=q, k=k, v=v, gate=gate, log_gate=log_gate, initial_state=initial_state,
                          cu_seqlens=cu_seqlens))
@@ -352,29 +355,35 @@ def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initi
             o = o + scale * xp.einsum("bthk,bhkv->bthv", qg, s_first)
         with np.errstate(over="ignore"):
             o = o.astype(v.dtype, copy=False)
-        if output_final_state:
-            return br.back(o), br.back(final.astype(np.float64 if dt == np.float64
-                                                    else np.float32))
-        return br.back(o)
+        state_dt = np.float64 if dt == np.float64 else np.float32
+        r = (br.back(o),) + ((br.back(final.astype(state_dt)),) if output_final_state else ())
+        if keep_states:
+            r += (br.back(s_in.astype(state_dt)),)
+        return r if len(r) > 1 else r[0]
 
 
 def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, scale=1.0,
-                             initial_state=None, d_final_state=None, cu_seqlens=None):
+                             initial_state=None, d_final_state=None, cu_seqlens=None,
+                             states=None):
     """:func:`cupy_gda.gated_attention_backward` over a sequence split across ranks (as
     :func:`gated_attention`): this slice's do [B, T_r, H, V]; d_final_state [N, H, K, V] the
-    whole final state's gradient, the same on every rank. Returns Gradients: this slice's dq,
-    dk, dv and dgate (of the gate argument given), and dinitial_state (the whole call's, the
-    same on every rank; None without an initial state)."""
+    whole final state's gradient, the same on every rank; ``states`` the states entering this
+    slice as this rank's forward kept them (gated_attention(keep_states=True)), or None (they
+    are recomputed). Returns Gradients: this slice's dq, dk, dv and dgate (of the gate argument
+    given), and dinitial_state (the whole call's, the same on every rank; None without an
+    initial state)."""
     fn = "cupy_gda.distributed.gated_attention_backward"
     br = Bridge(fn, dict(q=q, k=k, v=v, gate=gate, log_gate=log_gate, do=do,
                          initial_state=initial_state, d_final_state=d_final_state,
-                         cu_seqlens=cu_seqlens))
+                         cu_seqlens=cu_seqlens, states=states))
     with br.context():
-        q, k, v, gate, log_gate, do, h0, dht, cu = (br.native(x) for x in (
-            q, k, v, gate, log_gate, do, initial_state, d_final_state, cu_seqlens))
+        q, k, v, gate, log_gate, do, h0, dht, cu, kept = (br.native(x) for x in (
+            q, k, v, gate, log_gate, do, initial_state, d_final_state, cu_seqlens, states))
         _checks.check_backward(fn, q, k, v, gate, log_gate, do, h0, dht, cu, cpu=not br.gpu)
         xp, c, p, scale, dt, (qf, kf, vf, dof), a = _prepare(
             fn, br, q, k, v, gate, log_gate, h0, cu, scale, comm, extra=(do,))
+        if kept is not None:         # (what this rank's forward kept: gated_attention's)
+            _checks._state(fn, "states", kept, (p.N, p.H, p.K, p.V), not br.gpu)
         sl = _slice(fn, xp, c, p, cu, br.gpu)
         N, H, K, V = p.N, p.H, p.K, p.V
         zero_state = xp.zeros((N, H, K, V), dt)
@@ -383,19 +392,25 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
         # 1. local: the slice's states from zero, its gradients with none entering its end
         h0_loc = sl.local_rows(xp, h0f, sl.own_start) if sl.packed else zero_state
         dht_loc = sl.local_rows(xp, dhtf, sl.own_end) if sl.packed else zero_state
-        _, S = cupy_gda.gated_attention(qf, kf, vf, a, scale=scale, initial_state=h0_loc,
-                                        output_final_state=True, cu_seqlens=sl.cu,
-                                        check_indices=False)
+        if kept is None:
+            _, S = cupy_gda.gated_attention(qf, kf, vf, a, scale=scale, initial_state=h0_loc,
+                                            output_final_state=True, cu_seqlens=sl.cu,
+                                            check_indices=False)
         grads = cupy_gda.gated_attention_backward(qf, kf, vf, a, do=dof, scale=scale,
                                                   initial_state=h0_loc, d_final_state=dht_loc,
                                                   cu_seqlens=sl.cu, check_indices=False)
         dq, dk, dv, da, dstart = grads
         G, Rin, P = _products(xp, sl, a, True)
-        # 2. exchange: each piece's (P, S, gradient at its start)
-        got = c.allgather(xp.concatenate([P[..., None], S.astype(dt), dstart.astype(dt)], -1))
-        Pr, Sr, Dr = got[..., 0], got[..., 1:V + 1], got[..., V + 1:]
+        # 2. exchange: each piece's (P, gradient at its start, and S unless the forward's
+        # incoming states are kept)
+        parts = [P[..., None], dstart.astype(dt)] + ([] if kept is not None else [S.astype(dt)])
+        got = c.allgather(xp.concatenate(parts, -1))
+        Pr, Dr = got[..., 0], got[..., 1:V + 1]
         # 3. combine: the state entering this slice, the gradient entering its end, dh0
-        s_in, _ = _fold(xp, sl, (Pr, Sr), zero_state if sl.packed else h0f)
+        if kept is not None:
+            s_in = kept.astype(dt, copy=False)
+        else:
+            s_in, _ = _fold(xp, sl, (Pr, got[..., V + 1:]), zero_state if sl.packed else h0f)
         x = zero_state if sl.packed else dhtf
         d_in, dh0 = None, zero_state
         for r in reversed(range(sl.R)):

@@ -235,11 +235,12 @@ class _Distributed(torch.autograd.Function):
         from cupy_gda import distributed
         gate, log_gate = (None, g) if log else (g, None)
         with _memory(q):
-            o, ht = distributed.gated_attention(
+            o, ht, s_in = distributed.gated_attention(
                 *map(_plain, (q, k, v, gate)), comm=group, log_gate=_plain(log_gate),
                 scale=scale, initial_state=_plain(initial_state), output_final_state=True,
-                cu_seqlens=cu_seqlens)
+                cu_seqlens=cu_seqlens, keep_states=True)
         ctx.save_for_backward(q, k, v, g, initial_state, cu_seqlens)
+        ctx.s_in = s_in        # the states entering this slice: the backward needs no forward
         ctx.log, ctx.scale, ctx.final, ctx.group = log, scale, final, group
         ctx.set_materialize_grads(False)
         return o, ht
@@ -262,5 +263,5 @@ class _Distributed(torch.autograd.Function):
             r = distributed.gated_attention_backward(
                 *map(_plain, (q, k, v, gate)), comm=ctx.group, do=_plain(do),
                 log_gate=_plain(log_gate), scale=ctx.scale, initial_state=_plain(initial_state),
-                d_final_state=dht, cu_seqlens=cu_seqlens)
+                d_final_state=dht, cu_seqlens=cu_seqlens, states=ctx.s_in)
         return (r.dq, r.dk, r.dv, r.dgate, r.dinitial_state, None, None, None, None, None)

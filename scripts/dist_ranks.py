@@ -1,7 +1,8 @@
 """cupy_gda.distributed over R processes, one a GPU (or over gloo on the CPU), against the single
 call on the whole sequence: checked (--check: every output and gradient of each slice against
 the single call's, relative RMS) and timed (medians of CUDA-event times; the ranks meet at a
-barrier before each call), the exchange timed alone (one all-gather of the forward's pairs).
+barrier before each call), the backward also from the forward's kept incoming states, the
+exchange timed alone (one all-gather of the forward's pairs).
 
     python -m scripts.dist_ranks --ranks 2 --front cupy --T 524288            (NCCL; GPUs 0, 1)
     python -m scripts.dist_ranks --ranks 2 --front torch --T 524288           (torch.distributed)
@@ -99,6 +100,7 @@ def worker(a):
     fwd = lambda: distributed.gated_attention(**mine, comm=comm, output_final_state=True)  # noqa: E731
     bwd = lambda: distributed.gated_attention_backward(**mine, comm=comm, do=do[:, lo:hi],  # noqa: E731
                                                        d_final_state=dht)
+    do_t = dht_t = None
     if a.front == "torch":
         mine = {n: _torch(v, gpu) for n, v in mine.items()}
         do_t, dht_t = _torch(do[:, lo:hi], gpu), _torch(dht, gpu)
@@ -125,6 +127,11 @@ def worker(a):
             print("\n".join(lines))
             return 1
     times = {"fwd": _median(fwd, barrier, a.reps, gpu), "bwd": _median(bwd, barrier, a.reps, gpu)}
+    kept = distributed.gated_attention(**mine, comm=comm, keep_states=True)[1]
+    do_r = do_t if a.front == "torch" else do[:, lo:hi]
+    dht_r = dht_t if a.front == "torch" else dht
+    times["bwd from kept states"] = _median(lambda: distributed.gated_attention_backward(
+        **mine, comm=comm, do=do_r, d_final_state=dht_r, states=kept), barrier, a.reps, gpu)
     payload = _payload(a, gpu)
     times["exchange"] = _median(lambda: _exchange(distributed, comm, payload, a), barrier,
                                 a.reps, gpu)
@@ -138,7 +145,8 @@ def worker(a):
         lines.append("  one device, the whole sequence: " + "  ".join(
             f"{n} {ms:.3f} ms" for n, ms in single.items()))
         lines.append("  ratio (rank 0 / one device): " + "  ".join(
-            f"{n} {times[n] / single[n]:.3f}" for n in single))
+            f"{n} {times[n] / single[n]:.3f}" for n in single)
+            + f"  bwd from kept states {times['bwd from kept states'] / single['bwd']:.3f}")
     else:
         barrier()
     print("\n".join(lines))

@@ -126,6 +126,35 @@ def _check_ranks(case, to_device, to_host):
         assert c.ok, f"{name}: err {c.err:.3e} > bound {c.bound:.3e}"
 
 
+@pytest.mark.parametrize("case", [CASES[2], CASES[6], CASES[8]])
+def test_kept_incoming_states_give_the_same_gradients(case):
+    """gated_attention(keep_states=True) returns the states entering each slice; the backward
+    given them (no local forward, half the exchange) gives the gradients of the one without,
+    bit for bit; o and the final state are those of a call without keep_states."""
+    B, T, H, K, V, lens, cuts, regime, log = case
+    x, do, dht, cu = _inputs(B, T, H, K, V, regime, lens, log, seed=11)
+    bounds = [0, *cuts, x["q"].shape[1]]
+
+    def rank(c):
+        a, b = bounds[c.rank], bounds[c.rank + 1]
+        s = {n: (a_[:, a:b] if n != "initial_state" else a_) for n, a_ in x.items()}
+        kw = dict(comm=c, scale=0.5, cu_seqlens=cu)
+        o, ht, st = D.gated_attention(**s, **kw, output_final_state=True, keep_states=True)
+        o2, ht2 = D.gated_attention(**s, **kw, output_final_state=True)
+        with_states = D.gated_attention_backward(**s, **kw, do=do[:, a:b], d_final_state=dht,
+                                                 states=st)
+        without = D.gated_attention_backward(**s, **kw, do=do[:, a:b], d_final_state=dht)
+        with pytest.raises(ValueError, match=r"states must have shape \[N, H, K, V\]"):
+            D.gated_attention_backward(**s, **kw, do=do[:, a:b], states=st[:, :1])
+        return (o, o2), (ht, ht2), st, with_states, without
+
+    for (o, o2), (ht, ht2), st, g1, g2 in D.SimulatedGroup(len(bounds) - 1).run(rank):
+        assert st.dtype == np.float32 and st.shape == x["initial_state"].shape
+        assert np.array_equal(o, o2) and np.array_equal(ht, ht2)
+        for a, b, n in zip(g1, g2, g1._fields):
+            assert np.array_equal(a, b, equal_nan=True), n
+
+
 def test_one_rank_is_the_single_call():
     """On one rank the slice is the whole sequence: o, the final state and every gradient are
     the single call's to float32 rounding (the initial state enters through the combine and
