@@ -126,21 +126,21 @@ def worker(a):
         if worst > tol:
             print("\n".join(lines))
             return 1
-    times = {"fwd": _median(fwd, barrier, a.reps, gpu), "bwd": _median(bwd, barrier, a.reps, gpu)}
+    times = {"fwd": median_ms(fwd, barrier, a.reps, gpu), "bwd": median_ms(bwd, barrier, a.reps, gpu)}
     kept = distributed.gated_attention(**mine, comm=comm, keep_states=True)[1]
     do_r = do_t if a.front == "torch" else do[:, lo:hi]
     dht_r = dht_t if a.front == "torch" else dht
-    times["bwd from kept states"] = _median(lambda: distributed.gated_attention_backward(
+    times["bwd from kept states"] = median_ms(lambda: distributed.gated_attention_backward(
         **mine, comm=comm, do=do_r, d_final_state=dht_r, states=kept), barrier, a.reps, gpu)
     payload = _payload(a, gpu)
-    times["exchange"] = _median(lambda: _exchange(distributed, comm, payload, a), barrier,
+    times["exchange"] = median_ms(lambda: _exchange(distributed, comm, payload, a), barrier,
                                 a.reps, gpu)
     lines.append("  " + "  ".join(f"{n} {ms:.3f} ms" for n, ms in times.items()))
     if r == 0:
         barrier()
-        single = {"fwd": _median(lambda: cupy_gda.gated_attention(**x, output_final_state=True),
+        single = {"fwd": median_ms(lambda: cupy_gda.gated_attention(**x, output_final_state=True),
                                  lambda: None, a.reps, gpu),
-                  "bwd": _median(lambda: cupy_gda.gated_attention_backward(
+                  "bwd": median_ms(lambda: cupy_gda.gated_attention_backward(
                       **x, do=do, d_final_state=dht), lambda: None, a.reps, gpu)}
         lines.append("  one device, the whole sequence: " + "  ".join(
             f"{n} {ms:.3f} ms" for n, ms in single.items()))
@@ -230,7 +230,7 @@ def _rel(np, got, ref):
     return float(np.sqrt(np.mean((got - ref) ** 2)) / max(np.sqrt(np.mean(ref ** 2)), 1e-30))
 
 
-def _median(fn, barrier, reps, gpu):
+def median_ms(fn, barrier=lambda: None, reps=7, gpu=True):
     """Median ms of ``reps`` calls (after one warm-up), the ranks aligned before each."""
     import statistics
     fn()

@@ -14,20 +14,7 @@ import numpy as np
 
 import cupy_gda
 from cupy_gda import _verify, distributed
-
-
-def median_ms(fn, n=7):
-    import cupy
-    fn()
-    times = []
-    for _ in range(n):
-        a, b = cupy.cuda.Event(), cupy.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(a, b))
-    return float(np.median(times))
+from scripts.dist_ranks import median_ms
 
 
 def main(B=1, T=65536, H=16, K=128, V=128, dtype="float32", profile=False):
