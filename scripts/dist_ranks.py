@@ -136,8 +136,7 @@ def worker(a):
     times["exchange"] = median_ms(lambda: _exchange(distributed, comm, payload, a), barrier,
                                 a.reps, gpu)
     lines.append("  " + "  ".join(f"{n} {ms:.3f} ms" for n, ms in times.items()))
-    if r == 0:
-        barrier()
+    if r == 0:                # (the others wait at the last barrier)
         single = {"fwd": median_ms(lambda: cupy_gda.gated_attention(**x, output_final_state=True),
                                  lambda: None, a.reps, gpu),
                   "bwd": median_ms(lambda: cupy_gda.gated_attention_backward(
@@ -147,8 +146,9 @@ def worker(a):
         lines.append("  ratio (rank 0 / one device): " + "  ".join(
             f"{n} {times[n] / single[n]:.3f}" for n in single)
             + f"  bwd from kept states {times['bwd from kept states'] / single['bwd']:.3f}")
-    else:
-        barrier()
+    barrier()                 # no rank leaves (and closes its connections) while one still runs
+    if a.front == "torch":
+        dist.destroy_process_group()
     print("\n".join(lines))
     return 0
 

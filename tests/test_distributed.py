@@ -293,6 +293,7 @@ loss = (o * torch.tensor(x["W"][:, a:b])).sum() + (S * torch.tensor(x["Wf"][rank
 loss.backward()
 np.savez(d + f"/rank{rank}.npz", o=o.detach().numpy(), S=S.detach().numpy(), dq=q.grad.numpy(),
          dk=k.grad.numpy(), dv=v.grad.numpy(), dgate=lg.grad.numpy(), dh0=h0.grad.numpy())
+dist.barrier()            # no rank closes its connections while another still uses them
 dist.destroy_process_group()
 """
 
