@@ -67,7 +67,7 @@ class _Static(NamedTuple):
 
 
 def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_state=None,
-                    output_final_state=False, cu_seqlens=None, method="auto"):
+                    output_final_state=False, cu_seqlens=None, method="auto", axis_name=None):
     """:func:`cupy_gda.gated_attention` on JAX arrays, differentiable: ``jax.grad`` gives the
     gradients of q, k, v, the gate argument given (gate or log_gate) and initial_state, through
     :func:`cupy_gda.gated_attention_backward`; cu_seqlens (integers) gets a float0 zero.
@@ -75,7 +75,19 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
     Args as in :func:`cupy_gda.gated_attention` (scale, output_final_state and method are static
     Python values). Shapes and dtypes are checked when traced (the GPU's narrower limits, K at
     most 256 and no float64, when it runs). Returns o [B, T, H, V], or (o, final_state).
+
+    axis_name: inside ``jax.shard_map`` over that mesh axis, one sequence split along T across
+    its devices (docs/distributed.md): q, k, v and the gate are this device's slice, in axis
+    order; initial_state and the final state are the whole sequence's (replicated: out_specs
+    P() for the final state, with check_vma=False, as JAX cannot see through the callbacks that
+    it is). Each device runs its slice with the kernels in float32, the slices' gate products
+    and final states are all-gathered, and the incoming state's part is added by an einsum at
+    float32 precision (HIGHEST); JAX differentiates the fold and the correction, the kernels'
+    backward the rest. Without cu_seqlens (not supported there yet).
     """
+    if axis_name is not None:
+        return _across(q, k, v, gate, log_gate, scale, initial_state, output_final_state,
+                       cu_seqlens, method, axis_name)
     q, k, v, gate, log_gate, h0, cu = (None if x is None else jnp.asarray(x) for x in (
         q, k, v, gate, log_gate, initial_state, cu_seqlens))
     p = _checks.check_forward(FN, q, k, v, gate, log_gate, h0, cu, cpu=True)
@@ -85,6 +97,37 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
     g = gate if gate is not None else log_gate
     static = static._replace(scratch=_scratch(static, q, k, v, gate, log_gate, h0, cu))
     return _jitted(static, q, k, v, g, h0, cu)
+
+
+def _across(q, k, v, gate, log_gate, scale, initial_state, output_final_state, cu_seqlens,
+            method, axis_name):
+    """gated_attention(axis_name=) inside shard_map: the local pass (this adapter's op, from a
+    zero state), the running gate products G (lax.cumprod), an all-gather of the slices' (gate
+    product, final state), the fold in axis order, and o_t += scale (q_t . G_t)^T S_in."""
+    if cu_seqlens is not None:
+        raise ValueError(f"{FN}: cu_seqlens with axis_name is not supported yet (the pieces "
+                         f"between sequence boundaries need the ranks' offsets)")
+    q, k, v = (jnp.asarray(x) for x in (q, k, v))
+    f32 = jnp.float64 if q.dtype == jnp.float64 else jnp.float32     # (float64: the CPU's)
+    a = (jnp.asarray(gate) if gate is not None else jnp.exp(jnp.asarray(log_gate))).astype(f32)
+    B, T, H, K = q.shape
+    V = v.shape[3]
+    qf = q.astype(f32)
+    o, S = gated_attention(qf, k.astype(f32), v.astype(f32), a, scale=scale,
+                           output_final_state=True, method=method)
+    G = lax.cumprod(a, axis=1)                        # the gates' running products
+    P = G[:, -1] if T else jnp.ones((B, H, K), f32)
+    Pg, Sg = lax.all_gather(P, axis_name), lax.all_gather(S, axis_name)
+    x = (jnp.zeros((B, H, K, V), f32) if initial_state is None
+         else jnp.asarray(initial_state).astype(f32))
+    entering = []
+    for r in range(Pg.shape[0]):                      # the fold, in axis order
+        entering.append(x)
+        x = Pg[r][..., None] * x + Sg[r]
+    s_in = jnp.stack(entering)[lax.axis_index(axis_name)]
+    o = o + scale * jnp.einsum("bthk,bhkv->bthv", qf * G, s_in, precision=lax.Precision.HIGHEST)
+    o = o.astype(v.dtype)
+    return (o, x) if output_final_state else o
 
 
 def _scratch(static, q, k, v, gate, log_gate, h0, cu):
