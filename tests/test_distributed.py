@@ -139,17 +139,17 @@ def test_kept_incoming_states_give_the_same_gradients(case):
         a, b = bounds[c.rank], bounds[c.rank + 1]
         s = {n: (a_[:, a:b] if n != "initial_state" else a_) for n, a_ in x.items()}
         kw = dict(comm=c, scale=0.5, cu_seqlens=cu)
-        o, ht, st = D.gated_attention(**s, **kw, output_final_state=True, keep_states=True)
+        o, ht, kept = D.gated_attention(**s, **kw, output_final_state=True, keep_states=True)
         o2, ht2 = D.gated_attention(**s, **kw, output_final_state=True)
         with_states = D.gated_attention_backward(**s, **kw, do=do[:, a:b], d_final_state=dht,
-                                                 states=st)
+                                                 states=kept)
         without = D.gated_attention_backward(**s, **kw, do=do[:, a:b], d_final_state=dht)
         with pytest.raises(ValueError, match=r"states must have shape \[N, H, K, V\]"):
-            D.gated_attention_backward(**s, **kw, do=do[:, a:b], states=st[:, :1])
-        return (o, o2), (ht, ht2), st, with_states, without
+            D.gated_attention_backward(**s, **kw, do=do[:, a:b], states=kept[:, :1])
+        return (o, o2), (ht, ht2), kept, with_states, without
 
-    for (o, o2), (ht, ht2), st, g1, g2 in D.SimulatedGroup(len(bounds) - 1).run(rank):
-        assert st.dtype == np.float32 and st.shape == x["initial_state"].shape
+    for (o, o2), (ht, ht2), kept, g1, g2 in D.SimulatedGroup(len(bounds) - 1).run(rank):
+        assert kept.dtype == np.float32 and kept.shape == x["initial_state"].shape
         assert np.array_equal(o, o2) and np.array_equal(ht, ht2)
         for a, b, n in zip(g1, g2, g1._fields):
             assert np.array_equal(a, b, equal_nan=True), n
