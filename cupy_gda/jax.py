@@ -1,6 +1,7 @@
 """JAX adapter (issue 15): :func:`gated_attention` as a ``jax.custom_vjp`` function, eager or
 inside ``jax.jit``, with gradients for q, k, v, the gate given and initial_state. Imported only
-explicitly (``import cupy_gda.jax``): the core never imports JAX.
+explicitly (``import cupy_gda.jax``): the core never imports JAX. With ``axis_name=``, inside
+``jax.shard_map``, one sequence is split along T over that mesh axis (issue 16).
 
 Route, by the platform XLA compiles for (``lax.platform_dependent``: only that branch is lowered):
 
