@@ -182,7 +182,7 @@ class _Slice:
     sequences start and end on which rank, and the token masks of the pieces that continue a
     sequence from an earlier rank (``cont_in``) or into a later one (``cont_out``)."""
 
-    def __init__(self, xp, c, p, cu, lens=None):
+    def __init__(self, xp, c, p, cu, lens=None, index_dtype=np.int64):
         self.R, self.r, self.T = c.size, c.rank, p.T
         self.packed = cu is not None
         if not self.packed:       # every sequence over every slice: no rank owns a start or end
@@ -194,9 +194,9 @@ class _Slice:
         ends = xp.cumsum(lens)                  # lens: every rank's T_r (lengths())
         starts = ends - lens
         self.total = ends[-1]
-        cu = cu.astype(np.int64)
+        cu = cu.astype(index_dtype)
         at = starts[self.r]
-        self.cu = (xp.clip(cu - at, 0, p.T)).astype(np.int64)   # the pieces in this slice
+        self.cu = (xp.clip(cu - at, 0, p.T)).astype(index_dtype)   # the pieces in this slice
 
         def rank_of(x):       # the rank holding token x; x = T_total: the last rank
             inside = (starts[:, None] <= x[None]) & (x[None] < ends[:, None])
@@ -254,20 +254,25 @@ def _products(xp, sl, a, reverse_too):
     ``reverse_too``, else None) Rin_t = a_t ... a_{T-1}, and each sequence piece's product P
     [N, H, K]: the first piece's from G, any other's from Rin (a piece inside the slice owns
     both ends, so both folds reset its P), 1 for an empty piece."""
-    B, T, H, K = a.shape
-    ones = xp.ones((B, H, K), a.dtype)
+    ones = xp.ones(a.shape[:1] + a.shape[2:], a.dtype)
     G = scan(a, None, ones)
     Rin = scan(a, None, ones, reverse=True) if reverse_too or sl.packed else None
+    return G, Rin, _pieces(xp, sl, G, Rin)
+
+
+def _pieces(xp, sl, G, Rin):
+    """Each sequence piece's gate product [N, H, K] from the running products G and Rin (as
+    _products says)."""
+    B, T, H, K = G.shape
     if not sl.packed:
-        return G, Rin, G[:, -1] if T else ones
+        return G[:, -1] if T else xp.ones((B, H, K), G.dtype)
     st, en = sl.cu[:-1], sl.cu[1:]
     if not T:
-        return G, Rin, xp.ones((st.shape[0], H, K), a.dtype)
+        return xp.ones((st.shape[0], H, K), G.dtype)
     first = xp.take(G[0], xp.clip(en - 1, 0, T - 1), axis=0)
     other = xp.take(Rin[0], xp.clip(st, 0, T - 1), axis=0)
     keep = (en == st)[:, None, None]
-    return G, Rin, xp.where(keep, 1, xp.where((st == 0)[:, None, None], first, other)).astype(
-        a.dtype)
+    return xp.where(keep, 1, xp.where((st == 0)[:, None, None], first, other)).astype(G.dtype)
 
 
 def _shift(xp, x, step, fill):

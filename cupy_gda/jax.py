@@ -84,7 +84,7 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
     it is). Each device runs its slice with the kernels in float32, the slices' gate products
     and final states are all-gathered, and the incoming state's part is added by an einsum at
     float32 precision (HIGHEST); JAX differentiates the fold and the correction, the kernels'
-    backward the rest. Without cu_seqlens (not supported there yet).
+    backward the rest. cu_seqlens as in cupy_gda.distributed (global offsets).
     """
     if axis_name is not None:
         return _across(q, k, v, gate, log_gate, scale, initial_state, output_final_state,
@@ -100,33 +100,54 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
     return _jitted(static, q, k, v, g, h0, cu)
 
 
+class _Axis:
+    """A shard_map axis as distributed._Slice's communicator: its size (static), this device's
+    index (traced) and lax.all_gather."""
+
+    def __init__(self, axis_name):
+        self.axis_name = axis_name
+        self.size = lax.all_gather(jnp.zeros(()), axis_name).shape[0]
+        self.rank = lax.axis_index(axis_name)
+
+    def allgather(self, x):
+        return lax.all_gather(x, self.axis_name)
+
+
 def _across(q, k, v, gate, log_gate, scale, initial_state, output_final_state, cu_seqlens,
             method, axis_name):
-    """gated_attention(axis_name=) inside shard_map: the local pass (this adapter's op, from a
-    zero state), the running gate products G (lax.cumprod), an all-gather of the slices' (gate
-    product, final state), the fold in axis order, and o_t += scale (q_t . G_t)^T S_in."""
-    if cu_seqlens is not None:
-        raise ValueError(f"{FN}: cu_seqlens with axis_name is not supported yet (the pieces "
-                         f"between sequence boundaries need the ranks' offsets)")
-    q, k, v = (jnp.asarray(x) for x in (q, k, v))
+    """gated_attention(axis_name=) inside shard_map, as cupy_gda.distributed's forward: the
+    local pass (this adapter's op: from a zero state, or a sequence's initial state where it
+    starts in the slice), the running gate products (lax.cumprod), an all-gather of the pieces'
+    (gate product, final state), the fold in axis order (reset where a sequence starts), and
+    o_t += scale (q_t . G_t)^T S_in on the first piece's tokens."""
+    from cupy_gda import distributed
+    q, k, v, h0, cu = (None if x is None else jnp.asarray(x) for x in (
+        q, k, v, initial_state, cu_seqlens))
+    g = jnp.asarray(gate if gate is not None else log_gate)
+    p = _checks.check_forward(FN, q, k, v, g if gate is not None else None,
+                              g if gate is None else None, h0, cu, cpu=True)
     f32 = jnp.float64 if q.dtype == jnp.float64 else jnp.float32     # (float64: the CPU's)
-    a = (jnp.asarray(gate) if gate is not None else jnp.exp(jnp.asarray(log_gate))).astype(f32)
-    B, T, H, K = q.shape
-    V = v.shape[3]
+    a = (g if gate is not None else jnp.exp(g)).astype(f32)
     qf = q.astype(f32)
+    h0 = None if h0 is None else h0.astype(f32)
+    axis = _Axis(axis_name)
+    lens = None if cu is None else jnp.full((axis.size,), p.T, cu.dtype)   # (equal slices)
+    sl = distributed._Slice(jnp, axis, p, cu, lens, index_dtype=None if cu is None else cu.dtype)
     o, S = gated_attention(qf, k.astype(f32), v.astype(f32), a, scale=scale,
-                           output_final_state=True, method=method)
+                           initial_state=sl.local_rows(jnp, h0, sl.own_start) if cu is not None
+                           else None, output_final_state=True, cu_seqlens=sl.cu, method=method)
     G = lax.cumprod(a, axis=1)                        # the gates' running products
-    P = G[:, -1] if T else jnp.ones((B, H, K), f32)
-    Pg, Sg = lax.all_gather(P, axis_name), lax.all_gather(S, axis_name)
-    x = (jnp.zeros((B, H, K, V), f32) if initial_state is None
-         else jnp.asarray(initial_state).astype(f32))
+    Rin = lax.cumprod(a, axis=1, reverse=True) if cu is not None else None
+    Pg, Sg = axis.allgather(distributed._pieces(jnp, sl, G, Rin)), axis.allgather(S)
+    x = jnp.zeros(S.shape, f32) if h0 is None or cu is not None else h0
     entering = []
-    for r in range(Pg.shape[0]):                      # the fold, in axis order
+    for r in range(axis.size):                        # the fold, in axis order
         entering.append(x)
-        x = Pg[r][..., None] * x + Sg[r]
-    s_in = jnp.stack(entering)[lax.axis_index(axis_name)]
-    o = o + scale * jnp.einsum("bthk,bhkv->bthv", qf * G, s_in, precision=lax.Precision.HIGHEST)
+        keep = jnp.where(sl.own_start[r][:, None, None], 0, Pg[r])
+        x = keep[..., None] * x + Sg[r]
+    s_in = sl.rows(jnp, jnp.stack(entering)[axis.rank], sl.first)
+    o = o + scale * jnp.einsum("bthk,bhkv->bthv", qf * G * sl.mask(jnp, sl.cont_in, f32), s_in,
+                               precision=lax.Precision.HIGHEST)
     o = o.astype(v.dtype)
     return (o, x) if output_final_state else o
 

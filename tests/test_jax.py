@@ -389,30 +389,34 @@ shard_map = getattr(jax, "shard_map", None)
 if shard_map is None:
     from jax.experimental.shard_map import shard_map
 log = sys.argv[1] == "log"
+packed = sys.argv[1] == "packed"
 mesh = Mesh(np.array(jax.devices()), ("seq",))
 rng = np.random.default_rng(3)
-B, T, H, K, V = 2, 24, 2, 5, 3
+B, T, H, K, V = (1 if packed else 2), 24, 2, 5, 3
+cu = np.array([0, 5, 5, 14, 24], np.int32) if packed else None     # boundaries in and on slices
+N = 4 if packed else B
 q = (rng.standard_normal((B, T, H, K)) / 2).astype(np.float32)
 k = rng.standard_normal((B, T, H, K)).astype(np.float32)
 v = rng.standard_normal((B, T, H, V)).astype(np.float32)
 g = np.where(rng.random((B, T, H, K)) < 0.3, 0, rng.uniform(0.5, 1, (B, T, H, K))).astype(np.float32)
 with np.errstate(divide="ignore"):
     gin = np.log(g) if log else g
-h0 = rng.standard_normal((B, H, K, V)).astype(np.float32)
+h0 = rng.standard_normal((N, H, K, V)).astype(np.float32)
 W = rng.standard_normal((B, T, H, V)).astype(np.float32)
-Wf = rng.standard_normal((B, H, K, V)).astype(np.float32)
+Wf = rng.standard_normal((N, H, K, V)).astype(np.float32)
 
-def body(q, k, v, g, h0):
+def body(q, k, v, g, h0, *cu):
     gate, log_gate = (None, g) if log else (g, None)
     return gda_jax.gated_attention(q, k, v, gate, log_gate=log_gate, scale=0.5, initial_state=h0,
-                                   output_final_state=True, axis_name="seq")
+                                   output_final_state=True, axis_name="seq",
+                                   cu_seqlens=cu[0] if cu else None)
 
-f = shard_map(body, mesh=mesh, in_specs=(P(None, "seq"),) * 4 + (P(),),
+f = shard_map(body, mesh=mesh, in_specs=(P(None, "seq"),) * 4 + (P(),) * (2 if packed else 1),
               out_specs=(P(None, "seq"), P()), check_vma=False)
 
 @jax.jit
 def loss(q, k, v, g, h0):
-    o, S = f(q, k, v, g, h0)
+    o, S = f(q, k, v, g, h0, *([cu] if packed else []))
     return (o * W).sum() + (S * Wf).sum(), (o, S)
 
 (_, (o, S)), grads = jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True)(q, k, v, gin, h0)
@@ -421,14 +425,14 @@ gk = dict(log_gate=x64[3]) if log else dict(gate=x64[3])
 gk32 = dict(log_gate=gin) if log else dict(gate=gin)
 with np.errstate(all="ignore"):
     ref = R.gated_attention_ref(*x64[:3], **gk, scale=0.5, initial_state=h0.astype(np.float64),
-                                output_final_state=True)
+                                output_final_state=True, cu_seqlens=cu)
     emu = R.gated_attention_ref(q, k, v, **gk32, scale=0.5, initial_state=h0,
-                                output_final_state=True, dtype=np.float32)
+                                output_final_state=True, dtype=np.float32, cu_seqlens=cu)
     gref = R.gated_attention_backward_ref(*x64[:3], **gk, do=W.astype(np.float64), scale=0.5,
                                           initial_state=h0.astype(np.float64),
-                                          d_final_state=Wf.astype(np.float64))
+                                          d_final_state=Wf.astype(np.float64), cu_seqlens=cu)
     gemu = R.gated_attention_backward_ref(q, k, v, **gk32, do=W, scale=0.5, initial_state=h0,
-                                          d_final_state=Wf, dtype=np.float32)
+                                          d_final_state=Wf, dtype=np.float32, cu_seqlens=cu)
 checks = [("o", o, ref[0], emu[0]), ("final_state", S, ref[1], emu[1])]
 checks += [(n, gr, r, e) for n, gr, r, e in zip(gref._fields, grads, gref, gemu)]
 for name, got, r, e in checks:
@@ -438,12 +442,13 @@ print("ok", len(jax.devices()))
 """
 
 
-@pytest.mark.parametrize("gate", ["gate_zeros", "log"])
+@pytest.mark.parametrize("gate", ["gate_zeros", "log", "packed"])
 def test_across_devices_in_shard_map(tmp_path, gate):
     """gated_attention(axis_name=) inside shard_map over 4 CPU devices (a subprocess: the device
     count is fixed when jax starts): o, the final state and jax.grad of a loss using both, for
     q, k, v, the gate (exact zeros, or log gates of -inf) and the initial state, against the
-    whole sequence's loops within the contract."""
+    whole sequence's loops within the contract; packed sequences with boundaries inside and on
+    the slices' edges and an empty one."""
     import os
     import subprocess
     import sys
