@@ -311,16 +311,16 @@ def _prepare(fn, br, q, k, v, gate, log_gate, h0, cu, scale, comm, extra=()):
 
 def _fold(xp, sl, pairs, start):
     """The scan over ranks of (P, S) pairs [R, N, H, K(, V)], reset at each sequence's start
-    rank, from ``start`` [N, H, K, V]: (the state entering this rank's slice, the final state)."""
+    rank, from ``start`` [N, H, K, V]: (the states entering each rank's slice, in rank order;
+    the final state). This rank's is ``entering[sl.r]``."""
     P, S = pairs
     x = start
-    s_in = None
+    entering = []
     for r in range(sl.R):
-        if r == sl.r:
-            s_in = x
+        entering.append(x)
         keep = xp.where(sl.own_start[r][:, None, None], 0, P[r])
         x = keep[..., None] * x + S[r]
-    return s_in, x
+    return entering, x
 
 
 def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initial_state=None,
@@ -352,7 +352,8 @@ def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initi
         V = p.V
         got = c.allgather(xp.concatenate([P[..., None], S.astype(dt)], axis=-1))
         start = (xp.zeros((p.N, p.H, p.K, V), dt) if sl.packed or h0f is None else h0f)
-        s_in, final = _fold(xp, sl, (got[..., 0], got[..., 1:]), start)
+        entering, final = _fold(xp, sl, (got[..., 0], got[..., 1:]), start)
+        s_in = entering[sl.r]
         # 4. correct the tokens whose sequence began before this slice
         if p.T:
             s_first = sl.rows(xp, s_in, sl.first)
@@ -360,10 +361,11 @@ def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initi
             o = o + scale * xp.einsum("bthk,bhkv->bthv", qg, s_first)
         with np.errstate(over="ignore"):
             o = o.astype(v.dtype, copy=False)
-        state_dt = np.float64 if dt == np.float64 else np.float32
-        r = (br.back(o),) + ((br.back(final.astype(state_dt)),) if output_final_state else ())
+        # (the states in dt: float32, or float64 for float64 NumPy inputs)
+        r = (br.back(o),) + ((br.back(final.astype(dt, copy=False)),) if output_final_state
+                             else ())
         if keep_states:
-            r += (br.back(s_in.astype(state_dt)),)
+            r += (br.back(s_in.astype(dt, copy=False)),)
         return r if len(r) > 1 else r[0]
 
 
@@ -415,7 +417,9 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
         if kept is not None:
             s_in = kept.astype(dt, copy=False)
         else:
-            s_in, _ = _fold(xp, sl, (Pr, got[..., V + 1:]), zero_state if sl.packed else h0f)
+            entering, _ = _fold(xp, sl, (Pr, got[..., V + 1:]),
+                                zero_state if sl.packed else h0f)
+            s_in = entering[sl.r]
         x = zero_state if sl.packed else dhtf
         d_in, dh0 = None, zero_state
         for r in reversed(range(sl.R)):
@@ -435,8 +439,7 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
         with np.errstate(over="ignore"):
             out = (dq.astype(q.dtype), dk.astype(q.dtype), dv.astype(q.dtype),
                    da.astype((gate if gate is not None else log_gate).dtype),
-                   None if h0 is None else dh0.astype(np.float64 if dt == np.float64
-                                                      else np.float32))
+                   None if h0 is None else dh0.astype(dt, copy=False))
         return cupy_gda.Gradients(*(br.back(x) for x in out))
 
 

@@ -106,7 +106,7 @@ class _Axis:
 
     def __init__(self, axis_name):
         self.axis_name = axis_name
-        self.size = lax.all_gather(jnp.zeros(()), axis_name).shape[0]
+        self.size = lax.psum(1, axis_name)            # (a Python int: the axis' size)
         self.rank = lax.axis_index(axis_name)
 
     def allgather(self, x):
@@ -139,13 +139,9 @@ def _across(q, k, v, gate, log_gate, scale, initial_state, output_final_state, c
     G = lax.cumprod(a, axis=1)                        # the gates' running products
     Rin = lax.cumprod(a, axis=1, reverse=True) if cu is not None else None
     Pg, Sg = axis.allgather(distributed._pieces(jnp, sl, G, Rin)), axis.allgather(S)
-    x = jnp.zeros(S.shape, f32) if h0 is None or cu is not None else h0
-    entering = []
-    for r in range(axis.size):                        # the fold, in axis order
-        entering.append(x)
-        keep = jnp.where(sl.own_start[r][:, None, None], 0, Pg[r])
-        x = keep[..., None] * x + Sg[r]
-    s_in = sl.rows(jnp, jnp.stack(entering)[axis.rank], sl.first)
+    start = jnp.zeros(S.shape, f32) if h0 is None or cu is not None else h0
+    entering, x = distributed._fold(jnp, sl, (Pg, Sg), start)
+    s_in = sl.rows(jnp, jnp.stack(entering)[axis.rank], sl.first)   # (rank: traced)
     o = o + scale * jnp.einsum("bthk,bhkv->bthv", qf * G * sl.mask(jnp, sl.cont_in, f32), s_in,
                                precision=lax.Precision.HIGHEST)
     o = o.astype(v.dtype)

@@ -97,16 +97,17 @@ def worker(a):
     lo, hi = _bounds(a.T, R, r)
     mine = {n: v[:, lo:hi] for n, v in x.items() if n != "initial_state"}
     mine["initial_state"] = x["initial_state"]
-    fwd = lambda: distributed.gated_attention(**mine, comm=comm, output_final_state=True)  # noqa: E731
-    bwd = lambda: distributed.gated_attention_backward(**mine, comm=comm, do=do[:, lo:hi],  # noqa: E731
-                                                       d_final_state=dht)
-    do_t = dht_t = None
+    do_r, dht_r = do[:, lo:hi], dht
     if a.front == "torch":
         mine = {n: _torch(v, gpu) for n, v in mine.items()}
-        do_t, dht_t = _torch(do[:, lo:hi], gpu), _torch(dht, gpu)
-        fwd = lambda: distributed.gated_attention(**mine, comm=comm, output_final_state=True)  # noqa: E731
-        bwd = lambda: distributed.gated_attention_backward(**mine, comm=comm, do=do_t,  # noqa: E731
-                                                           d_final_state=dht_t)
+        do_r, dht_r = _torch(do_r, gpu), _torch(dht_r, gpu)
+
+    def fwd(**kw):
+        return distributed.gated_attention(**mine, comm=comm, output_final_state=True, **kw)
+
+    def bwd(**kw):
+        return distributed.gated_attention_backward(**mine, comm=comm, do=do_r,
+                                                    d_final_state=dht_r, **kw)
     lines = [f"rank {r}: slice [{lo}, {hi}) of T = {a.T}, {a.front}{' (gloo, CPU)' if a.cpu else ''}"]
     if a.check:
         o, ht = fwd()
@@ -127,11 +128,8 @@ def worker(a):
             print("\n".join(lines))
             return 1
     times = {"fwd": median_ms(fwd, barrier, a.reps, gpu), "bwd": median_ms(bwd, barrier, a.reps, gpu)}
-    kept = distributed.gated_attention(**mine, comm=comm, keep_states=True)[1]
-    do_r = do_t if a.front == "torch" else do[:, lo:hi]
-    dht_r = dht_t if a.front == "torch" else dht
-    times["bwd from kept states"] = median_ms(lambda: distributed.gated_attention_backward(
-        **mine, comm=comm, do=do_r, d_final_state=dht_r, states=kept), barrier, a.reps, gpu)
+    kept = fwd(keep_states=True)[2]
+    times["bwd from kept states"] = median_ms(lambda: bwd(states=kept), barrier, a.reps, gpu)
     payload = _payload(a, gpu)
     times["exchange"] = median_ms(lambda: _exchange(distributed, comm, payload, a), barrier,
                                 a.reps, gpu)
