@@ -38,7 +38,7 @@ import threading
 import numpy as np
 
 import cupy_gda
-from cupy_gda import _checks
+from cupy_gda import _checks, slices
 from cupy_gda._interop import Bridge, host_array
 from cupy_gda.scan import scan
 
@@ -260,6 +260,32 @@ def _products(xp, sl, a, reverse_too):
     return G, Rin, _pieces(xp, sl, G, Rin)
 
 
+class _Ends:
+    """The GPU's products at the slice's two ends (gda_slice, cupy_gda/slices.py): ``fwd`` over
+    the first sequence piece from the slice's start, ``rev`` (where ``rev``, or packed)
+    backwards over the last from its end (without cu_seqlens both the whole slice); and P, each
+    sequence piece's product [N, H, K]: the first's and the last's (those of the pieces in
+    between, each owning both its ends, count in neither fold: 1). A first piece whose sequence
+    starts here has a zero entering state, and a last one ending here a zero entering gradient,
+    so their terms add 0."""
+
+    def __init__(self, sl, a, V, rev):
+        import cupy
+        T = a.shape[1]
+        first = last = None
+        if sl.packed:
+            first = cupy.take(sl.cu, sl.first + 1)                  # [1] int64: the lengths
+            last = T - cupy.take(sl.cu, sl.last)
+        self.fwd = slices.terms(a, first, False, V)
+        self.rev = slices.terms(a, last, True, V) if rev or sl.packed else None
+        if not sl.packed:
+            self.P = self.fwd.tot
+        else:
+            n = cupy.arange(sl.cu.shape[0] - 1)[:, None, None]
+            self.P = cupy.where(n == sl.first, self.fwd.tot,
+                                cupy.where(n == sl.last, self.rev.tot, 1)).astype(np.float32)
+
+
 def _pieces(xp, sl, G, Rin):
     """Each sequence piece's gate product [N, H, K] from the running products G and Rin (as
     _products says)."""
@@ -300,9 +326,11 @@ def _prepare(fn, br, q, k, v, gate, log_gate, h0, cu, scale, comm, extra=()):
         xp = np
         dt = np.dtype(p.cpu_dtype)
     g = gate if gate is not None else log_gate
-    # (no copies where the inputs are in dt already: nothing below writes into them)
-    f = [None if x is None else x.astype(dt, copy=False) for x in (q, k, v, *extra)]
-    a = g.astype(dt, copy=False)
+    # (no copies where the inputs are in dt already and contiguous: nothing below writes into
+    # them)
+    f = [None if x is None else xp.ascontiguousarray(x.astype(dt, copy=False))
+         for x in (q, k, v, *extra)]
+    a = xp.ascontiguousarray(g.astype(dt, copy=False))
     if log_gate is not None:
         with np.errstate(under="ignore"):
             a = xp.exp(a)
@@ -347,7 +375,11 @@ def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initi
                                         initial_state=sl.local_rows(xp, h0f, sl.own_start),
                                         output_final_state=True, cu_seqlens=sl.cu,
                                         check_indices=False)
-        G, _, P = _products(xp, sl, a, False)
+        if br.gpu and p.T:
+            ends = _Ends(sl, a, p.V, False)
+            P = ends.P
+        else:
+            G, _, P = _products(xp, sl, a, False)
         # 2. exchange, 3. combine
         V = p.V
         got = c.allgather(xp.concatenate([P[..., None], S.astype(dt)], axis=-1))
@@ -355,10 +387,11 @@ def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initi
         entering, final = _fold(xp, sl, (got[..., 0], got[..., 1:]), start)
         s_in = entering[sl.r]
         # 4. correct the tokens whose sequence began before this slice
-        if p.T:
-            s_first = sl.rows(xp, s_in, sl.first)
+        if p.T and br.gpu:                  # (in place: o is the local pass's)
+            ends.fwd.out(o, qf, xp.ascontiguousarray(sl.rows(xp, s_in, sl.first)), scale)
+        elif p.T:
             qg = qf * G * sl.mask(xp, sl.cont_in, dt)
-            o = o + scale * xp.einsum("bthk,bhkv->bthv", qg, s_first)
+            o = o + scale * xp.einsum("bthk,bhkv->bthv", qg, sl.rows(xp, s_in, sl.first))
         with np.errstate(over="ignore"):
             o = o.astype(v.dtype, copy=False)
         # (the states in dt: float32, or float64 for float64 NumPy inputs)
@@ -408,6 +441,10 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
                                                   cu_seqlens=sl.cu, check_indices=False)
         dq, dk, dv, da, dstart = grads
         G, Rin, P = _products(xp, sl, a, True)
+        ends = None
+        if br.gpu and p.T:
+            ends = _Ends(sl, a, p.V, True)
+            P = ends.P
         # 2. exchange: each piece's (P, gradient at its start, and S unless the forward's
         # incoming states are kept)
         parts = [P[..., None], dstart.astype(dt)] + ([] if kept is not None else [S.astype(dt)])
@@ -433,17 +470,19 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
         # 4. correct: the incoming state's and the entering gradient's terms
         if p.T:
             dq, dk, dv, da = _correct(xp, sl, scale, qf, kf, vf, dof, a, G, Rin, s_in, d_in,
-                                      h0_loc, dht_loc, (dq, dk, dv, da))
+                                      h0_loc, dht_loc, (dq, dk, dv, da), ends)
         if log_gate is not None:
             da = da * a                           # d/dlog a = a . d/da
         with np.errstate(over="ignore"):
-            out = (dq.astype(q.dtype), dk.astype(q.dtype), dv.astype(q.dtype),
-                   da.astype((gate if gate is not None else log_gate).dtype),
+            out = (dq.astype(q.dtype, copy=False), dk.astype(q.dtype, copy=False),
+                   dv.astype(q.dtype, copy=False),
+                   da.astype((gate if gate is not None else log_gate).dtype, copy=False),
                    None if h0 is None else dh0.astype(dt, copy=False))
         return cupy_gda.Gradients(*(br.back(x) for x in out))
 
 
-def _correct(xp, sl, scale, q, k, v, do, a, G, Rin, s_in, d_in, h0_loc, dht_loc, grads):
+def _correct(xp, sl, scale, q, k, v, do, a, G, Rin, s_in, d_in, h0_loc, dht_loc, grads,
+             ends=None):
     """The gradients' terms from S_in (the state entering the slice, for the first piece's
     tokens where its sequence began earlier) and D (the gradient entering the slice's end, for
     the last piece's tokens where its sequence goes on), docs/distributed.md:
@@ -454,7 +493,8 @@ def _correct(xp, sl, scale, q, k, v, do, a, G, Rin, s_in, d_in, h0_loc, dht_loc,
 
     with G_t the gates' product over the slice up to t, R_t over t+1 to its end, c the reverse
     scan of scale q . (S_in do) (and the first piece's own final-state gradient at its end), e
-    the forward scan of k . (D v) (from the last piece's own initial state at its start)."""
+    the forward scan of k . (D v) (from the last piece's own initial state at its start). On
+    the GPU (``ends``, an _Ends) the first three by gda_slice, in place."""
     dq, dk, dv, da = grads
     dt = q.dtype
     S0, D = sl.rows(xp, s_in, sl.first), sl.rows(xp, d_in, sl.last)     # [B or 1, H, K, V]
@@ -467,16 +507,30 @@ def _correct(xp, sl, scale, q, k, v, do, a, G, Rin, s_in, d_in, h0_loc, dht_loc,
     else:                       # one piece each, the whole slice; no own initial or final state
         nxt = prv = 1
         end_in = start_out = fin = ini = 0
-    R, Gp = _shift(xp, Rin, -1, 1), _shift(xp, G, 1, 1)         # over t+1 .. T-1; G_{t-1}
-    Sdo = xp.einsum("bhkv,bthv->bthk", S0, do)
-    Dv = xp.einsum("bhkv,bthv->bthk", D, v)
-    dq = dq + scale * m_in * G * Sdo
-    dk = dk + m_out * R * Dv
-    dv = dv + xp.einsum("bhkv,bthk->bthv", D, m_out * R * k)
+    # y (for c) = m_in scale q . (S_in do), z (for e) = m_out k . (D v)
+    if ends is None:
+        Sdo = xp.einsum("bhkv,bthv->bthk", S0, do)
+        Dv = xp.einsum("bhkv,bthv->bthk", D, v)
+        R = _shift(xp, Rin, -1, 1)                          # over t+1 .. T-1
+        dq = dq + scale * m_in * G * Sdo
+        dk = dk + m_out * R * Dv
+        dv = dv + xp.einsum("bhkv,bthk->bthv", D, m_out * R * k)
+        y, z = m_in * scale * q * Sdo, m_out * k * Dv
+    else:
+        S0, D = xp.ascontiguousarray(S0), xp.ascontiguousarray(D)
+        y = ends.fwd.into(dq, do, q, S0, scale)
+        z = ends.rev.into(dk, v, k, D, 1.0)
+        ends.rev.out(dv, k, D, 1.0)
+    if sl.packed:
+        y, z = y + end_in * fin, z + start_out * a * ini
     # c_t = y_t + a_{t+1} c_{t+1} (reversed), cut where the first piece ends; e over the last
-    c = scan(_shift(xp, a, -1, 0) * nxt, m_in * scale * q * Sdo + end_in * fin, reverse=True)
-    e = scan(a * m_out * prv, m_out * k * Dv + start_out * a * ini)
-    ep = _shift(xp, e, 1, 0) + start_out * ini                 # e_{t-1}
+    c = scan(_shift(xp, a, -1, 0) * nxt if sl.packed else _shift(xp, a, -1, 0), y, reverse=True)
+    e = scan(a * m_out * prv if sl.packed else a, z)
     cross = xp.einsum("bhkv,bhkv->bhk", D, S0)[:, None]
-    da = da + m_in * Gp * c + m_out * R * ep + m_in * m_out * R * Gp * cross
+    if ends is None:
+        R, Gp = _shift(xp, Rin, -1, 1), _shift(xp, G, 1, 1)     # G_{t-1}
+        ep = _shift(xp, e, 1, 0) + start_out * ini              # e_{t-1}
+        da = da + m_in * Gp * c + m_out * R * ep + m_in * m_out * R * Gp * cross
+    else:
+        slices.gate_terms(da, G, Rin, c, e, m_in, m_out, start_out * ini, cross)
     return dq, dk, dv, da

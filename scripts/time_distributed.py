@@ -28,14 +28,17 @@ def main(B=1, T=65536, H=16, K=128, V=128, dtype="float32", profile=False):
     rows = [("single fwd", lambda: cupy_gda.gated_attention(**x)),
             ("one rank fwd", lambda: distributed.gated_attention(**x, comm=comm)),
             ("single bwd", lambda: cupy_gda.gated_attention_backward(**x, do=do)),
-            ("one rank bwd", lambda: distributed.gated_attention_backward(**x, comm=comm, do=do))]
+            ("one rank bwd", lambda: distributed.gated_attention_backward(**x, comm=comm, do=do)),
+            ("bwd from kept", lambda: distributed.gated_attention_backward(**x, comm=comm, do=do,
+                                                                           states=kept))]
+    _, kept = distributed.gated_attention(**x, comm=comm, keep_states=True)
     print(f"B{B} T{T} H{H} K{K} V{V} {dtype}")
     for name, fn in rows:
         print(f"  {name:14s} {median_ms(fn):9.3f} ms")
     if profile:
         import torch
         from torch.profiler import ProfilerActivity
-        for name, fn in rows[1::2]:
+        for name, fn in rows[1::2] + rows[4:]:
             with torch.profiler.profile(activities=[ProfilerActivity.CUDA]) as prof:
                 fn()
                 cupy.cuda.Device().synchronize()

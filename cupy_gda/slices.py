@@ -1,0 +1,159 @@
+"""Launcher of gda_slice (kernels/gda_slice.cu): the terms a slice of a sequence gets from a
+state carried across its edge, on the tensor cores (cupy_gda/distributed.py's GPU path).
+
+``terms(a, count, reverse)`` queues the gates' products entering each segment and returns a
+Terms; its ``out`` and ``into`` queue the two products with a state (no host sync). The NumPy
+forms beside them (``*_ref``) are the math they must match.
+"""
+import numpy as np
+
+from cupy_gda._launch import SLICE, Family, Launch, address, cached, empty
+
+ENTRIES = ("gda_slice_prods", "gda_slice_enter", "gda_slice_out", "gda_slice_in")
+FAMILY = Family("gda_slice", ("common.cuh", "mma.cuh"), {e: SLICE for e in ENTRIES})
+DEFINES = dict(IO_DTYPE=0, G_DTYPE=0)        # (common.cuh's; the tensor cores' TF32 path)
+BT, TS, NT = 64, 256, 128                    # the kernel's sub-tile, segment, threads
+LD, LDS = 68, 72                             # its tiles' row strides
+
+
+def smem_out(K):
+    """gda_slice_out's shared memory bytes: x and the gates [BT][LD], the lanes' products
+    [NKC BT], St's key chunks [BT][LDS] (all NKC of them where K <= 4 BT, else one)."""
+    NKC = -(-K // BT)
+    return 4 * (2 * BT * LD + NKC * BT + (NKC if NKC <= 4 else 1) * BT * LDS)
+
+
+def smem_in(V):
+    """gda_slice_in's: the gates and y's chunk [BT][LD], the lanes' products [BT], St's value
+    chunks [BT][LD] (all NVC where V <= 4 BT, else one)."""
+    NVC = -(-V // BT)
+    return 4 * (2 * BT * LD + BT + (NVC if NVC <= 4 else 1) * BT * LD)
+
+
+class SlicePlan:
+    """gda_slice sized for [B, T, H, K] gates and V values, in scan order ``reverse``."""
+
+    def __init__(self, B, T, H, K, V, reverse):
+        self.NSEG = max(1, -(-T // TS))
+        self.B, self.T, self.H, self.K, self.V = B, T, H, K, V
+        sizes = dict(T=T, B=B, H=H, K=K, V=V, NSEG=self.NSEG, reverse=int(reverse))
+        grids = {"gda_slice_prods": B * self.NSEG * H, "gda_slice_enter": -(-B * H * K // NT),
+                 "gda_slice_out": B * H * self.NSEG * -(-V // BT),
+                 "gda_slice_in": B * H * self.NSEG * -(-K // BT)}
+        smem = {"gda_slice_out": smem_out(K), "gda_slice_in": smem_in(V)}
+        self.launch = {e: Launch(FAMILY.function(e, DEFINES, smem.get(e, 0)), SLICE, grids[e], NT,
+                                 smem.get(e, 0), **sizes) for e in ENTRIES}
+
+
+class Terms:
+    """The products entering each segment of one scan order (``ws`` [B, NSEG, H, K]) and over
+    all the counted steps (``tot`` [B, H, K]), for the products with a state below."""
+
+    def __init__(self, a, count, reverse, V):
+        B, T, H, K = a.shape
+        self.plan = cached(SlicePlan, B, T, H, K, V, bool(reverse))
+        self.a, self.count = a, count
+        self.ws = empty((B, self.plan.NSEG, H, K), np.float32)
+        self.tot = empty((B, H, K), np.float32)
+        if a.size:
+            self._run("gda_slice_prods")
+            self._run("gda_slice_enter", tot=self.tot)
+        else:
+            self.tot.fill(1)
+
+    def _run(self, entry, x=None, st=None, y=None, w=None, z=None, out=None, tot=None, scale=1.0):
+        ptrs = (address(x), self.a.data.ptr, address(st), address(y), address(w), address(z),
+                address(out), self.ws.data.ptr, address(tot), address(self.count))
+        self.plan.launch[entry](ptrs, scale)
+
+    def out(self, y, x, st, scale):
+        """y [B, T, H, V] += scale (x . P)^T St at the counted steps (in place); x [B, T, H, K],
+        St [B, H, K, V]."""
+        if y.size and x.size:
+            self._run("gda_slice_out", x=x, st=st, y=y, scale=scale)
+        return y
+
+    def into(self, out, y, w, st, scale):
+        """X = St y_t; out [B, T, H, K] += scale P . X at the counted steps (in place); returns
+        z = scale w . X there, 0 elsewhere."""
+        z = empty(out.shape, np.float32)
+        if out.size:
+            self._run("gda_slice_in", st=st, y=y, w=w, z=z, out=out, scale=scale)
+        return z
+
+
+def terms(a, count=None, reverse=False, V=1):
+    """Terms of float32 C-contiguous CuPy gates a [B, T, H, K]: the first ``count[b]`` steps
+    (a CuPy int64 [B], or None: all T) in scan order (``reverse``: from the end, products
+    exclusive), for states of V values."""
+    return Terms(a, count, reverse, V)
+
+
+def products_ref(a, count=None, reverse=False):
+    """P [B, T, H, K] at each token (0 past the counted steps) and the product over them [B, H,
+    K]: the NumPy form of the kernel's running products."""
+    B, T = a.shape[:2]
+    P = np.zeros_like(a)
+    tot = np.ones((B,) + a.shape[2:], a.dtype)
+    for b in range(B):
+        n = T if count is None else min(max(int(count[b]), 0), T)
+        p = np.ones(a.shape[2:], a.dtype)
+        for j in range(n):
+            t = T - 1 - j if reverse else j
+            if reverse:
+                P[b, t], p = p, p * a[b, t]
+            else:
+                p = p * a[b, t]
+                P[b, t] = p
+        tot[b] = p
+    return P, tot
+
+
+def out_ref(y, x, a, st, count=None, reverse=False, scale=1.0):
+    """NumPy form of Terms.out (returns the new y)."""
+    P, _ = products_ref(a, count, reverse)
+    on = _counted(a.shape, count, reverse)
+    return y + scale * np.einsum("bthk,bhkv->bthv", np.where(on, x * P, 0), st)
+
+
+def into_ref(out, y, w, a, st, count=None, reverse=False, scale=1.0):
+    """NumPy form of Terms.into: (the new out, z)."""
+    P, _ = products_ref(a, count, reverse)
+    X = np.einsum("bhkv,bthv->bthk", st, y)
+    on = _counted(a.shape, count, reverse)
+    return out + np.where(on, scale * P * X, 0), np.where(on, scale * w * X, 0)
+
+
+def _counted(shape, count, reverse):
+    B, T = shape[:2]
+    j = np.arange(T)[None, :]
+    n = np.full((B, 1), T) if count is None else np.clip(np.asarray(count), 0, T)[:, None]
+    if reverse:
+        j = T - 1 - j
+    return (j < n)[:, :, None, None]
+
+
+_GATE_TERMS = None
+
+
+def gate_terms(da, G, Rin, c, e, m_in, m_out, ini, cross):
+    """da [B, T, H, K] += m_in G_{t-1} c_t + m_out R_t e'_t + m_in m_out R_t G_{t-1} cross in
+    place (cupy_gda/distributed.py's gate terms, one pass): G and Rin the running products
+    (inclusive) forward and back, R_t = Rin_{t+1} (1 at the end), G_{t-1} (1 at the start),
+    e'_t = e_{t-1} (0 at the start) + ini; the masks [1, T, 1, 1] (or numbers), ini and cross
+    broadcast to [B, T, H, K]."""
+    global _GATE_TERMS
+    import cupy
+    if _GATE_TERMS is None:
+        _GATE_TERMS = cupy.ElementwiseKernel(
+            "raw float32 G, raw float32 Rin, raw float32 c, raw float32 e, float32 mi, "
+            "float32 mo, float32 ini, float32 cross, int64 HK, int64 T", "float32 da", """
+            const long long t = (i / HK) % T;
+            const float gp = t > 0 ? G[i - HK] : 1.f, r = t < T - 1 ? Rin[i + HK] : 1.f;
+            const float ep = (t > 0 ? e[i - HK] : 0.f) + ini;
+            da += mi * gp * c[i] + mo * r * ep + mi * mo * r * gp * cross;
+            """, "gda_slice_gate_terms")
+    B, T, H, K = da.shape
+    f = [np.float32(x) if np.isscalar(x) else x for x in (m_in, m_out, ini, cross)]
+    _GATE_TERMS(G, Rin, c, e, *f, H * K, T, da)
+    return da

@@ -1,0 +1,102 @@
+"""gda_slice (cupy_gda/slices.py): the terms a slice of a sequence gets from a state carried
+across its edge. On the CPU, the NumPy forms against a plain loop; on the GPU the kernels
+against those forms in float64, within the accuracy contract (the float32 forms' error),
+forward and reversed, over all steps or the first few (none, some, past T: clamped), every gate
+regime, outputs poisoned (NaN) first so that an unwritten element shows."""
+import numpy as np
+import pytest
+
+from cupy_gda import _launch, slices
+from cupy_gda._verify import compare
+
+
+def _inputs(B, T, H, K, V, regime, seed):
+    rng = np.random.default_rng(seed)
+    # (products over 700 steps stay normal floats: the device builds flush subnormals to 0,
+    # CuPy compiles with -ftz=true)
+    a = rng.uniform(0.8, 1.0, (B, T, H, K))
+    if regime == "zeros":
+        a = np.where(rng.random(a.shape) < 0.1, 0.0, a)
+    elif regime == "neg":
+        a = rng.uniform(-1.05, 1.05, a.shape)
+    elif regime == "big":
+        a = rng.uniform(1.0, 1.01, a.shape)
+    elif regime == "tiny":
+        a = rng.uniform(0.0, 1e-3, a.shape)
+    n = lambda *s: rng.standard_normal(s)      # noqa: E731
+    return dict(x=n(B, T, H, K), a=a, st=n(B, H, K, V), y=n(B, T, H, V), w=n(B, T, H, K),
+                out=n(B, T, H, K))
+
+
+def test_forms_are_the_loop():
+    B, T, H, K, V = 2, 9, 2, 3, 4
+    d = _inputs(B, T, H, K, V, "zeros", 0)
+    count = np.array([5, 20])
+    for reverse in (False, True):
+        P, tot = slices.products_ref(d["a"], count, reverse)
+        y = slices.out_ref(d["y"], d["x"], d["a"], d["st"], count, reverse, 0.5)
+        out, z = slices.into_ref(d["out"], d["y"], d["w"], d["a"], d["st"], count, reverse, 0.5)
+        for b in range(B):
+            p = np.ones((H, K))
+            for j in range(T):
+                t = T - 1 - j if reverse else j
+                on = j < min(count[b], T)
+                pj = p.copy()
+                if on:
+                    p = p * d["a"][b, t]
+                pj = (pj if reverse else p) if on else 0 * p
+                assert np.allclose(P[b, t], pj)
+                X = np.einsum("hkv,hv->hk", d["st"][b], d["y"][b, t])
+                want_y = d["y"][b, t] + (0.5 * np.einsum("hk,hkv->hv", d["x"][b, t] * pj,
+                                                         d["st"][b]) if on else 0)
+                assert np.allclose(y[b, t], want_y)
+                assert np.allclose(out[b, t], d["out"][b, t] + (0.5 * pj * X if on else 0))
+                assert np.allclose(z[b, t], 0.5 * d["w"][b, t] * X if on else 0)
+            assert np.allclose(tot[b], p)
+
+
+# (B, T, H, K, V, gate regime): one step; K and V off the tiles of 64; two or three segments
+# (slices.TS); St's key chunks staged once (K <= 256) or again each sub-tile (K = 300), and its
+# value chunks likewise (V = 512); GLA-1.3B's widths; empty
+CASES = [
+    pytest.param((1, 1, 1, 1, 1, "unif"), id="B1-T1-H1-K1-V1"),
+    pytest.param((2, 63, 2, 24, 7, "zeros"), id="B2-T63-H2-K24-V7-gate_zeros"),
+    pytest.param((1, 300, 2, 64, 64, "neg"), id="B1-T300-H2-K64-V64-gate_neg"),
+    pytest.param((2, 257, 2, 128, 128, "big"), id="B2-T257-H2-K128-V128-gate_big"),
+    pytest.param((1, 700, 1, 100, 130, "tiny"), id="B1-T700-H1-K100-V130-gate_tiny"),
+    pytest.param((1, 520, 1, 256, 512, "unif"), id="B1-T520-H1-K256-V512"),
+    pytest.param((1, 130, 1, 300, 72, "unif"), id="B1-T130-H1-K300-V72"),
+    pytest.param((2, 0, 2, 8, 8, "unif"), id="T0"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reversed"])
+@pytest.mark.parametrize("counted", ["all", "some"])
+def test_gpu_terms_are_their_forms(case, reverse, counted, monkeypatch):
+    import cupy
+    monkeypatch.setattr(_launch, "POISON", True)
+    B, T, H, K, V, regime = case
+    d = _inputs(B, T, H, K, V, regime, seed=T + K + V)
+    # some: none of row 0's steps, about two thirds of row 1's; and past T (clamped)
+    count = None if counted == "all" else np.array([0, 2 * T // 3 + 1] if B > 1 else [T + 5])
+    d32 = {n: x.astype(np.float32) for n, x in d.items()}
+    g = {n: cupy.asarray(x) for n, x in d32.items()}
+    t = slices.terms(g["a"], None if count is None else cupy.asarray(count, np.int64), reverse, V)
+    scale = 0.75
+    got_y = cupy.asnumpy(t.out(g["y"], g["x"], g["st"], scale))
+    got_out = g["out"]
+    got_z = cupy.asnumpy(t.into(got_out, cupy.asarray(d32["y"]), g["w"], g["st"], scale))
+    got = dict(tot=cupy.asnumpy(t.tot), y=got_y, out=cupy.asnumpy(got_out), z=got_z)
+    forms = {}
+    for label, src in (("ref", d), ("emu", d32)):
+        _, tot = slices.products_ref(src["a"], count, reverse)
+        y = slices.out_ref(src["y"], src["x"], src["a"], src["st"], count, reverse, scale)
+        out, z = slices.into_ref(src["out"], src["y"], src["w"], src["a"], src["st"], count,
+                                 reverse, scale)
+        forms[label] = dict(tot=tot, y=y, out=out, z=z)
+    for name in ("tot", "y", "out", "z"):
+        assert got[name].dtype == np.float32 and got[name].shape == forms["ref"][name].shape
+        r = compare(name, got[name], forms["ref"][name], forms["emu"][name])
+        assert r.ok, f"{name}: err {r.err:.3e} > bound {r.bound:.3e}"
