@@ -43,7 +43,8 @@ CHUNK_BACKWARD = tuple((n, PTR) for n in (
 SCAN = (("a", PTR), ("z", PTR), ("init", PTR), ("ws", PTR), ("e", PTR),
         ("T", I64), ("L", I64), ("NSEG", I32), ("TS", I32), ("reverse", I32))
 # every entry of gda_slice
-SLICE = tuple((n, PTR) for n in ("x", "a", "st", "y", "w", "z", "out", "ws", "tot", "count")) + (
+SLICE = tuple((n, PTR) for n in ("x", "a", "st", "y", "w", "z", "out", "pr", "ws", "tot",
+                                 "count")) + (
     ("T", I64), ("B", I32), ("H", I32), ("K", I32), ("V", I32), ("NSEG", I32), ("reverse", I32),
     ("scale", F32))
 # gda_step

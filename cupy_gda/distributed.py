@@ -304,11 +304,13 @@ def _pieces(xp, sl, G, Rin):
 def _shift(xp, x, step, fill):
     """x_{t - step} along T (step 1: the previous token's, -1: the next's), ``fill`` past the
     edge."""
-    out = xp.full_like(x, fill)
+    out = xp.empty_like(x)                  # (one pass: only the edge row is filled)
     if step > 0:
         out[:, step:] = x[:, :-step]
+        out[:, :step] = fill
     else:
         out[:, :step] = x[:, -step:]
+        out[:, step:] = fill
     return out
 
 
@@ -440,11 +442,12 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
                                                   initial_state=h0_loc, d_final_state=dht_loc,
                                                   cu_seqlens=sl.cu, check_indices=False)
         dq, dk, dv, da, dstart = grads
-        G, Rin, P = _products(xp, sl, a, True)
-        ends = None
-        if br.gpu and p.T:
+        ends = G = Rin = None
+        if br.gpu and p.T:           # (the running products come out of gda_slice_in)
             ends = _Ends(sl, a, p.V, True)
             P = ends.P
+        else:
+            G, Rin, P = _products(xp, sl, a, True)
         # 2. exchange: each piece's (P, gradient at its start, and S unless the forward's
         # incoming states are kept)
         parts = [P[..., None], dstart.astype(dt)] + ([] if kept is not None else [S.astype(dt)])
@@ -518,8 +521,8 @@ def _correct(xp, sl, scale, q, k, v, do, a, G, Rin, s_in, d_in, h0_loc, dht_loc,
         y, z = m_in * scale * q * Sdo, m_out * k * Dv
     else:
         S0, D = xp.ascontiguousarray(S0), xp.ascontiguousarray(D)
-        y = ends.fwd.into(dq, do, q, S0, scale)
-        z = ends.rev.into(dk, v, k, D, 1.0)
+        y, G = ends.fwd.into(dq, do, q, S0, scale, products=True)         # G over the first
+        z, R = ends.rev.into(dk, v, k, D, 1.0, products=True)             # piece, R the last
         ends.rev.out(dv, k, D, 1.0)
     if sl.packed:
         y, z = y + end_in * fin, z + start_out * a * ini
@@ -532,5 +535,5 @@ def _correct(xp, sl, scale, q, k, v, do, a, G, Rin, s_in, d_in, h0_loc, dht_loc,
         ep = _shift(xp, e, 1, 0) + start_out * ini              # e_{t-1}
         da = da + m_in * Gp * c + m_out * R * ep + m_in * m_out * R * Gp * cross
     else:
-        slices.gate_terms(da, G, Rin, c, e, m_in, m_out, start_out * ini, cross)
+        slices.gate_terms(da, G, R, c, e, m_in, m_out, start_out * ini, cross)
     return dq, dk, dv, da

@@ -61,9 +61,10 @@ class Terms:
         else:
             self.tot.fill(1)
 
-    def _run(self, entry, x=None, st=None, y=None, w=None, z=None, out=None, tot=None, scale=1.0):
+    def _run(self, entry, x=None, st=None, y=None, w=None, z=None, out=None, pr=None, tot=None,
+             scale=1.0):
         ptrs = (address(x), self.a.data.ptr, address(st), address(y), address(w), address(z),
-                address(out), self.ws.data.ptr, address(tot), address(self.count))
+                address(out), address(pr), self.ws.data.ptr, address(tot), address(self.count))
         self.plan.launch[entry](ptrs, scale)
 
     def out(self, y, x, st, scale):
@@ -73,13 +74,15 @@ class Terms:
             self._run("gda_slice_out", x=x, st=st, y=y, scale=scale)
         return y
 
-    def into(self, out, y, w, st, scale):
+    def into(self, out, y, w, st, scale, products=False):
         """X = St y_t; out [B, T, H, K] += scale P . X at the counted steps (in place); returns
-        z = scale w . X there, 0 elsewhere."""
+        z = scale w . X there, 0 elsewhere (and with ``products``, (z, P): P at the counted
+        steps, 0 elsewhere)."""
         z = empty(out.shape, np.float32)
+        pr = empty(out.shape, np.float32) if products else None
         if out.size:
-            self._run("gda_slice_in", st=st, y=y, w=w, z=z, out=out, scale=scale)
-        return z
+            self._run("gda_slice_in", st=st, y=y, w=w, z=z, out=out, pr=pr, scale=scale)
+        return (z, pr) if products else z
 
 
 def terms(a, count=None, reverse=False, V=1):
@@ -136,24 +139,24 @@ def _counted(shape, count, reverse):
 _GATE_TERMS = None
 
 
-def gate_terms(da, G, Rin, c, e, m_in, m_out, ini, cross):
+def gate_terms(da, G, R, c, e, m_in, m_out, ini, cross):
     """da [B, T, H, K] += m_in G_{t-1} c_t + m_out R_t e'_t + m_in m_out R_t G_{t-1} cross in
-    place (cupy_gda/distributed.py's gate terms, one pass): G and Rin the running products
-    (inclusive) forward and back, R_t = Rin_{t+1} (1 at the end), G_{t-1} (1 at the start),
-    e'_t = e_{t-1} (0 at the start) + ini; the masks [1, T, 1, 1] (or numbers), ini and cross
+    place (cupy_gda/distributed.py's gate terms, one pass): G the running product from the
+    slice's start (inclusive: G_{t-1} is 1 at the start), R from after t to its end, e'_t =
+    e_{t-1} (0 at the start) + ini; the masks [1, T, 1, 1] (or numbers), ini and cross
     broadcast to [B, T, H, K]."""
     global _GATE_TERMS
     import cupy
     if _GATE_TERMS is None:
         _GATE_TERMS = cupy.ElementwiseKernel(
-            "raw float32 G, raw float32 Rin, raw float32 c, raw float32 e, float32 mi, "
-            "float32 mo, float32 ini, float32 cross, int64 HK, int64 T", "float32 da", """
+            "raw float32 G, float32 R, float32 c, raw float32 e, float32 mi, float32 mo, "
+            "float32 ini, float32 cross, int64 HK, int64 T", "float32 da", """
             const long long t = (i / HK) % T;
-            const float gp = t > 0 ? G[i - HK] : 1.f, r = t < T - 1 ? Rin[i + HK] : 1.f;
+            const float gp = t > 0 ? G[i - HK] : 1.f;
             const float ep = (t > 0 ? e[i - HK] : 0.f) + ini;
-            da += mi * gp * c[i] + mo * r * ep + mi * mo * r * gp * cross;
+            da += mi * gp * c + mo * R * ep + mi * mo * R * gp * cross;
             """, "gda_slice_gate_terms")
     B, T, H, K = da.shape
     f = [np.float32(x) if np.isscalar(x) else x for x in (m_in, m_out, ini, cross)]
-    _GATE_TERMS(G, Rin, c, e, *f, H * K, T, da)
+    _GATE_TERMS(G, R, c, e, *f, H * K, T, da)
     return da

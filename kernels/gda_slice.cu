@@ -9,8 +9,9 @@
 //   gda_slice_out:  y_t[v] += scale sum_k x_t[k] P_t[k] St[k, v]          (o, and dv)
 //   gda_slice_in:   X_t[k] = sum_v St[k, v] y_t[v]
 //                   out_t[k] += scale P_t[k] X_t[k],  z_t[k] = scale w_t[k] X_t[k]   (dq, dk)
+//                   and P_t[k] itself into pr where given (the backward's gate terms)
 //
-// (z_t = 0 at steps j >= n, which feed a scan; nothing else is written there.) q-like arrays
+// (z_t and P_t = 0 at steps j >= n, which feed a scan; nothing else is written there.) q-like arrays
 // [B, T, H, K], v-like [B, T, H, V], St [B, H, K, V], all float32 and contiguous; the products
 // entering each segment of TS steps come from the first two entries:
 //   gda_slice_prods: block (b, s, h): each lane k's product over segment s -> ws [B, NSEG, H, K]
@@ -38,8 +39,8 @@ static_assert(TS % BT == 0 && NT == 2 * BT, "a segment of whole sub-tiles; two t
 #define GDA_SLICE_PARAMS                                                                        \
     const float* __restrict__ x, const float* __restrict__ a, const float* __restrict__ st,    \
     float* __restrict__ y, const float* __restrict__ w, float* __restrict__ z,                  \
-    float* __restrict__ out, float* __restrict__ ws, float* __restrict__ tot,                   \
-    const long long* __restrict__ count, long long T, int B, int H, int K, int V, int NSEG,     \
+    float* __restrict__ out, float* __restrict__ pr, float* __restrict__ ws,                    \
+    float* __restrict__ tot, const long long* __restrict__ count, long long T, int B, int H, int K, int V, int NSEG,     \
     int reverse, float scale
 
 // token of step j
@@ -138,22 +139,26 @@ __device__ __forceinline__ void gda_slice_state(float* tile, int ld, const float
 
 // 4. the tile's rows out to a row-major array of C columns (row r at dst + at(r), skipped where
 // at(r) < 0; columns c0 ..  below C), every load of the thread before its first store:
-//   gda_slice_add:    dst += tile
-//   gda_slice_scaled: dst = scale w . tile where on(r), else 0 (w at the same offsets as dst)
-template <bool ADD, typename At, typename On>
+//   GDA_ADD:    dst += tile
+//   GDA_SCALED: dst = scale w . tile where on(r), else 0 (w at the same offsets as dst)
+//   GDA_COPY:   dst = tile where on(r), else 0
+enum { GDA_ADD, GDA_SCALED, GDA_COPY };
+template <int MODE, typename At, typename On>
 __device__ __forceinline__ void gda_slice_put(const float* tile, float* __restrict__ dst,
                                               const float* __restrict__ w, At at, On on, int C,
                                               int c0, float scale) {
     constexpr int PER = BT * BT / NT;                   // elements a thread: 8 packs of 4
     float e[PER];
-    #pragma unroll
-    for (int i = 0; i < PER / 4; ++i) {
-        const int u = threadIdx.x + i * NT, r = u / (BT / 4), c = 4 * (u % (BT / 4));
-        const long long o = at(r);
+    if (MODE != GDA_COPY) {
         #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const bool ok = o >= 0 && c0 + c + q < C;
-            e[4 * i + q] = ok && (ADD || on(r)) ? (ADD ? dst : w)[o + c0 + c + q] : 0.f;
+        for (int i = 0; i < PER / 4; ++i) {
+            const int u = threadIdx.x + i * NT, r = u / (BT / 4), c = 4 * (u % (BT / 4));
+            const long long o = at(r);
+            #pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const bool ok = o >= 0 && c0 + c + q < C && (MODE == GDA_ADD || on(r));
+                e[4 * i + q] = ok ? (MODE == GDA_ADD ? dst : w)[o + c0 + c + q] : 0.f;
+            }
         }
     }
     #pragma unroll
@@ -163,8 +168,11 @@ __device__ __forceinline__ void gda_slice_put(const float* tile, float* __restri
         #pragma unroll
         for (int q = 0; q < 4; ++q)
             if (o >= 0 && c0 + c + q < C) {
-                dst[o + c0 + c + q] = ADD ? e[4 * i + q] + tile[r * LD + c + q]
-                                          : on(r) ? scale * e[4 * i + q] * tile[r * LD + c + q] : 0.f;
+                float v;
+                if (MODE == GDA_ADD) v = e[4 * i + q] + tile[r * LD + c + q];
+                else if (MODE == GDA_SCALED) v = on(r) ? scale * e[4 * i + q] * tile[r * LD + c + q] : 0.f;
+                else v = on(r) ? tile[r * LD + c + q] : 0.f;
+                dst[o + c0 + c + q] = v;
             }
     }
 }
@@ -262,7 +270,7 @@ gda_slice_out(GDA_SLICE_PARAMS) {
         gda_slice_park(xs, d, [&](int, int) { return scale; });
         __syncthreads();
         const long long jl = js;
-        gda_slice_put<true>(xs, y, nullptr, [&](int r) {
+        gda_slice_put<GDA_ADD>(xs, y, nullptr, [&](int r) {
             const long long j = jl + r;
             return j < n ? ((b * T + gda_slice_token(j, T, reverse)) * H + h) * V : -1LL;
         }, [](int) { return true; }, V, vt * BT, 1.f);
@@ -310,18 +318,25 @@ gda_slice_in(GDA_SLICE_PARAMS) {
             }
         }
         // 4. out += scale P X and z = scale w X at the steps before n; z = 0 after (scale P X
-        // parked in gs, X in ys, then whole rows)
+        // parked in gs, X in ys, then whole rows); P itself into pr where given (0 after n)
+        const long long jl = js;
+        auto row = [&](long long j) { return ((b * T + gda_slice_token(j, T, reverse)) * H + h) * K; };
+        auto upto_T = [&](int r) { return jl + r < T ? row(jl + r) : -1LL; };
+        auto before_n = [&](int r) { return jl + r < n; };
         if (js < n) {
             __syncthreads();
+            if (pr) {
+                gda_slice_put<GDA_COPY>(gs, pr, nullptr, upto_T, before_n, K, kt * BT, 1.f);
+                __syncthreads();                        // read before parked over
+            }
             gda_slice_park(gs, d, [&](int r, int c) { return scale * gs[r * LD + c]; });
             gda_slice_park(ys, d, [](int, int) { return 1.f; });
             __syncthreads();
+        } else if (pr) {
+            gda_slice_put<GDA_COPY>(gs, pr, nullptr, upto_T, before_n, K, kt * BT, 1.f);
         }
-        const long long jl = js;
-        auto row = [&](long long j) { return ((b * T + gda_slice_token(j, T, reverse)) * H + h) * K; };
-        gda_slice_put<true>(gs, out, nullptr, [&](int r) { return jl + r < n ? row(jl + r) : -1LL; },
-                            [](int) { return true; }, K, kt * BT, 1.f);
-        gda_slice_put<false>(ys, z, w, [&](int r) { return jl + r < T ? row(jl + r) : -1LL; },
-                             [&](int r) { return jl + r < n; }, K, kt * BT, scale);
+        gda_slice_put<GDA_ADD>(gs, out, nullptr, [&](int r) { return before_n(r) ? row(jl + r) : -1LL; },
+                               [](int) { return true; }, K, kt * BT, 1.f);
+        gda_slice_put<GDA_SCALED>(ys, z, w, upto_T, before_n, K, kt * BT, scale);
     }
 }

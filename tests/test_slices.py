@@ -87,16 +87,21 @@ def test_gpu_terms_are_their_forms(case, reverse, counted, monkeypatch):
     scale = 0.75
     got_y = cupy.asnumpy(t.out(g["y"], g["x"], g["st"], scale))
     got_out = g["out"]
-    got_z = cupy.asnumpy(t.into(got_out, cupy.asarray(d32["y"]), g["w"], g["st"], scale))
-    got = dict(tot=cupy.asnumpy(t.tot), y=got_y, out=cupy.asnumpy(got_out), z=got_z)
+    got_z, got_P = t.into(got_out, cupy.asarray(d32["y"]), g["w"], g["st"], scale, products=True)
+    got = dict(tot=cupy.asnumpy(t.tot), y=got_y, out=cupy.asnumpy(got_out), z=cupy.asnumpy(got_z),
+               P=cupy.asnumpy(got_P))
     forms = {}
     for label, src in (("ref", d), ("emu", d32)):
-        _, tot = slices.products_ref(src["a"], count, reverse)
+        P, tot = slices.products_ref(src["a"], count, reverse)
         y = slices.out_ref(src["y"], src["x"], src["a"], src["st"], count, reverse, scale)
         out, z = slices.into_ref(src["out"], src["y"], src["w"], src["a"], src["st"], count,
                                  reverse, scale)
-        forms[label] = dict(tot=tot, y=y, out=out, z=z)
-    for name in ("tot", "y", "out", "z"):
+        forms[label] = dict(tot=tot, y=y, out=out, z=z, P=P)
+    # without products=True the same z (and no P written anywhere else: out is its own array)
+    z_only = cupy.asnumpy(t.into(cupy.asarray(d32["out"]), cupy.asarray(d32["y"]), g["w"], g["st"],
+                                 scale))
+    assert np.array_equal(z_only, got["z"], equal_nan=True)
+    for name in ("tot", "y", "out", "z", "P"):
         assert got[name].dtype == np.float32 and got[name].shape == forms["ref"][name].shape
         r = compare(name, got[name], forms["ref"][name], forms["emu"][name])
         assert r.ok, f"{name}: err {r.err:.3e} > bound {r.bound:.3e}"
