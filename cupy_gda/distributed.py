@@ -17,7 +17,9 @@ with its slice and a communicator (SPMD). The recurrence splits exactly, as a sc
 
 Every product is a running product of the gates in time order (no division, no differences of
 log gates), so gates of 0, negative, tiny or above 1 give what the loop gives where its products
-stay finite. The scans in time are gda_scan's (cupy_gda/scan.py), lane by lane.
+stay finite. On the GPU the corrections and the products they need are gda_slice's
+(cupy_gda/slices.py, on the tensor cores) and the gradient's scans in time gda_scan's
+(cupy_gda/scan.py); the NumPy path writes the same as einsums.
 
 Communicators (``comm``): :class:`SimulatedGroup`'s ranks for NumPy arrays (threads in one
 process, so that CPU tests run the same combine code as the GPU); a
