@@ -18,6 +18,8 @@
 #            its autotuning at a new shape can take minutes, so it runs apart and cannot cost ours)
 #   sanitize-bwd: install, the backward's own GPU tests once (the kernel cache), then under
 #            memcheck, racecheck, synccheck and initcheck (each within the call's time left)
+#   sanitize-dist: the same for gda_scan and gda_slice (tests/test_scan.py, test_slices.py) and
+#            the distributed GPU tests over simulated ranks
 #   sanitize: install, compute-sanitizer's memcheck, racecheck and synccheck over `cupy-gda
 #            verify --max-t 64` with each forward family (every define set of its sweep, state
 #            passes included, in fewer steps; the step kernel with each), memcheck over
@@ -35,7 +37,7 @@
 #            K=V=128 against one GPU, CuPy's NCCL and torch.distributed, fp32 and bf16
 # Usage (device tool; carry [".vendor"] for suite and suite-a, [".baselines"] for fla, [".old"]
 # for compare):
-#   bash scripts/device_run.sh <commit> suite|suite-a|suite-b|sanitize|sanitize-bwd|bench|fla|dist2
+#   bash scripts/device_run.sh <commit> suite|suite-a|suite-b|sanitize|sanitize-bwd|sanitize-dist|bench|fla|dist2
 #   bash scripts/device_run.sh <commit> bwd [NAMES (all)]
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
@@ -92,7 +94,7 @@ if [ "$phase" = "suite-b" ]; then
     timeout 90 cupy-gda verify > "$out/verify.txt" 2>&1; tail -1 "$out/verify.txt"
     exit 0
 fi
-if [ "$phase" = "sanitize" ] || [ "$phase" = "sanitize-bwd" ]; then
+if [ "$phase" = "sanitize" ] || [ "$phase" = "sanitize-bwd" ] || [ "$phase" = "sanitize-dist" ]; then
     # CuPy's memory pool off, so memcheck sees each array's own bounds rather than the pool's
     nopool="import cupy, sys; cupy.cuda.set_allocator(None)"
     verify=(python3 -c "$nopool; from cupy_gda.cli import main; main()" verify --max-t 64)
@@ -133,6 +135,24 @@ forward_from_the_backward_stages or forward_from_planes_guard)"
         n=4                  # tools left: each the time left's share
         for tool in memcheck racecheck synccheck initcheck; do
             san "$tool" backward $(((end - SECONDS) / n)) "${pytest[@]}" tests/test_backward.py -k "$sel"
+            n=$((n - 1))
+        done
+        exit 0
+    fi
+    if [ "$phase" = "sanitize-dist" ]; then
+        # the distributed path's families, gda_scan and gda_slice: their own tests (every case),
+        # then the distributed GPU tests over simulated ranks (one GPU, packed and dense); one
+        # plain run first fills the kernel cache
+        files=(tests/test_scan.py tests/test_slices.py)
+        dist=(tests/test_distributed.py -k gpu_ranks_are_the_whole_sequence)
+        timeout 100 python3 -m pytest -q -p no:cacheprovider "${files[@]}" > "$out/sanitize-plain.txt" 2>&1
+        timeout 100 python3 -m pytest -q -p no:cacheprovider "${dist[@]}" >> "$out/sanitize-plain.txt" 2>&1
+        echo "plain: $(grep -E "passed|failed" "$out/sanitize-plain.txt" | tr '\n' ' ') in $SECONDS s"
+        n=4
+        for tool in memcheck racecheck synccheck initcheck; do
+            cap=$(((end - SECONDS) / n))
+            san "$tool" scan+slice $((cap * 2 / 3)) "${pytest[@]}" "${files[@]}"
+            san "$tool" distributed $((cap / 3)) "${pytest[@]}" "${dist[@]}"
             n=$((n - 1))
         done
         exit 0
