@@ -242,7 +242,10 @@ def compiled():
     return _compiled
 
 
-@pytest.mark.parametrize("kernel, arch, items", _cases())
+CASES = _cases()
+
+
+@pytest.mark.parametrize("kernel, arch, items", CASES)
 def test_kernel_compiles_without_local_memory(compiled, kernel, arch, items):
     cubin, res = compiled(kernel, items, arch)
     log = res["log"].rstrip("\x00")
@@ -332,11 +335,12 @@ def _chunk_build(cid, p, wgmma=False, marks=(), **extra):
                         marks=marks)
 
 
-@pytest.mark.parametrize("kernel, arch, items", [_chunk_build(
-    "K256-V64", Problem(B=1, T=64, H=1, K=chunk.MAX_K, V=64, N=1, dtype="float32",
-                        g_dtype="float32", log_gate=False))])
+@pytest.mark.parametrize("kernel, arch, items", [next(
+    c for c in CASES if not c.marks and c.values[:2] == ("gda_chunk_fwd", "sm_90")
+    and dict(c.values[2])["K_DIM"] == chunk.MAX_K)])
 def test_chunk_compiles_at_MAX_K(compiled, kernel, arch, items):
-    """chunk.MAX_K is the kernel's own limit: it compiles there (and not one above)."""
+    """chunk.MAX_K is the kernel's own limit: it compiles there (and not one above). The build is
+    a default one of test_kernel_compiles_without_local_memory's: the two tests share its compile."""
     cubin, _ = compiled(kernel, items, arch)
     assert cubin[:4] == b"\x7fELF"
 
