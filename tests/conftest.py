@@ -12,6 +12,7 @@ import pytest
 # pytest-xdist worker, leaving CuPy's tests short: it allocates as it goes instead
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+from cupy_gda import _verify
 from cupy_gda._interop import gpu_available
 
 HAS_GPU, GPU_WHY = gpu_available()
@@ -87,3 +88,18 @@ def to_backend(x, backend):
         return x
     import cupy
     return cupy.asarray(x)
+
+
+_run_case = _verify.run_case        # the real one: tests monkeypatch _verify.run_case
+_numpy_runs = {}
+
+
+def run_case(case, backend="numpy", seed=0, method="auto"):
+    """_verify.run_case, each NumPy run once a session: test_api's runs of verify's sweep and
+    test_cli's `cupy-gda verify` without a GPU (the same cases, seed and method) share them."""
+    if backend != "numpy":
+        return _run_case(case, backend, seed, method)
+    key = (case, seed, method)
+    if key not in _numpy_runs:
+        _numpy_runs[key] = _run_case(case, backend, seed, method)
+    return list(_numpy_runs[key])

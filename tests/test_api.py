@@ -2,7 +2,7 @@
 against the float64 loop reference under the accuracy contract (outputs poisoned with NaN)."""
 import numpy as np
 import pytest
-from conftest import to_backend
+from conftest import run_case, to_backend
 
 import cupy_gda
 from cupy_gda import _verify
@@ -26,7 +26,7 @@ def _host(x):
 
 @pytest.mark.parametrize("case", CASES)
 def test_case_meets_accuracy_contract(case, backend):
-    results = _verify.run_case(case, backend, seed=11)
+    results = run_case(case, backend)     # verify's seed: the CLI's sweep (test_cli) shares the runs
     for r in results:
         assert r.ok, f"{case.id} {r.name}: err {r.err:.3e} > bound {r.bound:.3e} (max abs {r.max_abs:.3e})"
 
