@@ -533,7 +533,7 @@ def _correct(xp, sl, scale, q, k, v, do, a, G, Rin, s_in, d_in, h0_loc, dht_loc,
     e = scan(a * m_out * prv if sl.packed else a, z)
     cross = xp.einsum("bhkv,bhkv->bhk", D, S0)[:, None]
     if ends is None:
-        R, Gp = _shift(xp, Rin, -1, 1), _shift(xp, G, 1, 1)     # G_{t-1}
+        Gp = _shift(xp, G, 1, 1)                                # G_{t-1}
         ep = _shift(xp, e, 1, 0) + start_out * ini              # e_{t-1}
         da = da + m_in * Gp * c + m_out * R * ep + m_in * m_out * R * Gp * cross
     else:
