@@ -17,9 +17,9 @@ with its slice and a communicator (SPMD). The recurrence splits exactly, as a sc
 
 Every product is a running product of the gates in time order (no division, no differences of
 log gates), so gates of 0, negative, tiny or above 1 give what the loop gives where its products
-stay finite. On the GPU the corrections and the products they need are gda_slice's
-(cupy_gda/slices.py, on the tensor cores) and the gradient's scans in time gda_scan's
-(cupy_gda/scan.py); the NumPy path writes the same as einsums.
+stay finite. The corrections and the products they need are gda_slice's (cupy_gda/slices.py,
+on the tensor cores; on the CPU its NumPy form), the gradient's scans in time gda_scan's
+(cupy_gda/scan.py; on the CPU the loop).
 
 Communicators (``comm``): :class:`SimulatedGroup`'s ranks for NumPy arrays (threads in one
 process, so that CPU tests run the same combine code as the GPU); a
@@ -251,46 +251,36 @@ def _slice(fn, xp, c, p, cu, gpu):
 
 # ------------------------------------------------------------------------------ in time
 
-def _products(xp, sl, a, reverse_too):
-    """(G, Rin, P): the gates' running products over the slice, G_t = a_0 ... a_t and (where
-    ``reverse_too``, else None) Rin_t = a_t ... a_{T-1}, and each sequence piece's product P
-    [N, H, K]: the first piece's from G, any other's from Rin (a piece inside the slice owns
-    both ends, so both folds reset its P), 1 for an empty piece."""
-    ones = xp.ones(a.shape[:1] + a.shape[2:], a.dtype)
-    G = scan(a, None, ones)
-    Rin = scan(a, None, ones, reverse=True) if reverse_too or sl.packed else None
-    return G, Rin, _pieces(xp, sl, G, Rin)
-
-
 class _Ends:
-    """The GPU's products at the slice's two ends (gda_slice, cupy_gda/slices.py): ``fwd`` over
-    the first sequence piece from the slice's start, ``rev`` (where ``rev``, or packed)
-    backwards over the last from its end (without cu_seqlens both the whole slice); and P, each
-    sequence piece's product [N, H, K]: the first's and the last's (those of the pieces in
-    between, each owning both its ends, count in neither fold: 1). A first piece whose sequence
-    starts here has a zero entering state, and a last one ending here a zero entering gradient,
-    so their terms add 0."""
+    """The gates' products at the slice's two ends (slices.terms: gda_slice on the GPU, its
+    NumPy form on the CPU): ``fwd`` over the first sequence piece from the slice's start,
+    ``rev`` (where ``rev``, or packed) backwards over the last from its end (without cu_seqlens
+    both the whole slice); and P, each sequence piece's product [N, H, K]: the first's and the
+    last's (those of the pieces in between, each owning both its ends, count in neither fold:
+    1). A first piece whose sequence starts here has a zero entering state, and a last one
+    ending here a zero entering gradient, so their terms add 0."""
 
-    def __init__(self, sl, a, V, rev):
-        import cupy
+    def __init__(self, xp, sl, a, V, rev):
         T = a.shape[1]
         first = last = None
-        if sl.packed:
-            first = cupy.take(sl.cu, sl.first + 1)                  # [1] int64: the lengths
-            last = T - cupy.take(sl.cu, sl.last)
+        if sl.packed:                                               # [1] int64: the lengths
+            first = xp.take(sl.cu, sl.first + 1).astype(np.int64)
+            last = (T - xp.take(sl.cu, sl.last)).astype(np.int64)
         self.fwd = slices.terms(a, first, False, V)
         self.rev = slices.terms(a, last, True, V) if rev or sl.packed else None
         if not sl.packed:
             self.P = self.fwd.tot
         else:
-            n = cupy.arange(sl.cu.shape[0] - 1)[:, None, None]
-            self.P = cupy.where(n == sl.first, self.fwd.tot,
-                                cupy.where(n == sl.last, self.rev.tot, 1)).astype(np.float32)
+            n = xp.arange(sl.cu.shape[0] - 1)[:, None, None]
+            self.P = xp.where(n == sl.first, self.fwd.tot,
+                              xp.where(n == sl.last, self.rev.tot, 1)).astype(a.dtype)
 
 
 def _pieces(xp, sl, G, Rin):
-    """Each sequence piece's gate product [N, H, K] from the running products G and Rin (as
-    _products says)."""
+    """Each sequence piece's gate product [N, H, K] from the running products over the slice,
+    G_t = a_0 ... a_t and Rin_t = a_t ... a_{T-1} (the JAX front end's form of _Ends.P): the
+    first piece's from G, any other's from Rin (a piece inside the slice owns both ends, so
+    both folds reset its P), 1 for an empty piece."""
     B, T, H, K = G.shape
     if not sl.packed:
         return G[:, -1] if T else xp.ones((B, H, K), G.dtype)
@@ -379,11 +369,8 @@ def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initi
                                         initial_state=sl.local_rows(xp, h0f, sl.own_start),
                                         output_final_state=True, cu_seqlens=sl.cu,
                                         check_indices=False)
-        if br.gpu and p.T:
-            ends = _Ends(sl, a, p.V, False)
-            P = ends.P
-        else:
-            G, _, P = _products(xp, sl, a, False)
+        ends = _Ends(xp, sl, a, p.V, False) if p.T else None
+        P = ends.P if p.T else xp.ones((p.N, p.H, p.K), dt)
         # 2. exchange, 3. combine
         V = p.V
         got = c.allgather(xp.concatenate([P[..., None], S.astype(dt)], axis=-1))
@@ -391,11 +378,8 @@ def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initi
         entering, final = _fold(xp, sl, (got[..., 0], got[..., 1:]), start)
         s_in = entering[sl.r]
         # 4. correct the tokens whose sequence began before this slice
-        if p.T and br.gpu:                  # (in place: o is the local pass's)
+        if p.T:                             # (in place: o is the local pass's)
             ends.fwd.out(o, qf, xp.ascontiguousarray(sl.rows(xp, s_in, sl.first)), scale)
-        elif p.T:
-            qg = qf * G * sl.mask(xp, sl.cont_in, dt)
-            o = o + scale * xp.einsum("bthk,bhkv->bthv", qg, sl.rows(xp, s_in, sl.first))
         with np.errstate(over="ignore"):
             o = o.astype(v.dtype, copy=False)
         # (the states in dt: float32, or float64 for float64 NumPy inputs)
@@ -444,12 +428,8 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
                                                   initial_state=h0_loc, d_final_state=dht_loc,
                                                   cu_seqlens=sl.cu, check_indices=False)
         dq, dk, dv, da, dstart = grads
-        ends = G = Rin = None
-        if br.gpu and p.T:           # (the running products come out of gda_slice_in)
-            ends = _Ends(sl, a, p.V, True)
-            P = ends.P
-        else:
-            G, Rin, P = _products(xp, sl, a, True)
+        ends = _Ends(xp, sl, a, p.V, True) if p.T else None
+        P = ends.P if p.T else xp.ones((N, H, K), dt)
         # 2. exchange: each piece's (P, gradient at its start, and S unless the forward's
         # incoming states are kept)
         parts = [P[..., None], dstart.astype(dt)] + ([] if kept is not None else [S.astype(dt)])
@@ -474,8 +454,8 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
             dh0 = x
         # 4. correct: the incoming state's and the entering gradient's terms
         if p.T:
-            dq, dk, dv, da = _correct(xp, sl, scale, qf, kf, vf, dof, a, G, Rin, s_in, d_in,
-                                      h0_loc, dht_loc, (dq, dk, dv, da), ends)
+            dq, dk, dv, da = _correct(xp, sl, scale, qf, kf, vf, dof, a, ends, s_in, d_in,
+                                      h0_loc, dht_loc, (dq, dk, dv, da))
         if log_gate is not None:
             da = da * a                           # d/dlog a = a . d/da
         with np.errstate(over="ignore"):
@@ -486,8 +466,7 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
         return cupy_gda.Gradients(*(br.back(x) for x in out))
 
 
-def _correct(xp, sl, scale, q, k, v, do, a, G, Rin, s_in, d_in, h0_loc, dht_loc, grads,
-             ends=None):
+def _correct(xp, sl, scale, q, k, v, do, a, ends, s_in, d_in, h0_loc, dht_loc, grads):
     """The gradients' terms from S_in (the state entering the slice, for the first piece's
     tokens where its sequence began earlier) and D (the gradient entering the slice's end, for
     the last piece's tokens where its sequence goes on), docs/distributed.md:
@@ -498,11 +477,12 @@ def _correct(xp, sl, scale, q, k, v, do, a, G, Rin, s_in, d_in, h0_loc, dht_loc,
 
     with G_t the gates' product over the slice up to t, R_t over t+1 to its end, c the reverse
     scan of scale q . (S_in do) (and the first piece's own final-state gradient at its end), e
-    the forward scan of k . (D v) (from the last piece's own initial state at its start). On
-    the GPU (``ends``, an _Ends) the first three by gda_slice, in place."""
+    the forward scan of k . (D v) (from the last piece's own initial state at its start). The
+    first three in place, by ``ends`` (an _Ends: gda_slice on the GPU)."""
     dq, dk, dv, da = grads
     dt = q.dtype
     S0, D = sl.rows(xp, s_in, sl.first), sl.rows(xp, d_in, sl.last)     # [B or 1, H, K, V]
+    S0, D = xp.ascontiguousarray(S0), xp.ascontiguousarray(D)
     m_in, m_out = sl.mask(xp, sl.cont_in, dt), sl.mask(xp, sl.cont_out, dt)
     if sl.packed:
         nxt, prv = _shift(xp, m_in, -1, 0), _shift(xp, m_out, 1, 0)
@@ -512,30 +492,16 @@ def _correct(xp, sl, scale, q, k, v, do, a, G, Rin, s_in, d_in, h0_loc, dht_loc,
     else:                       # one piece each, the whole slice; no own initial or final state
         nxt = prv = 1
         end_in = start_out = fin = ini = 0
-    # y (for c) = m_in scale q . (S_in do), z (for e) = m_out k . (D v)
-    if ends is None:
-        Sdo = xp.einsum("bhkv,bthv->bthk", S0, do)
-        Dv = xp.einsum("bhkv,bthv->bthk", D, v)
-        R = _shift(xp, Rin, -1, 1)                          # over t+1 .. T-1
-        dq = dq + scale * m_in * G * Sdo
-        dk = dk + m_out * R * Dv
-        dv = dv + xp.einsum("bhkv,bthk->bthv", D, m_out * R * k)
-        y, z = m_in * scale * q * Sdo, m_out * k * Dv
-    else:
-        S0, D = xp.ascontiguousarray(S0), xp.ascontiguousarray(D)
-        y, G = ends.fwd.into(dq, do, q, S0, scale, products=True)         # G over the first
-        z, R = ends.rev.into(dk, v, k, D, 1.0, products=True)             # piece, R the last
-        ends.rev.out(dv, k, D, 1.0)
+    # y (for c) = m_in scale q . (S_in do), z (for e) = m_out k . (D v); G over the first
+    # piece, R over the last
+    y, G = ends.fwd.into(dq, do, q, S0, scale, products=True)
+    z, R = ends.rev.into(dk, v, k, D, 1.0, products=True)
+    ends.rev.out(dv, k, D, 1.0)
     if sl.packed:
         y, z = y + end_in * fin, z + start_out * a * ini
     # c_t = y_t + a_{t+1} c_{t+1} (reversed), cut where the first piece ends; e over the last
     c = scan(_shift(xp, a, -1, 0) * nxt if sl.packed else _shift(xp, a, -1, 0), y, reverse=True)
     e = scan(a * m_out * prv if sl.packed else a, z)
     cross = xp.einsum("bhkv,bhkv->bhk", D, S0)[:, None]
-    if ends is None:
-        Gp = _shift(xp, G, 1, 1)                                # G_{t-1}
-        ep = _shift(xp, e, 1, 0) + start_out * ini              # e_{t-1}
-        da = da + m_in * Gp * c + m_out * R * ep + m_in * m_out * R * Gp * cross
-    else:
-        slices.gate_terms(da, G, R, c, e, m_in, m_out, start_out * ini, cross)
+    slices.gate_terms(da, G, R, c, e, m_in, m_out, start_out * ini, cross)
     return dq, dk, dv, da

@@ -1,9 +1,10 @@
 """Launcher of gda_slice (kernels/gda_slice.cu): the terms a slice of a sequence gets from a
-state carried across its edge, on the tensor cores (cupy_gda/distributed.py's GPU path).
+state carried across its edge, on the tensor cores (cupy_gda/distributed.py).
 
-``terms(a, count, reverse)`` queues the gates' products entering each segment and returns a
-Terms; its ``out`` and ``into`` queue the two products with a state (no host sync). The NumPy
-forms beside them (``*_ref``) are the math they must match.
+``terms(a, count, reverse)`` makes the gates' running products in one scan order and returns
+an object whose ``out`` and ``into`` add the two products with a state: for CuPy arrays a
+Terms (the kernels; no host sync), for NumPy arrays a TermsRef, the same in NumPy (the CPU path,
+and the form the kernels are tested against). ``gate_terms`` likewise.
 """
 import numpy as np
 
@@ -86,45 +87,59 @@ class Terms:
 
 
 def terms(a, count=None, reverse=False, V=1):
-    """Terms of float32 C-contiguous CuPy gates a [B, T, H, K]: the first ``count[b]`` steps
-    (a CuPy int64 [B], or None: all T) in scan order (``reverse``: from the end, products
-    exclusive), for states of V values."""
+    """The running products of gates a [B, T, H, K] (float32 C-contiguous CuPy: a Terms; NumPy:
+    a TermsRef) over the first ``count[b]`` steps (an int64 [B] array of the same library, or
+    None: all T) in scan order (``reverse``: from the end, products exclusive), for states of V
+    values."""
+    if isinstance(a, np.ndarray):
+        return TermsRef(a, count, reverse)
     return Terms(a, count, reverse, V)
 
 
+class TermsRef:
+    """Terms in NumPy: ``P`` [B, T, H, K] the products at each token (0 past the counted
+    steps), ``tot`` [B, H, K] the product over them; ``out`` and ``into`` as Terms'."""
+
+    def __init__(self, a, count=None, reverse=False):
+        self.on = _counted(a.shape, count, reverse)            # [B, T, 1, 1]
+        x = np.where(self.on, a, 1).astype(a.dtype)
+        if reverse:
+            x = x[:, ::-1]
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            c = np.cumprod(x, axis=1)                          # (the loop's products, in order)
+        self.tot = c[:, -1] if a.shape[1] else np.ones(a.shape[:1] + a.shape[2:], a.dtype)
+        if reverse:                                           # exclusive, back in token order
+            c = np.concatenate([np.ones_like(c[:, :1]), c[:, :-1]], axis=1)[:, ::-1]
+        self.P = np.where(self.on, c, 0).astype(a.dtype)
+
+    def out(self, y, x, st, scale):
+        with np.errstate(over="ignore", invalid="ignore"):
+            y += scale * np.einsum("bthk,bhkv->bthv", np.where(self.on, x * self.P, 0), st)
+        return y
+
+    def into(self, out, y, w, st, scale, products=False):
+        with np.errstate(over="ignore", invalid="ignore"):
+            X = np.einsum("bhkv,bthv->bthk", st, y)
+            out += np.where(self.on, scale * self.P * X, 0)
+            z = np.where(self.on, scale * w * X, 0).astype(out.dtype)
+        return (z, self.P) if products else z
+
+
 def products_ref(a, count=None, reverse=False):
-    """P [B, T, H, K] at each token (0 past the counted steps) and the product over them [B, H,
-    K]: the NumPy form of the kernel's running products."""
-    B, T = a.shape[:2]
-    P = np.zeros_like(a)
-    tot = np.ones((B,) + a.shape[2:], a.dtype)
-    for b in range(B):
-        n = T if count is None else min(max(int(count[b]), 0), T)
-        p = np.ones(a.shape[2:], a.dtype)
-        for j in range(n):
-            t = T - 1 - j if reverse else j
-            if reverse:
-                P[b, t], p = p, p * a[b, t]
-            else:
-                p = p * a[b, t]
-                P[b, t] = p
-        tot[b] = p
-    return P, tot
+    """(P, tot) of TermsRef: the NumPy form of the kernel's running products."""
+    t = TermsRef(a, count, reverse)
+    return t.P, t.tot
 
 
 def out_ref(y, x, a, st, count=None, reverse=False, scale=1.0):
-    """NumPy form of Terms.out (returns the new y)."""
-    P, _ = products_ref(a, count, reverse)
-    on = _counted(a.shape, count, reverse)
-    return y + scale * np.einsum("bthk,bhkv->bthv", np.where(on, x * P, 0), st)
+    """NumPy form of Terms.out (returns the new y; y is not changed)."""
+    return TermsRef(a, count, reverse).out(np.array(y), x, st, scale)
 
 
 def into_ref(out, y, w, a, st, count=None, reverse=False, scale=1.0):
-    """NumPy form of Terms.into: (the new out, z)."""
-    P, _ = products_ref(a, count, reverse)
-    X = np.einsum("bhkv,bthv->bthk", st, y)
-    on = _counted(a.shape, count, reverse)
-    return out + np.where(on, scale * P * X, 0), np.where(on, scale * w * X, 0)
+    """NumPy form of Terms.into: (the new out, z); out is not changed."""
+    new = np.array(out)
+    return new, TermsRef(a, count, reverse).into(new, y, w, st, scale)
 
 
 def _counted(shape, count, reverse):
@@ -141,10 +156,16 @@ _GATE_TERMS = None
 
 def gate_terms(da, G, R, c, e, m_in, m_out, ini, cross):
     """da [B, T, H, K] += m_in G_{t-1} c_t + m_out R_t e'_t + m_in m_out R_t G_{t-1} cross in
-    place (cupy_gda/distributed.py's gate terms, one pass): G the running product from the
-    slice's start (inclusive: G_{t-1} is 1 at the start), R from after t to its end, e'_t =
-    e_{t-1} (0 at the start) + ini; the masks [1, T, 1, 1] (or numbers), ini and cross
+    place (cupy_gda/distributed.py's gate terms, one pass on the GPU): G the running product
+    from the slice's start (inclusive: G_{t-1} is 1 at the start), R from after t to its end,
+    e'_t = e_{t-1} (0 at the start) + ini; the masks [1, T, 1, 1] (or numbers), ini and cross
     broadcast to [B, T, H, K]."""
+    if isinstance(da, np.ndarray):
+        Gp = np.concatenate([np.ones_like(G[:, :1]), G[:, :-1]], axis=1)
+        ep = np.concatenate([np.zeros_like(e[:, :1]), e[:, :-1]], axis=1) + ini
+        with np.errstate(over="ignore", invalid="ignore"):
+            da += m_in * Gp * c + m_out * R * ep + m_in * m_out * R * Gp * cross
+        return da
     global _GATE_TERMS
     import cupy
     if _GATE_TERMS is None:
