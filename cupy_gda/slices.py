@@ -53,7 +53,7 @@ class Terms:
     def __init__(self, a, count, reverse, V):
         B, T, H, K = a.shape
         self.plan = cached(SlicePlan, B, T, H, K, V, bool(reverse))
-        self.a, self.count = a, count
+        self.a, self.count = _aligned(a), count
         self.ws = empty((B, self.plan.NSEG, H, K), np.float32)
         self.tot = empty((B, H, K), np.float32)
         if a.size:
@@ -72,7 +72,7 @@ class Terms:
         """y [B, T, H, V] += scale (x . P)^T St at the counted steps (in place); x [B, T, H, K],
         St [B, H, K, V]."""
         if y.size and x.size:
-            self._run("gda_slice_out", x=x, st=st, y=y, scale=scale)
+            self._run("gda_slice_out", x=_aligned(x), st=_aligned(st), y=y, scale=scale)
         return y
 
     def into(self, out, y, w, st, scale, products=False):
@@ -82,8 +82,16 @@ class Terms:
         z = empty(out.shape, np.float32)
         pr = empty(out.shape, np.float32) if products else None
         if out.size:
-            self._run("gda_slice_in", st=st, y=y, w=w, z=z, out=out, pr=pr, scale=scale)
+            self._run("gda_slice_in", st=_aligned(st), y=_aligned(y), w=w, z=z, out=out, pr=pr,
+                      scale=scale)
         return (z, pr) if products else z
+
+
+def _aligned(x):
+    """x, or a copy where its address is not 16-byte aligned: the kernels stage x, the gates,
+    y and St by 16-byte cp.async where a row is whole packs of 4 (a view into a larger array
+    may start anywhere)."""
+    return x if x.data.ptr % 16 == 0 else x.copy()
 
 
 def terms(a, count=None, reverse=False, V=1):
