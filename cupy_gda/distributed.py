@@ -264,8 +264,8 @@ class _Ends:
         T = a.shape[1]
         first = last = None
         if sl.packed:                                               # [1] int64: the lengths
-            first = xp.take(sl.cu, sl.first + 1).astype(np.int64)
-            last = (T - xp.take(sl.cu, sl.last)).astype(np.int64)
+            first = xp.take(sl.cu, sl.first + 1)
+            last = T - xp.take(sl.cu, sl.last)
         self.fwd = slices.terms(a, first, False, V)
         self.rev = slices.terms(a, last, True, V) if rev or sl.packed else None
         if not sl.packed:
@@ -293,19 +293,6 @@ def _pieces(xp, sl, G, Rin):
     return xp.where(keep, 1, xp.where((st == 0)[:, None, None], first, other)).astype(G.dtype)
 
 
-def _shift(xp, x, step, fill):
-    """x_{t - step} along T (step 1: the previous token's, -1: the next's), ``fill`` past the
-    edge."""
-    out = xp.empty_like(x)                  # (one pass: only the edge row is filled)
-    if step > 0:
-        out[:, step:] = x[:, :-step]
-        out[:, :step] = fill
-    else:
-        out[:, :step] = x[:, -step:]
-        out[:, step:] = fill
-    return out
-
-
 # ------------------------------------------------------------------------------ the API
 
 def _prepare(fn, br, q, k, v, gate, log_gate, h0, cu, scale, comm, extra=()):
@@ -331,18 +318,20 @@ def _prepare(fn, br, q, k, v, gate, log_gate, h0, cu, scale, comm, extra=()):
     return xp, c, p, scale, dt, f, a
 
 
-def _fold(xp, sl, pairs, start):
-    """The scan over ranks of (P, S) pairs [R, N, H, K(, V)], reset at each sequence's start
-    rank, from ``start`` [N, H, K, V]: (the states entering each rank's slice, in rank order;
-    the final state). This rank's is ``entering[sl.r]``."""
+def _fold(xp, pairs, start, reset, ranks):
+    """The scan over ranks, in the order ``ranks``, of (P, S) pairs [R, N, H, K(, V)]: x <-
+    P_r . x + S_r from ``start`` [N, H, K, V], with P_r taken as 0 for the sequences where
+    ``reset[r]`` (the forward: the rank where a sequence starts; the backward, its ranks
+    reversed: where it ends). Returns (x entering each rank, x leaving it: lists in rank order;
+    the last x)."""
     P, S = pairs
     x = start
-    entering = []
-    for r in range(sl.R):
-        entering.append(x)
-        keep = xp.where(sl.own_start[r][:, None, None], 0, P[r])
-        x = keep[..., None] * x + S[r]
-    return entering, x
+    entering, leaving = [None] * len(P), [None] * len(P)
+    for r in ranks:
+        entering[r] = x
+        keep = xp.where(reset[r][:, None, None], 0, P[r])
+        x = leaving[r] = keep[..., None] * x + S[r]
+    return entering, leaving, x
 
 
 def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initial_state=None,
@@ -375,7 +364,8 @@ def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initi
         V = p.V
         got = c.allgather(xp.concatenate([P[..., None], S.astype(dt)], axis=-1))
         start = (xp.zeros((p.N, p.H, p.K, V), dt) if sl.packed or h0f is None else h0f)
-        entering, final = _fold(xp, sl, (got[..., 0], got[..., 1:]), start)
+        entering, _, final = _fold(xp, (got[..., 0], got[..., 1:]), start, sl.own_start,
+                                   range(sl.R))
         s_in = entering[sl.r]
         # 4. correct the tokens whose sequence began before this slice
         if p.T:                             # (in place: o is the local pass's)
@@ -439,19 +429,17 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
         if kept is not None:
             s_in = kept.astype(dt, copy=False)
         else:
-            entering, _ = _fold(xp, sl, (Pr, got[..., V + 1:]),
-                                zero_state if sl.packed else h0f)
+            entering, _, _ = _fold(xp, (Pr, got[..., V + 1:]), zero_state if sl.packed else h0f,
+                                   sl.own_start, range(sl.R))
             s_in = entering[sl.r]
-        x = zero_state if sl.packed else dhtf
-        d_in, dh0 = None, zero_state
-        for r in reversed(range(sl.R)):
-            if r == sl.r:
-                d_in = x
-            keep = xp.where(sl.own_end[r][:, None, None], 0, Pr[r])
-            x = keep[..., None] * x + Dr[r]
-            dh0 = xp.where(sl.own_start[r][:, None, None, None], x, dh0)
-        if not sl.packed:
-            dh0 = x
+        # (the gradients the other way; dh0: a sequence's leaving the rank where it starts)
+        d_entering, d_leaving, dh0 = _fold(xp, (Pr, Dr), zero_state if sl.packed else dhtf,
+                                           sl.own_end, reversed(range(sl.R)))
+        d_in = d_entering[sl.r]
+        if sl.packed:
+            dh0 = zero_state
+            for r in range(sl.R):
+                dh0 = xp.where(sl.own_start[r][:, None, None, None], d_leaving[r], dh0)
         # 4. correct: the incoming state's and the entering gradient's terms
         if p.T:
             dq, dk, dv, da = _correct(xp, sl, scale, qf, kf, vf, dof, a, ends, s_in, d_in,
@@ -485,7 +473,7 @@ def _correct(xp, sl, scale, q, k, v, do, a, ends, s_in, d_in, h0_loc, dht_loc, g
     S0, D = xp.ascontiguousarray(S0), xp.ascontiguousarray(D)
     m_in, m_out = sl.mask(xp, sl.cont_in, dt), sl.mask(xp, sl.cont_out, dt)
     if sl.packed:
-        nxt, prv = _shift(xp, m_in, -1, 0), _shift(xp, m_out, 1, 0)
+        nxt, prv = slices.shift(xp, m_in, -1, 0), slices.shift(xp, m_out, 1, 0)
         end_in, start_out = m_in * (1 - nxt), m_out * (1 - prv)    # the pieces' edge tokens
         fin = xp.einsum("bhkv,bhkv->bhk", sl.rows(xp, dht_loc, sl.first), S0)[:, None]
         ini = xp.einsum("bhkv,bhkv->bhk", D, sl.rows(xp, h0_loc, sl.last))[:, None]
@@ -500,7 +488,8 @@ def _correct(xp, sl, scale, q, k, v, do, a, ends, s_in, d_in, h0_loc, dht_loc, g
     if sl.packed:
         y, z = y + end_in * fin, z + start_out * a * ini
     # c_t = y_t + a_{t+1} c_{t+1} (reversed), cut where the first piece ends; e over the last
-    c = scan(_shift(xp, a, -1, 0) * nxt if sl.packed else _shift(xp, a, -1, 0), y, reverse=True)
+    a_next = slices.shift(xp, a, -1, 0)
+    c = scan(a_next * nxt if sl.packed else a_next, y, reverse=True)
     e = scan(a * m_out * prv if sl.packed else a, z)
     cross = xp.einsum("bhkv,bhkv->bhk", D, S0)[:, None]
     slices.gate_terms(da, G, R, c, e, m_in, m_out, start_out * ini, cross)

@@ -94,6 +94,19 @@ def _aligned(x):
     return x if x.data.ptr % 16 == 0 else x.copy()
 
 
+def shift(xp, x, step, fill):
+    """x_{t - step} along axis 1, T (step 1: the previous token's, -1: the next's), ``fill``
+    past the edge; one pass (only the edge row is filled)."""
+    out = xp.empty_like(x)
+    if step > 0:
+        out[:, step:] = x[:, :-step]
+        out[:, :step] = fill
+    else:
+        out[:, :step] = x[:, -step:]
+        out[:, step:] = fill
+    return out
+
+
 def terms(a, count=None, reverse=False, V=1):
     """The running products of gates a [B, T, H, K] (float32 C-contiguous CuPy: a Terms; NumPy:
     a TermsRef) over the first ``count[b]`` steps (an int64 [B] array of the same library, or
@@ -117,7 +130,7 @@ class TermsRef:
             c = np.cumprod(x, axis=1)                          # (the loop's products, in order)
         self.tot = c[:, -1] if a.shape[1] else np.ones(a.shape[:1] + a.shape[2:], a.dtype)
         if reverse:                                           # exclusive, back in token order
-            c = np.concatenate([np.ones_like(c[:, :1]), c[:, :-1]], axis=1)[:, ::-1]
+            c = shift(np, c, 1, 1)[:, ::-1]
         self.P = np.where(self.on, c, 0).astype(a.dtype)
 
     def out(self, y, x, st, scale):
@@ -169,8 +182,7 @@ def gate_terms(da, G, R, c, e, m_in, m_out, ini, cross):
     e'_t = e_{t-1} (0 at the start) + ini; the masks [1, T, 1, 1] (or numbers), ini and cross
     broadcast to [B, T, H, K]."""
     if isinstance(da, np.ndarray):
-        Gp = np.concatenate([np.ones_like(G[:, :1]), G[:, :-1]], axis=1)
-        ep = np.concatenate([np.zeros_like(e[:, :1]), e[:, :-1]], axis=1) + ini
+        Gp, ep = shift(np, G, 1, 1), shift(np, e, 1, 0) + ini
         with np.errstate(over="ignore", invalid="ignore"):
             da += m_in * Gp * c + m_out * R * ep + m_in * m_out * R * Gp * cross
         return da
