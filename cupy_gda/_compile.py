@@ -1,21 +1,30 @@
-"""The one compile path: headers + kernel file + sorted defines -> source text -> module.
+"""The one compile path: headers + kernel file + sorted defines -> source text -> NVRTC -> module.
 
-At run time the module comes from ``cupy.RawModule`` (NVRTC, for the current device, memoised per
-device; CuPy also caches the binary on disk, keyed by the text). Without a GPU, :func:`compile_cubin`
-runs the same text through NVRTC for an explicit architecture (used by the compile tests and CI).
-A kernel's headers (``kernels/*.cuh``, prepended as text in order: CuPy's disk cache does not see
-``#include``d files) and its extra NVRTC options (an ``sm_90a`` target, say) come from its
-launcher (``_launch.Family``).
+Every build goes through NVRTC here, with OPTIONS: at run time for the current device (a cubin,
+kept on disk under CuPy's cache folder, keyed by the text, the options, the target and NVRTC's
+version; loaded with ``cupy.RawModule(path=...)``, memoised per device), and without a GPU, by
+:func:`compile_cubin`, for an explicit architecture (the compile tests and CI). Not through
+``cupy.RawModule(code=...)``: CuPy appends ``-ftz=true`` to every such build, and NVRTC takes
+the last, so every kernel would flush subnormal results to 0 where the float32 loop keeps them
+(a gate product of 1e-39, say). A kernel's headers (``kernels/*.cuh``, prepended as text in
+order, so that the key sees them) and its extra NVRTC options (an ``sm_90a`` target, say) come
+from its launcher (``_launch.Family``).
 """
 import functools
+import hashlib
+import os
 import re
+import tempfile
 import time
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 # installed: cupy_gda/kernels (setup.cfg maps the top-level kernels/ there); source tree: ../kernels
 KERNEL_DIR = next(p for p in (_HERE / "kernels", _HERE.parent / "kernels") if (p / "common.cuh").is_file())
-OPTIONS = ("-std=c++17",)       # every kernel's; no fast math: expf and division stay IEEE
+# every kernel's: no fast math (expf and division stay IEEE), subnormals kept as IEEE has them
+OPTIONS = ("-std=c++17", "-ftz=false")
+_TARGET = "--gpu-architecture="
+CACHE_FORMAT = 1        # bump when what a cached file holds changes
 HEADERS = ("common.cuh",)
 
 
@@ -71,13 +80,67 @@ def _module(kernel, items, headers, options):
 
 def _compile_module(kernel, items, headers, options):
     import cupy
-    defines = dict(items)
+    path = _cached_binary(kernel, dict(items), headers, options, _device_target())
+    return cupy.RawModule(path=str(path))
+
+
+def _device_target():
+    """The current device's NVRTC target: its SASS where this NVRTC knows the architecture, else
+    PTX of the newest one it knows (the driver compiles that for the device)."""
+    import cupy
+    from cupy_backends.cuda.libs import nvrtc
+    cc = int(cupy.cuda.Device().compute_capability)
+    known = nvrtc.getSupportedArchs()
+    return f"sm_{cc}" if cc in known else f"compute_{max(a for a in known if a <= cc)}"
+
+
+def cache_dir():
+    """Where run-time builds are kept: cupy_gda/ in CuPy's kernel cache (CUPY_CACHE_DIR)."""
+    root = os.environ.get("CUPY_CACHE_DIR", os.path.expanduser("~/.cupy/kernel_cache"))
+    return os.path.join(root, "cupy_gda")
+
+
+def _cached_binary(kernel, defines, headers, options, arch):
+    """The path of the build of ``kernel`` for ``arch``: compiled once, then read from disk."""
+    from cupy_backends.cuda.libs import nvrtc
+    text = source(kernel, defines, headers)
+    opts = _options(options, arch)
+    key = repr((CACHE_FORMAT, nvrtc.getVersion(), opts, text)).encode()
+    ext = ".ptx" if arch.startswith("compute_") else ".cubin"
+    path = os.path.join(cache_dir(), hashlib.sha256(key).hexdigest() + ext)
+    if not os.path.exists(path):
+        _, cubin, ptx = _nvrtc(kernel, defines, text, opts)
+        os.makedirs(cache_dir(), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache_dir(), suffix=ext)    # others may build it too:
+        with os.fdopen(fd, "wb") as f:                              # whole files only
+            f.write(ptx if ext == ".ptx" else cubin)
+        os.replace(tmp, path)
+    return path
+
+
+def _options(options, arch):
+    """OPTIONS, the family's ``options``, and the target ``arch`` unless they name their own."""
+    opts = list(OPTIONS + tuple(options))
+    return opts if any(o.startswith(_TARGET) for o in opts) else opts + [_TARGET + arch]
+
+
+def _nvrtc(kernel, defines, text, opts):
+    """(log, cubin, PTX) of NVRTC's build of ``text``; KernelCompileError naming the file and
+    the defines where it fails."""
+    from cupy_backends.cuda.libs import nvrtc
+    prog = nvrtc.createProgram(text, f"{kernel}.cu", [], [])
     try:
-        mod = cupy.RawModule(code=source(kernel, defines, headers), options=OPTIONS + options)
-        mod.compile()
-        return mod
-    except cupy.cuda.compiler.CompileException as e:
-        raise KernelCompileError(f"compiling {_describe(kernel, defines)} failed:\n{e}") from None
+        try:
+            nvrtc.compileProgram(prog, opts)
+        except nvrtc.NVRTCError as e:
+            target = next(o for o in opts if o.startswith(_TARGET))[len(_TARGET):]
+            raise KernelCompileError(f"compiling {_describe(kernel, defines)} for {target} "
+                                     f"failed: {e}\n{nvrtc.getProgramLog(prog)}") from None
+        log = nvrtc.getProgramLog(prog)
+        cubin = b"" if any(o.startswith(_TARGET + "compute_") for o in opts) else nvrtc.getCUBIN(prog)
+        return log, cubin, nvrtc.getPTX(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
 
 
 _STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -90,24 +153,12 @@ def compile_cubin(kernel, defines, arch="sm_90", headers=HEADERS, options=()):
     with keys registers, stack, spill_stores, spill_loads (from ptxas -v; the largest over the
     file's entry points), functions (entry name -> its own such dict), params (entry name -> the
     PTX types of its parameters, in order), the log and the PTX text."""
-    from cupy_backends.cuda.libs import nvrtc
-    opts = list(OPTIONS + tuple(options)) + [f"--gpu-architecture={arch}", "--ptxas-options=-v"]
+    opts = _options(options, arch) + ["--ptxas-options=-v"]
     # a unique device variable, so that the PTX differs too: a cache of ptxas results keyed by
     # the PTX hands back a binary without the ptxas report (seen on the H200 machine: empty logs
     # when the same kernels were compiled a second time, even with a unique comment line)
     text = source(kernel, defines, headers) + f"\n__device__ int gda_offline_compile_{time.time_ns()} = 1;\n"
-    prog = nvrtc.createProgram(text, f"{kernel}.cu", [], [])
-    try:
-        try:
-            nvrtc.compileProgram(prog, opts)
-        except nvrtc.NVRTCError as e:
-            raise KernelCompileError(f"compiling {_describe(kernel, defines)} for {arch} failed: "
-                                     f"{e}\n{nvrtc.getProgramLog(prog)}") from None
-        log = nvrtc.getProgramLog(prog)
-        cubin = nvrtc.getCUBIN(prog)
-        ptx = nvrtc.getPTX(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
+    log, cubin, ptx = _nvrtc(kernel, defines, text, opts)
     functions = {m.group(1): _usage(part) for m, part in _entries(log)}
     res = {key: _worst(u[key] for u in functions.values())
            for key in ("registers", "stack", "spill_stores", "spill_loads")}

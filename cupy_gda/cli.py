@@ -4,7 +4,6 @@
     cupy-gda info                                                   versions, GPU, cache paths
     cupy-gda bench [--shapes all] [--impl ours] [--json F] [--cpu]  the kernels' timings
 """
-import os
 import platform
 import sys
 
@@ -175,9 +174,8 @@ def info():
         ("GPU", gpu if ok else f"none ({gpu})"),
         ("compute capability",
          _probe(lambda: f"sm_{_cupy().cuda.Device(0).compute_capability}") if ok else "n/a (no GPU)"),
-        # where CuPy keeps compiled kernels (cupy.cuda.compiler reads the same variable)
-        ("kernel cache", os.environ.get("CUPY_CACHE_DIR",
-                                        os.path.expanduser(os.path.join("~", ".cupy", "kernel_cache")))),
+        # where the kernels' builds are kept (in CuPy's cache folder, CUPY_CACHE_DIR)
+        ("kernel cache", _compile.cache_dir()),
         ("kernels", str(_compile.KERNEL_DIR)),
     ]
     width = max(len(k) for k, _ in fields)

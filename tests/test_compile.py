@@ -39,6 +39,7 @@ ARCHS = ("sm_80", "sm_90")
 # the chunked kernel's tiles depend on it, and where nothing fits it is never launched
 ARCH_LIMITS = {"sm_80": (108, 163 * 1024), "sm_90": (132, 227 * 1024)}
 _SMEM = re.compile(r"(\d+) bytes smem")
+_FTZ = re.compile(r"\b[a-z0-9]+(?:\.[a-z0-9]+)*\.ftz(?:\.[a-z0-9]+)*")
 
 # (K, V): tiny, odd, fla's 24, not a multiple of the lanes, the compiled maximum, K != V
 SHAPES = ((1, 1), (5, 1), (24, 24), (32, 48), (64, 64), (100, 100), (128, 64), (128, 128),
@@ -259,6 +260,10 @@ def test_kernel_compiles_without_local_memory(compiled, kernel, arch, items):
             f"{what}: {entry}'s PTX parameters {res['params'].get(entry)} differ from the "
             f"launcher's declaration {[n for n, _ in params]} = {declared}")
     assert "warning" not in log.lower(), f"{what}: compiler warnings\n{log}"
+    # subnormals kept (no -ftz=true, which CuPy's own compile adds): the only flushing
+    # instruction is the ex2 inside libdevice's IEEE expf, on its reduced argument
+    ftz = set(_FTZ.findall(res["ptx"])) - {"ex2.approx.ftz.f32"}
+    assert not ftz, f"{what}: instructions that flush subnormals: {sorted(ftz)}"
     # the Hopper variant's products are wgmma, and only there
     assert ("wgmma.mma_async" in res["ptx"]) == bool(dict(items).get("WGMMA")), f"{what}: wgmma in its PTX?"
     usage = {k: res[k] for k in ("registers", "stack", "spill_stores", "spill_loads")}
@@ -371,3 +376,29 @@ def test_ptx_params_reads_entries():
            "f_param_1,\n\t.param .u32 f_param_2,\n\t.param .f32 f_param_3\n)\n{\n}\n"
            ".visible .entry g(\n)\n{\n}\n")
     assert _compile.ptx_params(ptx) == {"f": ("u64", "u64", "u32", "f32"), "g": ()}
+
+
+def test_run_time_builds_are_kept_on_disk(tmp_path, monkeypatch):
+    """The run-time path (_compile._cached_binary, which get_function loads): NVRTC once, into
+    CUPY_CACHE_DIR/cupy_gda/, then the file; a new define or target is a new build; a target
+    this NVRTC has no SASS for is PTX."""
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    p = Problem(B=1, T=8, H=2, K=24, V=24, N=1, dtype="float32", g_dtype="float32", log_gate=False)
+    defines = step.defines(p, False, 16)
+    args = ("gda_step", defines, step.FAMILY.headers, ())
+    path = _compile._cached_binary(*args, "sm_80")
+    assert path.startswith(str(tmp_path / "cupy_gda")) and path.endswith(".cubin")
+    with open(path, "rb") as f:
+        assert f.read(4) == b"\x7fELF"
+
+    def no_build(*a):
+        raise AssertionError("built again")
+    with monkeypatch.context() as m:
+        m.setattr(_compile, "_nvrtc", no_build)
+        assert _compile._cached_binary(*args, "sm_80") == path
+    assert _compile._cached_binary("gda_step", dict(defines, V_DIM=12), *args[2:], "sm_80") != path
+    ptx = _compile._cached_binary(*args, "compute_80")
+    assert ptx.endswith(".ptx") and b".entry gda_step" in open(ptx, "rb").read()
+    assert sorted(os.listdir(tmp_path / "cupy_gda")) == sorted(     # no temporary files left
+        os.path.basename(x) for x in (path, ptx, _compile._cached_binary(
+            "gda_step", dict(defines, V_DIM=12), *args[2:], "sm_80")))

@@ -67,6 +67,27 @@ def test_gate_products_out_of_float32_range(backend):
             assert np.isfinite(o).all() and np.abs(o - want).max() <= bound
 
 
+def test_subnormal_results_are_kept(backend):
+    """A state that decays into float32's subnormal range (1e-20 * 1e-19 = 1e-39) is kept, as
+    the float32 loop keeps it, by every method, the decode step and the backward's dq: the GPU
+    builds do not flush subnormals to 0 (CuPy's own compile adds -ftz=true; ours do not)."""
+    q = v = np.ones((1, 3, 1, 1), np.float32)
+    k = np.array([1, 0, 0], np.float32).reshape(1, 3, 1, 1)
+    g = np.array([1, 1e-20, 1e-19], np.float32).reshape(1, 3, 1, 1)
+    want = np.array([1, np.float32(1e-20), np.float32(1e-20) * np.float32(1e-19)], np.float32)
+    assert 0 < want[2] < np.finfo(np.float32).tiny           # a subnormal
+    for m, (o, s) in _methods(q, k, v, g, backend).items():
+        np.testing.assert_array_equal(o.ravel(), want, err_msg=m)
+        np.testing.assert_array_equal(s.ravel(), want[2:], err_msg=m)
+    x = [to_backend(a, backend) for a in (q, k, v, g)]
+    for m in METHODS:
+        grads = cupy_gda.gated_attention_backward(*x, do=x[0], method=m)
+        np.testing.assert_array_equal(host_array(grads.dq).ravel(), want, err_msg=m)
+    state = to_backend(np.full((1, 1, 1, 1), want[1]), backend)
+    o = cupy_gda.gated_attention_step(*(a[:, 2] for a in x), state=state)
+    assert host_array(o).ravel()[0] == want[2] and host_array(state).ravel()[0] == want[2]
+
+
 @pytest.mark.parametrize("where", ["k", "v", "q", "gate", "state"])
 def test_inf_propagates_like_the_loop_on_every_method(where, backend):
     """Tiny gates and one inf (in k, v, q, a gate or the initial state): every method has the
