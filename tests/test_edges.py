@@ -70,22 +70,25 @@ def test_gate_products_out_of_float32_range(backend):
 def test_subnormal_results_are_kept(backend):
     """A state that decays into float32's subnormal range (1e-20 * 1e-19 = 1e-39) is kept, as
     the float32 loop keeps it, by every method, the decode step and the backward's dq: the GPU
-    builds do not flush subnormals to 0 (CuPy's own compile adds -ftz=true; ours do not)."""
+    builds do not flush subnormals to 0 (CuPy's own compile adds -ftz=true; ours do not). To
+    1e-2 relative, not exactly: the chunked kernels' tensor cores take a subnormal operand's
+    split to 0.1 % (9.987e-40 for 1.0000002e-39 on the H200); a flushed result is off by 1."""
     q = v = np.ones((1, 3, 1, 1), np.float32)
     k = np.array([1, 0, 0], np.float32).reshape(1, 3, 1, 1)
     g = np.array([1, 1e-20, 1e-19], np.float32).reshape(1, 3, 1, 1)
     want = np.array([1, np.float32(1e-20), np.float32(1e-20) * np.float32(1e-19)], np.float32)
     assert 0 < want[2] < np.finfo(np.float32).tiny           # a subnormal
-    for m, (o, s) in _methods(q, k, v, g, backend).items():
-        np.testing.assert_array_equal(o.ravel(), want, err_msg=m)
-        np.testing.assert_array_equal(s.ravel(), want[2:], err_msg=m)
+    got = {f"{m} o": o.ravel() for m, (o, _) in _methods(q, k, v, g, backend).items()}
+    got.update({f"{m} state": s.ravel() for m, (_, s) in _methods(q, k, v, g, backend).items()})
     x = [to_backend(a, backend) for a in (q, k, v, g)]
     for m in METHODS:
-        grads = cupy_gda.gated_attention_backward(*x, do=x[0], method=m)
-        np.testing.assert_array_equal(host_array(grads.dq).ravel(), want, err_msg=m)
+        got[f"{m} dq"] = host_array(cupy_gda.gated_attention_backward(*x, do=x[0], method=m).dq).ravel()
     state = to_backend(np.full((1, 1, 1, 1), want[1]), backend)
-    o = cupy_gda.gated_attention_step(*(a[:, 2] for a in x), state=state)
-    assert host_array(o).ravel()[0] == want[2] and host_array(state).ravel()[0] == want[2]
+    got["step o"] = host_array(cupy_gda.gated_attention_step(*(a[:, 2] for a in x), state=state)).ravel()
+    got["step state"] = host_array(state).ravel()
+    bad = {what: r[-1] for what, r in got.items()
+           if not np.allclose(r, want[-len(r):], rtol=1e-2, atol=0)}
+    assert not bad, f"want {want}; the last element of each wrong result: {bad}"
 
 
 @pytest.mark.parametrize("where", ["k", "v", "q", "gate", "state"])
