@@ -295,8 +295,9 @@ def _pieces(xp, sl, G, Rin):
 
 # ------------------------------------------------------------------------------ the API
 
-def _prepare(fn, br, q, k, v, gate, log_gate, h0, cu, scale, comm, extra=()):
-    """Checks, then (xp, comm, Problem, compute dtype, float copies, a = the gates)."""
+def _prepare(fn, br, q, k, v, gate, log_gate, h0, cu, scale, comm, floats):
+    """Checks, then (xp, comm, Problem, compute dtype, the arrays ``floats`` in it, a = the
+    gates in it)."""
     p = _checks.check_forward(fn, q, k, v, gate, log_gate, h0, cu, cpu=not br.gpu)
     scale = _checks.check_scale(fn, scale)
     c = _communicator(fn, comm, br)
@@ -310,7 +311,7 @@ def _prepare(fn, br, q, k, v, gate, log_gate, h0, cu, scale, comm, extra=()):
     # (no copies where the inputs are in dt already and contiguous: nothing below writes into
     # them)
     f = [None if x is None else xp.ascontiguousarray(x.astype(dt, copy=False))
-         for x in (q, k, v, *extra)]
+         for x in floats]
     a = xp.ascontiguousarray(g.astype(dt, copy=False))
     if log_gate is not None:
         with np.errstate(under="ignore"):
@@ -349,15 +350,18 @@ def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initi
     with br.context():
         q, k, v, gate, log_gate, h0, cu = (br.native(x) for x in (
             q, k, v, gate, log_gate, initial_state, cu_seqlens))
-        xp, c, p, scale, dt, (qf, kf, vf), a = _prepare(fn, br, q, k, v, gate, log_gate, h0, cu,
-                                                       scale, comm)
+        xp, c, p, scale, dt, (qf,), a = _prepare(fn, br, q, k, v, gate, log_gate, h0, cu, scale,
+                                                 comm, (q,))
         sl = _slice(fn, xp, c, p, cu, br.gpu)
         h0f = None if h0 is None else h0.astype(dt, copy=False)
-        # 1. local: this slice from zero (a sequence starting here, from its initial state)
-        o, S = cupy_gda.gated_attention(qf, kf, vf, a, scale=scale,
+        # 1. local: this slice from zero (a sequence starting here, from its initial state), on
+        # the inputs as they are (bfloat16 runs its own kernels: o rounds once more where the
+        # correction adds to it, the math stays float32), o then in dt for the correction
+        o, S = cupy_gda.gated_attention(q, k, v, gate, log_gate=log_gate, scale=scale,
                                         initial_state=sl.local_rows(xp, h0f, sl.own_start),
                                         output_final_state=True, cu_seqlens=sl.cu,
                                         check_indices=False)
+        o = xp.ascontiguousarray(o.astype(dt, copy=False))
         ends = _Ends(xp, sl, a, p.V, False) if p.T else None
         P = ends.P if p.T else xp.ones((p.N, p.H, p.K), dt)
         # 2. exchange, 3. combine
@@ -399,7 +403,7 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
             q, k, v, gate, log_gate, do, initial_state, d_final_state, cu_seqlens, states))
         _checks.check_backward(fn, q, k, v, gate, log_gate, do, h0, dht, cu, cpu=not br.gpu)
         xp, c, p, scale, dt, (qf, kf, vf, dof), a = _prepare(
-            fn, br, q, k, v, gate, log_gate, h0, cu, scale, comm, extra=(do,))
+            fn, br, q, k, v, gate, log_gate, h0, cu, scale, comm, (q, k, v, do))
         if kept is not None:         # (what this rank's forward kept: gated_attention's)
             _checks._state(fn, "states", kept, (p.N, p.H, p.K, p.V), not br.gpu)
         sl = _slice(fn, xp, c, p, cu, br.gpu)
@@ -410,14 +414,17 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
         # 1. local: the slice's states from zero, its gradients with none entering its end
         h0_loc = sl.local_rows(xp, h0f, sl.own_start) if sl.packed else zero_state
         dht_loc = sl.local_rows(xp, dhtf, sl.own_end) if sl.packed else zero_state
+        # (on q, k, v and do as they are, the gates a: bfloat16 runs its own kernels, and dq,
+        # dk, dv round once more where the corrections add to them; da is a's, in dt)
         if kept is None:
-            _, S = cupy_gda.gated_attention(qf, kf, vf, a, scale=scale, initial_state=h0_loc,
+            _, S = cupy_gda.gated_attention(q, k, v, a, scale=scale, initial_state=h0_loc,
                                             output_final_state=True, cu_seqlens=sl.cu,
                                             check_indices=False)
-        grads = cupy_gda.gated_attention_backward(qf, kf, vf, a, do=dof, scale=scale,
+        grads = cupy_gda.gated_attention_backward(q, k, v, a, do=do, scale=scale,
                                                   initial_state=h0_loc, d_final_state=dht_loc,
                                                   cu_seqlens=sl.cu, check_indices=False)
-        dq, dk, dv, da, dstart = grads
+        dq, dk, dv = (xp.ascontiguousarray(g.astype(dt, copy=False)) for g in grads[:3])
+        da, dstart = grads[3:]
         ends = _Ends(xp, sl, a, p.V, True) if p.T else None
         P = ends.P if p.T else xp.ones((N, H, K), dt)
         # 2. exchange: each piece's (P, gradient at its start, and S unless the forward's
