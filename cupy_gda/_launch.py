@@ -46,7 +46,7 @@ SCAN = (("a", PTR), ("z", PTR), ("init", PTR), ("ws", PTR), ("e", PTR),
 SLICE = tuple((n, PTR) for n in ("x", "a", "st", "y", "w", "z", "out", "pr", "ws", "tot",
                                  "count")) + (
     ("T", I64), ("B", I32), ("H", I32), ("K", I32), ("V", I32), ("NSEG", I32), ("reverse", I32),
-    ("resident", I32), ("scale", F32))
+    ("scale", F32))
 # gda_step
 STEP = (("q", PTR), ("k", PTR), ("v", PTR), ("g", PTR), ("o", PTR), ("state", PTR),
         ("state_indices", PTR), ("H", I32), ("N", I64), ("NV", I32), ("scale", F32))

@@ -8,53 +8,42 @@ and the form the kernels are tested against). ``gate_terms`` likewise.
 """
 import numpy as np
 
-from cupy_gda._launch import SLICE, Family, Launch, address, cached, device_limits, empty
+from cupy_gda._launch import SLICE, Family, Launch, address, cached, empty
 
 ENTRIES = ("gda_slice_prods", "gda_slice_enter", "gda_slice_out", "gda_slice_in")
 FAMILY = Family("gda_slice", ("common.cuh", "mma.cuh"), {e: SLICE for e in ENTRIES})
 DEFINES = dict(IO_DTYPE=0, G_DTYPE=0)        # (common.cuh's; the tensor cores' TF32 path)
 BT, TS, NT = 64, 256, 128                    # the kernel's sub-tile, segment, threads
-LD = 68                                      # its tiles' row stride (floats, or St's pairs)
+LD, LDS = 68, 72                             # its tiles' row strides
 
 
-def smem_out(K, resident):
+def smem_out(K):
     """gda_slice_out's shared memory bytes: x and the gates [BT][LD], the lanes' products
-    [NKC BT], St's key chunks split [BT][LD] pairs (all NKC of them where ``resident``, else
-    one)."""
+    [NKC BT], St's key chunks [BT][LDS] (all NKC of them where K <= 4 BT, else one)."""
     NKC = -(-K // BT)
-    return 4 * (2 * BT * LD + NKC * BT) + 8 * (NKC if resident else 1) * BT * LD
+    return 4 * (2 * BT * LD + NKC * BT + (NKC if NKC <= 4 else 1) * BT * LDS)
 
 
-def smem_in(V, resident):
+def smem_in(V):
     """gda_slice_in's: the gates and y's chunk [BT][LD], the lanes' products [BT], St's value
-    chunks split [BT][LD] pairs (all NVC where ``resident``, else one)."""
+    chunks [BT][LD] (all NVC where V <= 4 BT, else one)."""
     NVC = -(-V // BT)
-    return 4 * (2 * BT * LD + BT) + 8 * (NVC if resident else 1) * BT * LD
-
-
-def st_resident(smem, chunks):
-    """Whether St's ``chunks`` stay split in shared memory for a block's whole segment: at most
-    two (K or V <= 128), where two blocks of ``smem(chunks)`` bytes fit an SM (the H200: yes, 105
-    KB each; the A100: no), so that a block's split serves its 4 sub-tiles."""
-    return chunks <= 2 and 2 * (smem(True) + 1024) <= device_limits()[1] + 1024
+    return 4 * (2 * BT * LD + BT + (NVC if NVC <= 4 else 1) * BT * LD)
 
 
 class SlicePlan:
-    """gda_slice sized for [B, T, H, K] gates and V values, in scan order ``reverse``, St's
-    chunks resident in gda_slice_out (``res_out``) and gda_slice_in (``res_in``) or not."""
+    """gda_slice sized for [B, T, H, K] gates and V values, in scan order ``reverse``."""
 
-    def __init__(self, B, T, H, K, V, reverse, res_out, res_in):
+    def __init__(self, B, T, H, K, V, reverse):
         self.NSEG = max(1, -(-T // TS))
         self.B, self.T, self.H, self.K, self.V = B, T, H, K, V
         sizes = dict(T=T, B=B, H=H, K=K, V=V, NSEG=self.NSEG, reverse=int(reverse))
         grids = {"gda_slice_prods": B * self.NSEG * H, "gda_slice_enter": -(-B * H * K // NT),
                  "gda_slice_out": B * H * self.NSEG * -(-V // BT),
                  "gda_slice_in": B * H * self.NSEG * -(-K // BT)}
-        smem = {"gda_slice_out": smem_out(K, res_out), "gda_slice_in": smem_in(V, res_in)}
-        res = {"gda_slice_out": res_out, "gda_slice_in": res_in}
+        smem = {"gda_slice_out": smem_out(K), "gda_slice_in": smem_in(V)}
         self.launch = {e: Launch(FAMILY.function(e, DEFINES, smem.get(e, 0)), SLICE, grids[e], NT,
-                                 smem.get(e, 0), resident=int(res.get(e, False)), **sizes)
-                       for e in ENTRIES}
+                                 smem.get(e, 0), **sizes) for e in ENTRIES}
 
 
 class Terms:
@@ -63,9 +52,7 @@ class Terms:
 
     def __init__(self, a, count, reverse, V):
         B, T, H, K = a.shape
-        res_out = st_resident(lambda r: smem_out(K, r), -(-K // BT))
-        res_in = st_resident(lambda r: smem_in(V, r), -(-V // BT))
-        self.plan = cached(SlicePlan, B, T, H, K, V, bool(reverse), res_out, res_in)
+        self.plan = cached(SlicePlan, B, T, H, K, V, bool(reverse))
         self.a, self.count = _aligned(a), count
         self.ws = empty((B, self.plan.NSEG, H, K), np.float32)
         self.tot = empty((B, H, K), np.float32)

@@ -21,12 +21,9 @@
 // walk their segment in sub-tiles of BT steps: the tile's inputs staged in shared memory, the
 // running products by BT threads (one a lane, in scan order), then the product on the tensor
 // cores, each operand split hi + lo (mma.cuh: fp32 accuracy, no plain TF32), 4 warps of 16
-// steps each. St is split once a block, into (hi, lo) pairs in shared memory, where the block
-// has the room for all its chunks (``resident``: the launcher's choice, by the device's shared
-// memory), else a chunk at a time each sub-tile; the steps' operand is split in the warps.
-// The product over any number of steps is a plain float product: where the loop's products
-// leave float range (inf, or 0 from underflow) this is the loop's product form, not the loop
-// (the distributed path's stated limit).
+// steps each. The product over any number of steps is a plain float product: where the loop's
+// products leave float range (inf, or 0 from underflow) this is the loop's product form, not
+// the loop (the distributed path's stated limit).
 //
 // No shape defines: K, V, T, H are run-time (tiles of 64 cover any). Needs IO_DTYPE = G_DTYPE
 // = 0 for common.cuh and mma.cuh (the tensor cores' TF32 path). Launcher: cupy_gda/slices.py;
@@ -34,8 +31,8 @@
 #define BT 64                      // steps a sub-tile, a tile's lanes (keys or values)
 #define TS 256                     // steps a segment
 #define NT 128                     // threads: 4 warps of 16 steps
-#define LD 68                      // row stride of the [BT][.] tiles (bank-conflict-free frags),
-                                   // in floats, and of St's [keys][values] chunks, in (hi, lo) pairs
+#define LD 68                      // row stride of the [BT][.] tiles (bank-conflict-free frags)
+#define LDS 72                     // and of St's [keys][values] tile in gda_slice_out
 static_assert(TS % BT == 0 && NT == 2 * BT, "a segment of whole sub-tiles; two threads a lane");
 
 // every entry's parameters (_launch.SLICE)
@@ -43,8 +40,8 @@ static_assert(TS % BT == 0 && NT == 2 * BT, "a segment of whole sub-tiles; two t
     const float* __restrict__ x, const float* __restrict__ a, const float* __restrict__ st,    \
     float* __restrict__ y, const float* __restrict__ w, float* __restrict__ z,                  \
     float* __restrict__ out, float* __restrict__ pr, float* __restrict__ ws,                    \
-    float* __restrict__ tot, const long long* __restrict__ count, long long T, int B, int H,  \
-    int K, int V, int NSEG, int reverse, int resident, float scale
+    float* __restrict__ tot, const long long* __restrict__ count, long long T, int B, int H, int K, int V, int NSEG,     \
+    int reverse, float scale
 
 // token of step j
 __device__ __forceinline__ long long gda_slice_token(long long j, long long T, int reverse) {
@@ -132,17 +129,12 @@ __device__ __forceinline__ void gda_slice_stage(float* tile, const float* __rest
     }, C, c0);
 }
 
-// 1b. St's keys r0 .. r0 + BT - 1 by values c0 .. c0 + BT - 1 (St [K][V] of row b, head h: bh =
-// b H + h; 0 past K and V), each split hi + lo (gda_split), into the pairs [BT][LD] at s2
-__device__ __forceinline__ void gda_slice_state(uint2* s2, const float* __restrict__ st,
+// 1b. St's keys r0 .. r0 + BT - 1 (St [K][V] of row b, head h: bh = b H + h; 0 past K)
+__device__ __forceinline__ void gda_slice_state(float* tile, int ld, const float* __restrict__ st,
                                                 long long bh, int K, int V, int r0, int c0) {
-    #pragma unroll 8
-    for (int u = threadIdx.x; u < BT * BT; u += NT) {
-        const int r = u / BT, c = u % BT;
-        uint2 hl;
-        gda_split(r0 + r < K && c0 + c < V ? st[(bh * K + r0 + r) * V + c0 + c] : 0.f, hl.x, hl.y);
-        s2[r * LD + c] = hl;
-    }
+    gda_slice_rows(tile, ld, st, [&](int r) {
+        return r0 + r < K ? (bh * K + r0 + r) * V : -1LL;
+    }, V, c0);
 }
 
 // 4. the tile's rows out to a row-major array of C columns (row r at dst + at(r), skipped where
@@ -218,13 +210,11 @@ __device__ __forceinline__ float gda_slice_products(float* g, float* x, float p,
 }
 
 // 3. d[nt] (steps 16 warp .. +15 by columns 8 nt .. 8 nt + 7) += A B over BT columns of A
-// (A: tile ``at`` [BT][LD], rows the steps, split here), B's element (kk, nn) the (hi, lo) pair
-// at b[kk * ldk + nn * ldn] (St's split: the fragment's registers as mma.cuh's gda_frag_b has
-// them; ldk or ldn is LD, so a half-warp's 16 pairs fill the 32 banks once)
+// (A: tile ``at`` [BT][LD], rows the steps), B's element (kk, nn) at b[kk * ldk + nn * ldn]
 template <int NN>
-__device__ __forceinline__ void gda_slice_mma(float (*d)[4], const float* at, const uint2* b,
+__device__ __forceinline__ void gda_slice_mma(float (*d)[4], const float* at, const float* b,
                                               int ldk, int ldn) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     #pragma unroll 1                               // (unrolled: spills on sm_80 and sm_90)
     for (int k0 = 0; k0 < BT; k0 += KSTEP) {
         unsigned ah[4], al[4];
@@ -233,22 +223,20 @@ __device__ __forceinline__ void gda_slice_mma(float (*d)[4], const float* at, co
         for (int n0 = 0; n0 < NN; n0 += GDA_MMA_GROUP) {
             unsigned bh[GDA_MMA_GROUP][2], bl[GDA_MMA_GROUP][2];
             #pragma unroll
-            for (int j = 0; j < GDA_MMA_GROUP; ++j)
-                #pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const uint2 hl = b[(k0 + t + 4 * i) * ldk + (8 * (n0 + j) + g) * ldn];
-                    bh[j][i] = hl.x;
-                    bl[j][i] = hl.y;
-                }
+            for (int j = 0; j < GDA_MMA_GROUP; ++j) {
+                const float* p = b + (k0 * ldk) + 8 * (n0 + j) * ldn;
+                gda_frag_b([&](int kk, int nn) { return p[kk * ldk + nn * ldn]; }, lane, bh[j], bl[j]);
+            }
             gda_mma3<GDA_MMA_GROUP>(d + n0, ah, al, bh, bl);
         }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 2)
+extern "C" __global__ void __launch_bounds__(NT, 3)
 gda_slice_out(GDA_SLICE_PARAMS) {
     extern __shared__ float smem[];
     const int NVT = (V + BT - 1) / BT, NKC = (K + BT - 1) / BT;
+    const bool resident = NKC <= 4;                     // St's key chunks staged once (K <= 256)
     const long long vt = blockIdx.x % NVT, s = (blockIdx.x / NVT) % NSEG;
     const long long h = (blockIdx.x / NVT / NSEG) % H, b = blockIdx.x / NVT / NSEG / H;
     const long long n = gda_slice_steps(count, b, T), j0 = s * TS;
@@ -256,12 +244,12 @@ gda_slice_out(GDA_SLICE_PARAMS) {
     float* xs = smem;                                   // [BT][LD]: x, then x . P
     float* gs = xs + BT * LD;                           // [BT][LD]: the gates, then P
     float* ps = gs + BT * LD;                           // [NKC * BT]: each lane's product
-    uint2* ss = (uint2*)(ps + NKC * BT);                // [NKC or 1][BT][LD]: St's chunks, split
+    float* ss = ps + NKC * BT;                          // [NKC or 1][BT][LDS]: St's chunks
     for (int k = threadIdx.x; k < NKC * BT; k += NT)
         ps[k] = k < K ? ws[((b * NSEG + s) * H + h) * K + k] : 0.f;
     if (resident)
         for (int c = 0; c < NKC; ++c)
-            gda_slice_state(ss + c * BT * LD, st, b * H + h, K, V, c * BT, vt * BT);
+            gda_slice_state(ss + c * BT * LDS, LDS, st, b * H + h, K, V, c * BT, vt * BT);
     for (long long js = j0; js < min(j0 + TS, n); js += BT) {
         float d[8][4] = {};
         for (int c = 0; c < NKC; ++c) {
@@ -269,13 +257,13 @@ gda_slice_out(GDA_SLICE_PARAMS) {
             gda_slice_stage(xs, x, b, h, T, H, K, js, n, c * BT, reverse);
             gda_slice_stage(gs, a, b, h, T, H, K, js, n, c * BT, reverse);
             if (!resident)
-                gda_slice_state(ss, st, b * H + h, K, V, c * BT, vt * BT);
+                gda_slice_state(ss, LDS, st, b * H + h, K, V, c * BT, vt * BT);
             gda_slice_landed();
             __syncthreads();
             if (threadIdx.x < BT)
                 ps[c * BT + threadIdx.x] = gda_slice_products(gs, xs, ps[c * BT + threadIdx.x], js, n, reverse);
             __syncthreads();
-            gda_slice_mma<8>(d, xs, ss + (resident ? c * BT * LD : 0), LD, 1);
+            gda_slice_mma<8>(d, xs, ss + (resident ? c * BT * LDS : 0), LDS, 1);
         }
         // 4. y += scale d at the steps before n (parked in xs, then whole rows)
         __syncthreads();
@@ -289,25 +277,26 @@ gda_slice_out(GDA_SLICE_PARAMS) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 2)
+extern "C" __global__ void __launch_bounds__(NT, 3)
 gda_slice_in(GDA_SLICE_PARAMS) {
     extern __shared__ float smem[];
     const int NKT = (K + BT - 1) / BT, NVC = (V + BT - 1) / BT;
+    const bool resident = NVC <= 4;                     // St's value chunks staged once (V <= 256)
     const long long kt = blockIdx.x % NKT, s = (blockIdx.x / NKT) % NSEG;
     const long long h = (blockIdx.x / NKT / NSEG) % H, b = blockIdx.x / NKT / NSEG / H;
     const long long n = gda_slice_steps(count, b, T), j0 = s * TS;
     float* gs = smem;                                   // [BT][LD]: the gates, then P
     float* ys = gs + BT * LD;                           // [BT][LD]: y's value chunk
     float* ps = ys + BT * LD;                           // [BT]: each lane's product
-    uint2* ss = (uint2*)(ps + BT);                      // [NVC or 1][BT][LD]: St's chunks,
-                                                        //   keys by values, split
+    float* ss = ps + BT;                                // [NVC or 1][BT][LD]: St's chunks,
+                                                        //   keys by values
     if (threadIdx.x < BT) {
         const long long k = kt * BT + threadIdx.x;
         ps[threadIdx.x] = j0 < n && k < K ? ws[((b * NSEG + s) * H + h) * K + k] : 0.f;
     }
     if (resident && j0 < n)
         for (int c = 0; c < NVC; ++c)
-            gda_slice_state(ss + c * BT * LD, st, b * H + h, K, V, kt * BT, c * BT);
+            gda_slice_state(ss + c * BT * LD, LD, st, b * H + h, K, V, kt * BT, c * BT);
     for (long long js = j0; js < min(j0 + TS, T); js += BT) {
         float d[8][4] = {};
         if (js < n) {
@@ -321,7 +310,7 @@ gda_slice_in(GDA_SLICE_PARAMS) {
                 __syncthreads();
                 gda_slice_stage(ys, y, b, h, T, H, V, js, n, c * BT, reverse);
                 if (!resident)
-                    gda_slice_state(ss, st, b * H + h, K, V, kt * BT, c * BT);
+                    gda_slice_state(ss, LD, st, b * H + h, K, V, kt * BT, c * BT);
                 gda_slice_landed();
                 __syncthreads();
                 // B (kk: value, nn: key) = St[key][value]

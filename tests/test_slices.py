@@ -55,9 +55,8 @@ def test_forms_are_the_loop():
 
 
 # (B, T, H, K, V, gate regime): one step; K and V off the tiles of 64; two or three segments
-# (slices.TS); St's chunks split once a block (K or V <= 128 on the H200; test_gpu_terms_
-# are_their_forms also forces each sub-tile's split) or each sub-tile (K = 300, V = 512);
-# GLA-1.3B's widths; empty
+# (slices.TS); St's key chunks staged once (K <= 256) or again each sub-tile (K = 300), and its
+# value chunks likewise (V = 512); GLA-1.3B's widths; empty
 CASES = [
     pytest.param((1, 1, 1, 1, 1, "unif"), id="B1-T1-H1-K1-V1"),
     pytest.param((2, 63, 2, 24, 7, "zeros"), id="B2-T63-H2-K24-V7-gate_zeros"),
@@ -74,12 +73,9 @@ CASES = [
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reversed"])
 @pytest.mark.parametrize("counted", ["all", "some"])
-@pytest.mark.parametrize("resident", ["rule", "never"])
-def test_gpu_terms_are_their_forms(case, reverse, counted, resident, monkeypatch):
+def test_gpu_terms_are_their_forms(case, reverse, counted, monkeypatch):
     import cupy
     monkeypatch.setattr(_launch, "POISON", True)
-    if resident == "never":         # St split again each sub-tile, whatever the device holds
-        monkeypatch.setattr(slices, "st_resident", lambda smem, chunks: False)
     B, T, H, K, V, regime = case
     d = _inputs(B, T, H, K, V, regime, seed=T + K + V)
     # some: none of row 0's steps, about two thirds of row 1's; and past T (clamped)
@@ -133,15 +129,3 @@ def test_gpu_terms_take_views_at_any_address():
         got.append([cupy.asnumpy(r) for r in (t.tot, y, z, P)])
     for fresh, view in zip(*got):
         assert np.array_equal(fresh, view, equal_nan=True)
-
-
-def test_st_resident_where_two_blocks_fit(monkeypatch):
-    """St's chunks stay split for the block's segment where two blocks of that size fit an SM
-    (the H200's 227 KB a block: K or V <= 128) and never beyond two chunks (the A100's 163 KB:
-    not even two)."""
-    for optin, want in ((227 * 1024, True), (163 * 1024, False)):
-        monkeypatch.setattr(slices, "device_limits", lambda: (132, optin))
-        assert slices.st_resident(lambda r: slices.smem_out(128, r), 2) is want
-        assert slices.st_resident(lambda r: slices.smem_in(100, r), 2) is want
-        assert slices.st_resident(lambda r: slices.smem_out(64, r), 1)
-        assert not slices.st_resident(lambda r: slices.smem_out(192, r), 3)
