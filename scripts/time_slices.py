@@ -1,0 +1,46 @@
+"""Time gda_slice's kernels alone (cupy_gda/slices.py): the products entering each segment
+(prods + enter), gda_slice_out and gda_slice_in, on random float32 inputs at one shape. Medians
+of CUDA-event times over 15 calls after 3 warm-ups. Run from a tree's root (an older tree's
+too: PYTHONPATH=<its root>) to compare kernels in one device call.
+
+    python -m scripts.time_slices [LABEL] [B T H K V]
+"""
+import sys
+
+import numpy as np
+
+
+def median_ms(fn, n=15, warm=3):
+    import cupy
+    for _ in range(warm):
+        fn()
+    times = []
+    for _ in range(n):
+        e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(e0, e1))
+    return float(np.median(times))
+
+
+def main(label="this tree", B=1, T=65536, H=16, K=128, V=128):
+    import cupy
+    from cupy_gda import slices
+    B, T, H, K, V = (int(x) for x in (B, T, H, K, V))
+    rng = cupy.random.default_rng(0)
+    a = rng.uniform(0.9, 1.0, (B, T, H, K), dtype=np.float32)
+    x = rng.standard_normal((B, T, H, K), dtype=np.float32)
+    y = rng.standard_normal((B, T, H, V), dtype=np.float32)
+    st = rng.standard_normal((B, H, K, V), dtype=np.float32)
+    t = slices.terms(a, None, False, V)
+    out = x.copy()
+    print(f"{label}: B{B} T{T} H{H} K{K} V{V}: "
+          f"gda_slice_out {median_ms(lambda: t.out(y, x, st, 1.0)):.3f} ms, "
+          f"gda_slice_in {median_ms(lambda: t.into(out, y, x, st, 1.0)):.3f} ms, "
+          f"prods+enter {median_ms(lambda: slices.terms(a, None, False, V)):.3f} ms")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
