@@ -1,7 +1,7 @@
 """Time gda_slice's kernels alone (cupy_gda/slices.py): the products entering each segment
 (prods + enter), gda_slice_out and gda_slice_in, on random float32 inputs at one shape. Medians
-of CUDA-event times over 15 calls after 3 warm-ups. Run from a tree's root (an older tree's
-too: PYTHONPATH=<its root>) to compare kernels in one device call.
+of CUDA-event times (dist_ranks.median_ms: 7 calls after a warm-up). Run from a tree's root
+(an older tree's too: PYTHONPATH=<its root>) to compare kernels in one device call.
 
     python -m scripts.time_slices [LABEL] [B T H K V]
 """
@@ -9,20 +9,7 @@ import sys
 
 import numpy as np
 
-
-def median_ms(fn, n=15, warm=3):
-    import cupy
-    for _ in range(warm):
-        fn()
-    times = []
-    for _ in range(n):
-        e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(e0, e1))
-    return float(np.median(times))
+from scripts.dist_ranks import median_ms
 
 
 def main(label="this tree", B=1, T=65536, H=16, K=128, V=128):
