@@ -101,21 +101,42 @@ def cache_dir():
 
 
 def _cached_binary(kernel, defines, headers, options, arch):
-    """The path of the build of ``kernel`` for ``arch``: compiled once, then read from disk."""
+    """The path of the build of ``kernel`` for ``arch``: compiled once, then read from disk (where
+    the cache folder cannot be written, a folder of this process's in the temporary one)."""
     from cupy_backends.cuda.libs import nvrtc
     text = source(kernel, defines, headers)
     opts = _options(options, arch)
     key = repr((CACHE_FORMAT, nvrtc.getVersion(), opts, text)).encode()
     ext = ".ptx" if arch.startswith("compute_") else ".cubin"
-    path = os.path.join(cache_dir(), hashlib.sha256(key).hexdigest() + ext)
-    if not os.path.exists(path):
-        _, cubin, ptx = _nvrtc(kernel, defines, text, opts)
-        os.makedirs(cache_dir(), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache_dir(), suffix=ext)    # others may build it too:
-        with os.fdopen(fd, "wb") as f:                              # whole files only
-            f.write(ptx if ext == ".ptx" else cubin)
-        os.replace(tmp, path)
-    return path
+    name = hashlib.sha256(key).hexdigest() + ext
+    for folder in (cache_dir(), _private):
+        if folder and os.path.exists(os.path.join(folder, name)):
+            return os.path.join(folder, name)
+    _, cubin, ptx = _nvrtc(kernel, defines, text, opts)
+    try:
+        return _write(cache_dir(), name, ptx if ext == ".ptx" else cubin)
+    except OSError:
+        return _write(_private_dir(), name, ptx if ext == ".ptx" else cubin)
+
+
+def _write(folder, name, data):
+    """folder/name <- data, whole (others may write it too: a temporary file, then a rename)."""
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=os.path.splitext(name)[1])
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, os.path.join(folder, name))
+    return os.path.join(folder, name)
+
+
+_private = None         # this process's folder for builds the cache folder cannot take
+
+
+def _private_dir():
+    global _private
+    if _private is None:
+        _private = tempfile.mkdtemp(prefix="cupy_gda_kernels_")
+    return _private
 
 
 def _options(options, arch):

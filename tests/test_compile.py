@@ -10,6 +10,7 @@ it cannot be loaded the module skips, except under CI=true, where that is an err
 import functools
 import os
 import re
+import tempfile
 
 import pytest
 
@@ -402,3 +403,19 @@ def test_run_time_builds_are_kept_on_disk(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path / "cupy_gda")) == sorted(     # no temporary files left
         os.path.basename(x) for x in (path, ptx, _compile._cached_binary(
             "gda_step", dict(defines, V_DIM=12), *args[2:], "sm_80")))
+
+
+def test_run_time_builds_without_a_writable_cache(tmp_path, monkeypatch):
+    """A cache folder that cannot be made (CUPY_CACHE_DIR below a plain file, as a read-only
+    home would refuse it): the build goes to a folder of the process's own, once."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(blocker))
+    monkeypatch.setattr(_compile, "_private", None)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))     # (its folder made in tmp_path)
+    p = Problem(B=1, T=8, H=2, K=24, V=24, N=1, dtype="float32", g_dtype="float32", log_gate=False)
+    args = ("gda_step", step.defines(p, False, 16), step.FAMILY.headers, (), "sm_80")
+    path = _compile._cached_binary(*args)
+    assert os.path.dirname(path) == _compile._private and open(path, "rb").read(4) == b"\x7fELF"
+    monkeypatch.setattr(_compile, "_nvrtc", lambda *a: pytest.fail("built again"))
+    assert _compile._cached_binary(*args) == path
