@@ -113,10 +113,11 @@ def _cached_binary(kernel, defines, headers, options, arch):
         if folder and os.path.exists(os.path.join(folder, name)):
             return os.path.join(folder, name)
     _, cubin, ptx = _nvrtc(kernel, defines, text, opts)
+    binary = ptx if ext == ".ptx" else cubin
     try:
-        return _write(cache_dir(), name, ptx if ext == ".ptx" else cubin)
+        return _write(cache_dir(), name, binary)
     except OSError:
-        return _write(_private_dir(), name, ptx if ext == ".ptx" else cubin)
+        return _write(_private_dir(), name, binary)
 
 
 def _write(folder, name, data):

@@ -308,15 +308,18 @@ def _prepare(fn, br, q, k, v, gate, log_gate, h0, cu, scale, comm, floats):
         xp = np
         dt = np.dtype(p.cpu_dtype)
     g = gate if gate is not None else log_gate
-    # (no copies where the inputs are in dt already and contiguous: nothing below writes into
-    # them)
-    f = [None if x is None else xp.ascontiguousarray(x.astype(dt, copy=False))
-         for x in floats]
-    a = xp.ascontiguousarray(g.astype(dt, copy=False))
+    f = [None if x is None else _in(xp, x, dt) for x in floats]
+    a = _in(xp, g, dt)
     if log_gate is not None:
         with np.errstate(under="ignore"):
             a = xp.exp(a)
     return xp, c, p, scale, dt, f, a
+
+
+def _in(xp, x, dt):
+    """x in the compute dtype ``dt``, C-contiguous: itself where it is already (nothing writes
+    into the caller's arrays), else a copy."""
+    return xp.ascontiguousarray(x.astype(dt, copy=False))
 
 
 def _fold(xp, pairs, start, reset, ranks):
@@ -361,7 +364,7 @@ def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initi
                                         initial_state=sl.local_rows(xp, h0f, sl.own_start),
                                         output_final_state=True, cu_seqlens=sl.cu,
                                         check_indices=False)
-        o = xp.ascontiguousarray(o.astype(dt, copy=False))
+        o = _in(xp, o, dt)
         ends = _Ends(xp, sl, a, p.V, False) if p.T else None
         P = ends.P if p.T else xp.ones((p.N, p.H, p.K), dt)
         # 2. exchange, 3. combine
@@ -423,7 +426,7 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
         grads = cupy_gda.gated_attention_backward(q, k, v, a, do=do, scale=scale,
                                                   initial_state=h0_loc, d_final_state=dht_loc,
                                                   cu_seqlens=sl.cu, check_indices=False)
-        dq, dk, dv = (xp.ascontiguousarray(g.astype(dt, copy=False)) for g in grads[:3])
+        dq, dk, dv = (_in(xp, g, dt) for g in grads[:3])
         da, dstart = grads[3:]
         ends = _Ends(xp, sl, a, p.V, True) if p.T else None
         P = ends.P if p.T else xp.ones((N, H, K), dt)
