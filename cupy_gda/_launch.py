@@ -47,6 +47,8 @@ SLICE = tuple((n, PTR) for n in ("x", "a", "st", "y", "w", "z", "out", "pr", "ws
                                  "count")) + (
     ("T", I64), ("B", I32), ("H", I32), ("K", I32), ("V", I32), ("NSEG", I32), ("reverse", I32),
     ("scale", F32))
+# every entry of gda_convert
+CONVERT = (("x", PTR), ("y", PTR), ("n", I64))
 # gda_step
 STEP = (("q", PTR), ("k", PTR), ("v", PTR), ("g", PTR), ("o", PTR), ("state", PTR),
         ("state_indices", PTR), ("H", I32), ("N", I64), ("NV", I32), ("scale", F32))

@@ -40,7 +40,7 @@ import threading
 import numpy as np
 
 import cupy_gda
-from cupy_gda import _checks, slices
+from cupy_gda import _checks, convert, slices
 from cupy_gda._interop import Bridge, host_array
 from cupy_gda.scan import scan
 
@@ -308,6 +308,8 @@ def _prepare(fn, br, q, k, v, gate, log_gate, h0, cu, scale, comm, floats):
         xp = np
         dt = np.dtype(p.cpu_dtype)
     g = gate if gate is not None else log_gate
+    # (no copies where the inputs are in dt already and contiguous: nothing below writes into
+    # them)
     f = [None if x is None else _in(xp, x, dt) for x in floats]
     a = _in(xp, g, dt)
     if log_gate is not None:
@@ -317,9 +319,11 @@ def _prepare(fn, br, q, k, v, gate, log_gate, h0, cu, scale, comm, floats):
 
 
 def _in(xp, x, dt):
-    """x in the compute dtype ``dt``, C-contiguous: itself where it is already (nothing writes
-    into the caller's arrays), else a copy."""
-    return xp.ascontiguousarray(x.astype(dt, copy=False))
+    """x in the compute dtype ``dt``, C-contiguous (itself where it is already: nothing writes
+    into it; half CuPy arrays to float32 by gda_convert, which CuPy's astype runs at a third of
+    the copy rate)."""
+    y = convert.as_float32(x) if dt == np.float32 else x.astype(dt, copy=False)
+    return xp.ascontiguousarray(y)
 
 
 def _fold(xp, pairs, start, reset, ranks):
@@ -378,7 +382,7 @@ def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initi
         if p.T:                             # (in place: o is the local pass's)
             ends.fwd.out(o, qf, xp.ascontiguousarray(sl.rows(xp, s_in, sl.first)), scale)
         with np.errstate(over="ignore"):
-            o = o.astype(v.dtype, copy=False)
+            o = convert.as_dtype(o, v.dtype)
         # (the states in dt: float32, or float64 for float64 NumPy inputs)
         r = (br.back(o),) + ((br.back(final.astype(dt, copy=False)),) if output_final_state
                              else ())
@@ -457,9 +461,9 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
         if log_gate is not None:
             da = da * a                           # d/dlog a = a . d/da
         with np.errstate(over="ignore"):
-            out = (dq.astype(q.dtype, copy=False), dk.astype(q.dtype, copy=False),
-                   dv.astype(q.dtype, copy=False),
-                   da.astype((gate if gate is not None else log_gate).dtype, copy=False),
+            out = (convert.as_dtype(dq, q.dtype), convert.as_dtype(dk, q.dtype),
+                   convert.as_dtype(dv, q.dtype),
+                   convert.as_dtype(da, (gate if gate is not None else log_gate).dtype),
                    None if h0 is None else dh0.astype(dt, copy=False))
         return cupy_gda.Gradients(*(br.back(x) for x in out))
 

@@ -2,7 +2,8 @@
 
 For sm_80 and sm_90: a cubin, no compiler warning, no local memory (stack frame, spills) in
 these hot loops, every entry point's PTX parameters as its launcher declares them (_launch.FORWARD,
-_launch.STEP, _launch.BACKWARD, _launch.CHUNK_BACKWARD, _launch.SCAN, _launch.SLICE), and the launcher's shared-memory bytes
+_launch.STEP, _launch.BACKWARD, _launch.CHUNK_BACKWARD, _launch.SCAN, _launch.SLICE,
+_launch.CONVERT), and the launcher's shared-memory bytes
 as the kernel's layout has them (the kernels' SMEM_BYTES static_asserts). A bad define fails with KernelCompileError naming the file
 and the defines. Needs only NVRTC (the `nvidia-cuda-nvrtc-cu12` wheel of the `test` extra); where
 it cannot be loaded the module skips, except under CI=true, where that is an error.
@@ -14,8 +15,8 @@ import tempfile
 
 import pytest
 
-from cupy_gda import (_compile, _launch, chunk, chunk_bwd, recurrent, recurrent_bwd, scan, slices,
-                      step)
+from cupy_gda import (_compile, _launch, chunk, chunk_bwd, convert, recurrent, recurrent_bwd, scan,
+                      slices, step)
 from cupy_gda._checks import Problem
 
 
@@ -66,7 +67,7 @@ _SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 FEW, MANY = (2, 4), (32, 16)
 FAMILIES = {"gda_recurrent_fwd": recurrent.FAMILY, "gda_chunk_fwd": chunk.FAMILY, "gda_step": step.FAMILY,
             "gda_recurrent_bwd": recurrent_bwd.FAMILY, "gda_chunk_bwd": chunk_bwd.FAMILY,
-            "gda_scan": scan.FAMILY, "gda_slice": slices.FAMILY}
+            "gda_scan": scan.FAMILY, "gda_slice": slices.FAMILY, "gda_convert": convert.FAMILY}
 
 
 def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=None):
@@ -169,6 +170,11 @@ def _cases():
         # gda_slice: no shape defines either (K, V run-time), one build an arch
         add(pytest.param("gda_slice", arch, tuple(sorted(slices.DEFINES.items())),
                          id=f"gda_slice-{arch}"), True)
+        # gda_convert: each half dtype, 16-byte accesses or not
+        for dtype in ("float16", "bfloat16"):
+            for vec in (False, True):
+                add(pytest.param("gda_convert", arch, tuple(sorted(convert.defines(dtype, vec).items())),
+                                 id=f"gda_convert-{arch}-{_SHORT[dtype]}-vec{int(vec)}"), True)
     for a, arch in enumerate(ARCHS):
         # gda_step's narrower state accesses: an 8- or 4-byte aligned state (VEC 2, VEC 1)
         add(_case("gda_step", arch, 128, 64, VARIANTS[a], align=8), True)
@@ -189,7 +195,7 @@ def _build(kernel, items, arch):
 # the kernels by the CPU time a compile takes (NVRTC 12.9: chunk_fwd 1.5-5.6 s, recurrent_fwd
 # and chunk_bwd 0.3-1, recurrent_bwd 0.2-0.5, step 0.1-0.2; 5 CPU minutes in all, 3/4 chunk_fwd)
 _COST = {"gda_chunk_fwd": 2, "gda_recurrent_fwd": 1, "gda_recurrent_bwd": 1, "gda_chunk_bwd": 1,
-         "gda_step": 0, "gda_scan": 0, "gda_slice": 1}
+         "gda_step": 0, "gda_scan": 0, "gda_slice": 1, "gda_convert": 0}
 _jobs = {}          # (kernel, items, arch) -> its compile's Future
 
 
