@@ -433,7 +433,7 @@ struct gda_gemm_ops {                                   // gda_gemm's operand ty
 // is multiplied, the first of the next product's (an, bn: the same shapes, the same tile; none
 // where an is null) is loaded into them, so a chain of products (the scan's chunks) does not
 // wait on its loads
-template <int M, int N, int KK, bool XA, bool XB, typename opa, typename opb>
+template <int M, int N, int KK, bool XA, bool XB, typename opa, typename opb, int RT = 2>
 __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, opb& B,
                                                const typename opa::elem* a,
                                                const typename opb::elem* b, float alpha, int m0,
@@ -457,7 +457,7 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
             A.load(an, m0, 0);
             B.load(bn, n0, 0);
         }
-        #pragma unroll
+        #pragma unroll (RT == 1 ? 1 : GK / 16)
         for (int ks = 0; ks < GK; ks += 16) {
             if (!live || k0 + ks >= KK) continue;       // (the same in the whole warp)
             const int kp = ks / 2 + t;
@@ -468,26 +468,37 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
                 for (int i = 0; i < 4; ++i)
                     #pragma unroll
                     for (int j = 0; j < 2; ++j) fb[e][i][j] = sb[e * GW + opb::at(wn + 8 * i + g, kp + 4 * j)];
-            float d[2][4][4] = {};                      // this k-step's sums
-            // A's terms l, m, h in turn, each with the B terms down to 2^-16 of the product:
-            // l h; m m, m h; h l, h m, h h (last: what the small terms were added to is 2^-7 of it)
+            // RT row tiles a pass (RT = 1: 16 registers of fresh sums live, not 32), into this
+            // k-step's fresh sums d: A's terms l, m, h in turn, each with the B terms down to
+            // 2^-16 of the product: l h; m m, m h; h l, h m, h h (last: what the small terms
+            // were added to is 2^-7 of it)
             #pragma unroll
-            for (int ea = XA ? 0 : 2; ea >= 0; --ea) {
-                unsigned fa[2][4];
+            for (int i0 = 0; i0 < 2; i0 += RT) {
+                if (i0 >= mn) continue;                 // (the same in the whole warp)
+                float d[RT][4][4] = {};
                 #pragma unroll
-                for (int i = 0; i < 2; ++i)
+                for (int ea = XA ? 0 : 2; ea >= 0; --ea) {
+                    unsigned fa[RT][4];
                     #pragma unroll
-                    for (int j = 0; j < 4; ++j)
-                        fa[i][j] = sm[ea * GW + opa::at(wm + 16 * i + g + 8 * (j & 1), kp + 4 * (j >> 1))];
-                #pragma unroll
-                for (int eb = XB ? 0 : 2 - ea; eb >= 0; --eb)
-                    #pragma unroll
-                    for (int i = 0; i < 2; ++i)
+                    for (int i = 0; i < RT; ++i)
                         #pragma unroll
                         for (int j = 0; j < 4; ++j)
-                            if (i < mn && j < nn) gda_mma_bf16(d[i][j], fa[i], fb[eb][j]);
+                            fa[i][j] = sm[ea * GW + opa::at(wm + 16 * (i0 + i) + g + 8 * (j & 1), kp + 4 * (j >> 1))];
+                    #pragma unroll
+                    for (int eb = XB ? 0 : 2 - ea; eb >= 0; --eb)
+                        #pragma unroll
+                        for (int i = 0; i < RT; ++i)
+                            #pragma unroll
+                            for (int j = 0; j < 4; ++j)
+                                if (i0 + i < mn && j < nn) gda_mma_bf16(d[i][j], fa[i], fb[eb][j]);
+                }
+                #pragma unroll
+                for (int i = 0; i < RT; ++i)
+                    #pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        #pragma unroll
+                        for (int r = 0; r < 4; ++r) acc[i0 + i][j][r] += d[i][j][r];
             }
-            gda_tile_add(acc, d);
         }
     }
 }
@@ -497,7 +508,7 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
 // (1 where XA); XA, XB: the operand is exact in bfloat16, one term (the products with its other
 // terms, 0, left out). sm: GDA_GEMM_SMEM bytes. Every thread of the block calls it. (gda_gemm_of:
 // with the operand types given, e.g. plane operands.)
-template <int M, int N, int KK, bool XA, bool XB, typename opa, typename opb>
+template <int M, int N, int KK, bool XA, bool XB, typename opa, typename opb, int RT = 2>
 __device__ __forceinline__ void gda_gemm_of(float (&acc)[2][4][4], const typename opa::elem* a,
                                             const typename opb::elem* b, float alpha, int m0,
                                             int n0, unsigned* sm)
@@ -506,14 +517,16 @@ __device__ __forceinline__ void gda_gemm_of(float (&acc)[2][4][4], const typenam
     opb B;
     A.load(a, m0, 0);
     B.load(b, n0, 0);
-    gda_gemm_chain<M, N, KK, XA, XB>(acc, A, B, a, b, alpha, m0, n0, sm, nullptr, nullptr);
+    gda_gemm_chain<M, N, KK, XA, XB, opa, opb, RT>(acc, A, B, a, b, alpha, m0, n0, sm, nullptr,
+                                                  nullptr);
 }
-template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false>
+template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false, int RT = 2>
 __device__ __forceinline__ void gda_gemm(float (&acc)[2][4][4], const float* a, const float* b,
                                          float alpha, int m0, int n0, unsigned* sm)
 {
     typedef gda_gemm_ops<M, N, KK, TA, TB, XA, XB> ops;
-    gda_gemm_of<M, N, KK, XA, XB, typename ops::A, typename ops::B>(acc, a, b, alpha, m0, n0, sm);
+    gda_gemm_of<M, N, KK, XA, XB, typename ops::A, typename ops::B, RT>(acc, a, b, alpha, m0, n0,
+                                                                        sm);
 }
 
 // f(i, j, h, row, col) for each pair of the thread's accumulator elements acc[i][j][2 h],
@@ -1357,8 +1370,14 @@ extern "C" __global__ void __launch_bounds__(KT) gda_chunk_bwd_intra(GDA_CHUNK_B
 
 // 7. dv of chunk b: (k D) E + scale W do, into [B, T, H, V] in v's dtype (FWD: o of chunk b,
 // (scale q A)^T S0 + scale W^T v, into dv's place). Block: (b, tile of V).
-// (two GEMMs: where ptxas would keep it to 168 registers, 3 blocks an SM, it spilled)
-extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_dv(GDA_CHUNK_BWD_PARAMS)
+// (3 blocks an SM, 168 registers: its GEMMs take a row tile a pass (DV_RT = 1), which keeps
+// their fresh sums to 16 registers; with both tiles a pass ptxas spilled at 168 and 2 blocks an
+// SM took 1.15-1.25x the time, docs/perf-notes.md v26)
+#define DV_RT 1
+#ifndef DV_MIN
+#define DV_MIN 3
+#endif
+extern "C" __global__ void __launch_bounds__(NTG, DV_MIN) gda_chunk_bwd_dv(GDA_CHUNK_BWD_PARAMS)
 {
     __shared__ __align__(16) unsigned b_op[GDA_GEMM_SMEM / 4];
     const long long b = blockIdx.x / GDA_TILES(V_DIM);
@@ -1372,24 +1391,25 @@ extern "C" __global__ void __launch_bounds__(NTG, 2) gda_chunk_bwd_dv(GDA_CHUNK_
         typedef gda_gemm_ops<BT, V_DIM, K_DIM, false, false> qs;
         typedef gda_gemm_ops<BT, V_DIM, BT, true, false, false, GDA_VX> wv;
         gda_gemm_of<BT, V_DIM, K_DIM, false, false, gda_plane_operand<BT, K_DIM, KP, false, PA>,
-                    typename qs::B>(acc, pc.q, st + b * K_DIM * V_DIM, 1.f, 0, n0, b_op);
+                    typename qs::B, DV_RT>(acc, pc.q, st + b * K_DIM * V_DIM, 1.f, 0, n0, b_op);
         gda_gemm_of<BT, V_DIM, BT, false, GDA_VX, typename wv::A,
-                    gda_plane_operand<BT, V_DIM, VP, true, PB>>(acc, ww + b * BT * BT, pc.v, scale,
-                                                                0, n0, b_op);
+                    gda_plane_operand<BT, V_DIM, VP, true, PB>, DV_RT>(acc, ww + b * BT * BT, pc.v,
+                                                                       scale, 0, n0, b_op);
     } else if constexpr (PLANES) {                      // k D's three terms and do as made
         const gda_planes_at pc(pl, NH * NC, b);
         typedef gda_gemm_ops<BT, V_DIM, K_DIM, false, false> ke;
         typedef gda_gemm_ops<BT, V_DIM, BT, false, false, false, GDA_VX> wd;
         gda_gemm_of<BT, V_DIM, K_DIM, false, false, gda_plane_operand<BT, K_DIM, KP, false, PA>,
-                    typename ke::B>(acc, pc.k, e, 1.f, 0, n0, b_op);
+                    typename ke::B, DV_RT>(acc, pc.k, e, 1.f, 0, n0, b_op);
         gda_gemm_of<BT, V_DIM, BT, false, GDA_VX, typename wd::A,
-                    gda_plane_operand<BT, V_DIM, VP, true, PB>>(acc, ww + b * BT * BT, pc.d, scale,
-                                                                0, n0, b_op);
+                    gda_plane_operand<BT, V_DIM, VP, true, PB>, DV_RT>(acc, ww + b * BT * BT, pc.d,
+                                                                       scale, 0, n0, b_op);
     } else {
-        gda_gemm<BT, V_DIM, K_DIM, false, false>(acc, kd + b * BT * K_DIM, e, 1.f, 0, n0, b_op);
-        gda_gemm<BT, V_DIM, BT, false, false, false, GDA_VX>(acc, ww + b * BT * BT,
-                                                             dp + b * BT * V_DIM, scale, 0, n0,
-                                                             b_op);
+        gda_gemm<BT, V_DIM, K_DIM, false, false, false, false, DV_RT>(acc, kd + b * BT * K_DIM, e,
+                                                                      1.f, 0, n0, b_op);
+        gda_gemm<BT, V_DIM, BT, false, false, false, GDA_VX, DV_RT>(acc, ww + b * BT * BT,
+                                                                    dp + b * BT * V_DIM, scale, 0,
+                                                                    n0, b_op);
     }
     gda_gemm_put<BT>(acc, 0, n0, [=](int t, int j, float x0, float x1) {
         if (t < ch.rows) {
