@@ -506,7 +506,8 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
 // acc (the thread's part of the block's tile at rows m0.., columns n0..) += op(A) op(B): op(A)
 // M x KK (A stored KK x M where TA), op(B) KK x N (stored N x KK where TB), alpha scaling A
 // (1 where XA); XA, XB: the operand is exact in bfloat16, one term (the products with its other
-// terms, 0, left out). sm: GDA_GEMM_SMEM bytes. Every thread of the block calls it. (gda_gemm_of:
+// terms, 0, left out); RT: the row tiles a pass of the k-step's products (1: fewer registers,
+// the same sums). sm: GDA_GEMM_SMEM bytes. Every thread of the block calls it. (gda_gemm_of:
 // with the operand types given, e.g. plane operands.)
 template <int M, int N, int KK, bool XA, bool XB, typename opa, typename opb, int RT = 2>
 __device__ __forceinline__ void gda_gemm_of(float (&acc)[2][4][4], const typename opa::elem* a,
@@ -1374,10 +1375,7 @@ extern "C" __global__ void __launch_bounds__(KT) gda_chunk_bwd_intra(GDA_CHUNK_B
 // their fresh sums to 16 registers; with both tiles a pass ptxas spilled at 168 and 2 blocks an
 // SM took 1.15-1.25x the time, docs/perf-notes.md v26)
 #define DV_RT 1
-#ifndef DV_MIN
-#define DV_MIN 3
-#endif
-extern "C" __global__ void __launch_bounds__(NTG, DV_MIN) gda_chunk_bwd_dv(GDA_CHUNK_BWD_PARAMS)
+extern "C" __global__ void __launch_bounds__(NTG, 3) gda_chunk_bwd_dv(GDA_CHUNK_BWD_PARAMS)
 {
     __shared__ __align__(16) unsigned b_op[GDA_GEMM_SMEM / 4];
     const long long b = blockIdx.x / GDA_TILES(V_DIM);
