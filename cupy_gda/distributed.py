@@ -308,8 +308,6 @@ def _prepare(fn, br, q, k, v, gate, log_gate, h0, cu, scale, comm, floats):
         xp = np
         dt = np.dtype(p.cpu_dtype)
     g = gate if gate is not None else log_gate
-    # (no copies where the inputs are in dt already and contiguous: nothing below writes into
-    # them)
     f = [None if x is None else _in(xp, x, dt) for x in floats]
     a = _in(xp, g, dt)
     if log_gate is not None:
