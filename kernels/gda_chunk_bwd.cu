@@ -178,63 +178,173 @@ __device__ __forceinline__ void gda_plane_put(unsigned short* p, long long strid
     p[2 * stride] = (unsigned short)l;
 }
 
-// 1. Block (chunk b): a thread per key column (q A forward, k D backward), then per value column
+// CW consecutive elements of a CODE-typed array from element e (a multiple of CW; CW = 1, 2 or
+// 4) as floats: one 4-, 8- or 16-byte load
+template <int CODE, int CW>
+__device__ __forceinline__ void gda_load_cols(const typename gda_type<CODE>::t* p, long long e,
+                                              float (&x)[CW]) {
+    typedef gda_type<CODE> ty;
+    if constexpr (CW == 1) {
+        x[0] = ty::load(p[e]);
+    } else if constexpr (CODE == 0) {
+        gda_float_pack<CW> y;
+        y.v = *reinterpret_cast<const typename gda_floats<CW>::t*>(p + e);
+        #pragma unroll
+        for (int c = 0; c < CW; ++c) x[c] = y.f[c];
+    } else {
+        unsigned u[CW / 2];
+        if constexpr (CW == 2) {
+            u[0] = *reinterpret_cast<const unsigned*>(p + e);
+        } else {
+            const uint2 w = *reinterpret_cast<const uint2*>(p + e);
+            u[0] = w.x;
+            u[1] = w.y;
+        }
+        #pragma unroll
+        for (int c = 0; c < CW; ++c)
+            x[c] = ty::load((unsigned short)(c % 2 ? u[c / 2] >> 16 : u[c / 2] & 0xffffu));
+    }
+}
+
+// The multiplicative gate from what the caller gave, loaded as a float (gda_gate's)
+__device__ __forceinline__ float gda_gate_of(float x) {
+#if LOG_GATE
+    return expf(x);
+#else
+    return x;
+#endif
+}
+
+// x[0..CW) into P planes at p, p + stride, .. (gda_plane_put's, column by column; CW >= 2: as
+// bfloat16 pairs, stores of 4 or 8 bytes; p 2 CW-byte aligned, stride even)
+template <int P, int CW>
+__device__ __forceinline__ void gda_plane_put_cols(unsigned short* p, long long stride,
+                                                   const float (&x)[CW]) {
+    if constexpr (CW == 1) {
+        gda_plane_put<P>(p, stride, x[0]);
+    } else {
+        unsigned w[3][CW / 2];                          // [term h, m, l][pair]
+        #pragma unroll
+        for (int c = 0; c < CW / 2; ++c)
+            gda_split3<P == 1>(x[2 * c], x[2 * c + 1], w[0][c], w[1][c], w[2][c]);
+        #pragma unroll
+        for (int e = 0; e < P; ++e) {
+            if constexpr (CW == 2) *reinterpret_cast<unsigned*>(p + e * stride) = w[e][0];
+            else *reinterpret_cast<uint2*>(p + e * stride) = make_uint2(w[e][0], w[e][1]);
+        }
+    }
+}
+
+// x[0..CW) into the float32 array at c (4 CW-byte aligned): one store
+template <int CW>
+__device__ __forceinline__ void gda_store_cols(float* c, const float (&x)[CW]) {
+    gda_float_pack<CW> y;
+    #pragma unroll
+    for (int i = 0; i < CW; ++i) y.f[i] = x[i];
+    *reinterpret_cast<typename gda_floats<CW>::t*>(c) = y.v;
+}
+
+// Columns a thread of pack takes at a time: key columns (q, k, g) and value columns (v, do),
+// with one load and one store an array and step (pairs where the dimension is even)
+#ifndef PACK_CW
+#define PACK_CW 2
+#endif
+#define CWK (K_DIM % PACK_CW == 0 ? PACK_CW : K_DIM % 2 == 0 ? 2 : 1)
+#define CWV (V_DIM % PACK_CW == 0 ? PACK_CW : V_DIM % 2 == 0 ? 2 : 1)
+
+// 1. Block (chunk b): a thread per CWK key columns (q A forward, k D backward), then per CWV
+// value columns (each column's products and splits as one at a time: the same values)
 extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_pack(GDA_CHUNK_BWD_PARAMS)
 {
     const long long b = blockIdx.x;
     GDA_CHUNK;
     const gda_planes_at pc(pl, NH * NC, b);            // (PLANES: instead of qa, kd, vp, dp)
     bool ok = true;
-    for (int i = threadIdx.x; i < (KEEP ? 0 : PLANES ? KP : K_DIM); i += NTP) {  // (KEEP: kept;
-                                                    //  i >= K_DIM: the planes' zeros)
-        const bool on = i < K_DIM;
-        float a = 1.f;                                  // A_t: q A, A_end
+    for (int i = threadIdx.x * CWK; i < (KEEP ? 0 : PLANES ? KP : K_DIM); i += NTP * CWK) {
+        const bool on = i < K_DIM;                      // (KEEP: kept; i >= K_DIM: the planes'
+        float a[CWK];                                   //  zeros) A_t: q A, A_end
+        #pragma unroll
+        for (int c = 0; c < CWK; ++c) a[c] = 1.f;
         #pragma unroll 8
         for (int t = 0; t < BT; ++t) {
-            float qv = 0.f, gv = 1.f;
+            float qv[CWK], gv[CWK];
             if (on && t < ch.rows) {
                 const long long e = ch.at(t, K_DIM, i);
-                qv = io::load(q[e]);
-                gv = gda_gate(g[e]);
-                ok &= gda_bwd_in(qv, GDA_BWD_VAL_MAX) & gda_bwd_in(gv, GDA_BWD_GATE_MAX);
+                gda_load_cols<IO_DTYPE>(q, e, qv);
+                gda_load_cols<G_DTYPE>(g, e, gv);
+                #pragma unroll
+                for (int c = 0; c < CWK; ++c) {
+                    gv[c] = gda_gate_of(gv[c]);
+                    ok &= gda_bwd_in(qv[c], GDA_BWD_VAL_MAX) & gda_bwd_in(gv[c], GDA_BWD_GATE_MAX);
+                }
+            } else {
+                #pragma unroll
+                for (int c = 0; c < CWK; ++c) qv[c] = 0.f, gv[c] = 1.f;
             }
-            a *= gv;
-            if (PLANES) gda_plane_put<PA>(pc.q + t * KP + i, BT * KP, scale * (qv * a));
-            else if (on) qa[(b * BT + t) * K_DIM + i] = qv * a;    // (PLANES: only sd's room)
+            float x[CWK];
+            #pragma unroll
+            for (int c = 0; c < CWK; ++c) {
+                a[c] *= gv[c];
+                x[c] = qv[c] * a[c];
+            }
+            if (PLANES) {
+                #pragma unroll
+                for (int c = 0; c < CWK; ++c) x[c] *= scale;
+                gda_plane_put_cols<PA>(pc.q + t * KP + i, BT * KP, x);
+            } else if (on) {
+                gda_store_cols(qa + (b * BT + t) * K_DIM + i, x);   // (PLANES: only sd's room)
+            }
         }
-        if (on) ae[b * K_DIM + i] = a;
-        float d = 1.f;                                  // D_t: k D
+        if (on) gda_store_cols(ae + b * K_DIM + i, a);
+        float d[CWK];                                   // D_t: k D
+        #pragma unroll
+        for (int c = 0; c < CWK; ++c) d[c] = 1.f;
         #pragma unroll 8
         for (int t = BT - 1; t >= 0; --t) {
-            float kv = 0.f, gv = 1.f;
+            float kv[CWK], gv[CWK];
             if (on && t < ch.rows) {
                 const long long e = ch.at(t, K_DIM, i);
-                kv = io::load(k[e]);
-                gv = gda_gate(g[e]);
-                ok &= gda_bwd_in(kv, GDA_BWD_VAL_MAX);
+                gda_load_cols<IO_DTYPE>(k, e, kv);
+                gda_load_cols<G_DTYPE>(g, e, gv);
+                #pragma unroll
+                for (int c = 0; c < CWK; ++c) {
+                    gv[c] = gda_gate_of(gv[c]);
+                    ok &= gda_bwd_in(kv[c], GDA_BWD_VAL_MAX);
+                }
+            } else {
+                #pragma unroll
+                for (int c = 0; c < CWK; ++c) kv[c] = 0.f, gv[c] = 1.f;
             }
-            if (PLANES) gda_plane_put<PA>(pc.k + t * KP + i, BT * KP, kv * d);
-            else if (on) kd[(b * BT + t) * K_DIM + i] = kv * d;
-            d *= gv;
+            float x[CWK];
+            #pragma unroll
+            for (int c = 0; c < CWK; ++c) x[c] = kv[c] * d[c];
+            if (PLANES) gda_plane_put_cols<PA>(pc.k + t * KP + i, BT * KP, x);
+            else if (on) gda_store_cols(kd + (b * BT + t) * K_DIM + i, x);
+            #pragma unroll
+            for (int c = 0; c < CWK; ++c) d[c] *= gv[c];
         }
     }
-    for (int j = threadIdx.x; j < (PLANES ? VP : V_DIM); j += NTP) {
+    for (int j = threadIdx.x * CWV; j < (PLANES ? VP : V_DIM); j += NTP * CWV) {
         const bool on = j < V_DIM;
         #pragma unroll 8
         for (int t = 0; t < BT; ++t) {
-            float vv = 0.f, dov = 0.f;
+            float vv[CWV], dov[CWV];
+            #pragma unroll
+            for (int c = 0; c < CWV; ++c) vv[c] = 0.f, dov[c] = 0.f;
             if (on && t < ch.rows) {
                 const long long e = ch.at(t, V_DIM, j);
-                if (!KEEP) vv = io::load(v[e]);         // (KEEP: v's plane kept)
-                if (!FWD) dov = io::load(d_o[e]);       // (FWD: no do)
-                ok &= gda_bwd_in(vv, GDA_BWD_VAL_MAX) & gda_bwd_in(dov, GDA_BWD_VAL_MAX);
+                if (!KEEP) gda_load_cols<IO_DTYPE>(v, e, vv);      // (KEEP: v's plane kept)
+                if (!FWD) gda_load_cols<IO_DTYPE>(d_o, e, dov);    // (FWD: no do)
+                #pragma unroll
+                for (int c = 0; c < CWV; ++c)
+                    ok &= gda_bwd_in(vv[c], GDA_BWD_VAL_MAX) & gda_bwd_in(dov[c], GDA_BWD_VAL_MAX);
             }
             if (PLANES) {
-                if (!KEEP) gda_plane_put<PB>(pc.v + t * VP + j, BT * VP, vv);
-                if (!FWD) gda_plane_put<PB>(pc.d + t * VP + j, BT * VP, dov);
+                if (!KEEP) gda_plane_put_cols<PB>(pc.v + t * VP + j, BT * VP, vv);
+                if (!FWD) gda_plane_put_cols<PB>(pc.d + t * VP + j, BT * VP, dov);
             } else if (on) {
-                vp[(b * BT + t) * V_DIM + j] = vv;
-                dp[(b * BT + t) * V_DIM + j] = dov;
+                gda_store_cols(vp + (b * BT + t) * V_DIM + j, vv);
+                gda_store_cols(dp + (b * BT + t) * V_DIM + j, dov);
             }
         }
     }
