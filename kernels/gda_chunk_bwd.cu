@@ -253,8 +253,10 @@ __device__ __forceinline__ void gda_store_cols(float* c, const float (&x)[CW]) {
 #define CWV (V_DIM % PACK_CW == 0 ? PACK_CW : V_DIM % 2 == 0 ? 2 : 1)
 
 // 1. Block (chunk b): a thread per CWK key columns (q A forward, k D backward), then per CWV
-// value columns (each column's products and splits as one at a time: the same values)
-extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_pack(GDA_CHUNK_BWD_PARAMS)
+// value columns (each column's products and splits as one at a time: the same values).
+// (8 blocks an SM, at most 64 registers: with no minimum ptxas still kept to 64 at K = V = 192
+// bfloat16 and spilled 16 bytes there; with the bound none of 72 builds of a sweep spills)
+extern "C" __global__ void __launch_bounds__(NTP, 8) gda_chunk_bwd_pack(GDA_CHUNK_BWD_PARAMS)
 {
     const long long b = blockIdx.x;
     GDA_CHUNK;
