@@ -28,12 +28,13 @@ import numpy as np
 
 from cupy_gda import chunk, recurrent_bwd
 from cupy_gda._launch import (CHUNK_BACKWARD, DTYPE_CODE, PTR, Family, Launch, address, cached,
-                              device_limits, empty, np_dtype, rounded)
+                              device_limits, empty, hopper, np_dtype, rounded)
 
 ENTRIES = ("gda_chunk_bwd_pack", "gda_chunk_bwd_local", "gda_chunk_bwd_states",
            "gda_chunk_bwd_scan", "gda_chunk_bwd_rows", "gda_chunk_bwd_scores",
            "gda_chunk_bwd_intra", "gda_chunk_bwd_dv")
-FAMILY = Family("gda_chunk_bwd", ("common.cuh", "mma.cuh"), {e: CHUNK_BACKWARD for e in ENTRIES})
+FAMILY = Family("gda_chunk_bwd", ("common.cuh", "mma.cuh", "wgmma.cuh"),
+                {e: CHUNK_BACKWARD for e in ENTRIES})
 
 CHUNKS_64 = 1024         # chunks of 64 steps from which config picks them
 SCAN_FROM = 256          # state tiles (sequence-heads x GT x GT tiles of K x V) from which the
@@ -45,6 +46,8 @@ ALIGN = 64               # floats: each workspace starts 256-byte aligned (the G
 SMALL = 12               # arrays of N + 1 int64 at most that chunk_offsets allocates
 RING = 3                 # the scan's stages in flight
 SLOWER_AT_3 = 1.19       # a planes scan block's time at 3 blocks an SM over its time at 2 (v23)
+USE_WGMMA = False        # dv's entry by wgmma on Hopper (chunks of 64 steps): off, slower (v28)
+DV_SMEM = 98304          # its dynamic shared memory bytes (the kernel's WG_SMEM)
 
 
 class Config(NamedTuple):
@@ -53,9 +56,10 @@ class Config(NamedTuple):
     SCAN: bool = False   # stages 2 and 3 as one kernel (gda_chunk_bwd_scan), a block a state tile
     PLANES: bool = False  # the GEMMs' operands split once by pack (bfloat16 inputs), the scan's
                           # copied through a ring, 3 blocks an SM
+    WGMMA: bool = False  # dv's entry by wgmma (sm_90a; chunks of 64 steps)
 
 
-def config(p, varlen=False, sms=132):
+def config(p, varlen=False, sms=132, wgmma=False):
     """Chunks of 64 steps where K >= 64 and there are at least CHUNKS_64 of them (the chunk
     states and local-state GEMMs shrink with BT); else of 32 (the work inside a chunk, O(BT^2 K),
     shrinks, and more chunks fill the GPU): measured in docs/perf-notes.md, v19 and v22. The fused
@@ -65,12 +69,13 @@ def config(p, varlen=False, sms=132):
     more than one of K: elsewhere ptxas spilled) and the waves that leaves, each SLOWER_AT_3
     longer, take less time than 2 an SM's: each block is one long chain, so a last wave part
     full costs a whole one (v23: where 2 an SM was the better, at big128, pack's writes of the
-    planes cost more than the scan saved)."""
+    planes cost more than the scan saved). ``wgmma`` (a Hopper GPU): dv's entry by wgmma where
+    the chunks are of 64 steps (its m64)."""
     bt = 64 if p.K >= 64 and p.H * -(-p.B * p.T // 64) >= CHUNKS_64 else 32
     n = chunks(p, bt, varlen)[0] * tiles(p.K) * tiles(p.V)
     planes = (n >= SCAN_FROM and p.dtype == "bfloat16" and p.K % GT == 0 and p.K > GT
               and p.V % GT == 0 and SLOWER_AT_3 * -(-n // (3 * sms)) < -(-n // (2 * sms)))
-    return Config(bt, 32 if p.K <= 32 else 64, n >= SCAN_FROM, planes)
+    return Config(bt, 32 if p.K <= 32 else 64, n >= SCAN_FROM, planes, wgmma and bt == 64)
 
 
 def chunks(p, BT, varlen):
@@ -86,13 +91,18 @@ def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BT=cfg.BT, KT=cfg.KT,
                 SCAN=int(cfg.SCAN), PLANES=int(cfg.PLANES), SMEM_BYTES=smem(cfg), FWD=int(fwd),
-                KEEP=int(keep))
+                KEEP=int(keep), WGMMA=int(cfg.WGMMA))
 
 
-def planes_config(p, varlen=False):
+def planes_config(p, varlen=False, wgmma=False):
     """The Config of ForwardPlan, and of a BackwardPlan that takes its kept stages: config's
     chunk length, the fused scan from the planes."""
-    return config(p, varlen)._replace(SCAN=True, PLANES=True)
+    return config(p, varlen, wgmma=wgmma)._replace(SCAN=True, PLANES=True)
+
+
+def use_wgmma():
+    """Whether the plans take dv's wgmma entry: USE_WGMMA, on a Hopper GPU."""
+    return USE_WGMMA and hopper()
 
 
 def planes(p):
@@ -109,6 +119,11 @@ def smem(cfg):
         return 0
     sk = 16 if cfg.BT % 32 else 32
     return RING * 2 * (3 + 1) * sk * (GT + 8)
+
+
+def dv_smem(cfg):
+    """dv's dynamic shared memory bytes: DV_SMEM with WGMMA, else 0 (static)."""
+    return DV_SMEM if cfg.WGMMA else 0
 
 
 def workspace(p, cfg, varlen=False, fwd=False, keep=False):
@@ -203,8 +218,9 @@ class BackwardPlan:
 
     def __init__(self, p, varlen=False, seq_int64=False, cfg=None, keep=False):
         if keep:
-            cfg = planes_config(p, varlen)
-        self.p, self.cfg, self.varlen = p, cfg or config(p, varlen, device_limits()[0]), varlen
+            cfg = planes_config(p, varlen, use_wgmma())
+        self.p, self.varlen = p, varlen
+        self.cfg = cfg or config(p, varlen, device_limits()[0], use_wgmma())
         self.keep = keep
         C, K, V = self.cfg.BT, p.K, p.V
         NH, self.NC = chunks(p, C, varlen)
@@ -229,7 +245,7 @@ class BackwardPlan:
             (4, launch("gda_chunk_bwd_rows", NB * 3 * tiles(K), NTG))] + (
             [] if keep else [(5, launch("gda_chunk_bwd_scores", NB, NTS))]) + [  # (KEEP: W kept)
             (6, launch("gda_chunk_bwd_intra", NB * n_kt, self.cfg.KT)),
-            (7, launch("gda_chunk_bwd_dv", NB * tiles(V), NTG))]
+            (7, launch("gda_chunk_bwd_dv", NB * tiles(V), NTG, dv_smem(self.cfg)))]
         self.sizes = workspace(p, self.cfg, varlen, keep=keep)
         self.loop = recurrent_bwd.plan(p, seq_int64)
         self.at, floats = layout(self.sizes)
@@ -299,7 +315,7 @@ class ForwardPlan:
 
     def __init__(self, p, varlen=False, seq_int64=False):
         self.p, self.varlen = p, varlen
-        self.cfg = planes_config(p, varlen)
+        self.cfg = planes_config(p, varlen, use_wgmma())
         NH, self.NC = chunks(p, self.cfg.BT, varlen)
         self.NB = NH * self.NC if p.N else 0
         d = defines(p, self.cfg, seq_int64, fwd=True)
@@ -312,7 +328,7 @@ class ForwardPlan:
                        launch("gda_chunk_bwd_scan", NH * tiles(p.K) * tiles(p.V), NTG,
                               d["SMEM_BYTES"]),
                        launch("gda_chunk_bwd_scores", self.NB, NTS),
-                       launch("gda_chunk_bwd_dv", self.NB * tiles(p.V), NTG)]
+                       launch("gda_chunk_bwd_dv", self.NB * tiles(p.V), NTG, dv_smem(self.cfg))]
         self.sizes = workspace(p, self.cfg, varlen, fwd=True)
         self.at, self.ws_floats = layout(self.sizes)
         self.fallback = chunk.plan(p, seq_int64)

@@ -58,12 +58,13 @@
 //   computing o = (scale q A)^T S0 + scale W^T v into dv's place; needs PLANES), KEEP (1: the
 //   backward from a ForwardPlan's kept stages, chunk_bwd.BackwardPlan.run(kept=): st, ae, ww
 //   and the planes of q A, k D, v are the forward's, so pack writes do's plane alone and the
-//   scan runs its backward half alone; scores is not launched; needs PLANES, not FWD).
+//   scan runs its backward half alone; scores is not launched; needs PLANES, not FWD), WGMMA
+//   (1, built for sm_90a, BT = 64: dv's entry by wgmma, its operands in shared memory).
 //   Reference: cupy_gda.reference.gated_attention_backward_ref.
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
     || !defined(BT) || !defined(KT) || !defined(SCAN) || !defined(PLANES) || !defined(SMEM_BYTES) \
-    || !defined(FWD) || !defined(KEEP)
-#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD and KEEP are required"
+    || !defined(FWD) || !defined(KEEP) || !defined(WGMMA)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP and WGMMA are required"
 #endif
 static_assert(BT % 16 == 0 && BT >= 16 && BT <= 64, "BT: 16..64, a multiple of 16");
 static_assert(!PLANES || (SCAN && IO_DTYPE == 2), "PLANES: the fused scan's, bfloat16 inputs");
@@ -1481,19 +1482,345 @@ extern "C" __global__ void __launch_bounds__(KT) gda_chunk_bwd_intra(GDA_CHUNK_B
     }
 }
 
+#if WGMMA
+// Stage 7 on Hopper (WGMMA, sm_90a; chunk_bwd.Config.WGMMA): dv's two GEMMs by wgmma, both
+// operands in shared memory. The block, one warpgroup, takes its 64 x 64 tile of the output in
+// stages of WS inner steps, each written into one of WRING slots as bfloat16 planes in wgmma's
+// K-major layout without swizzle (core matrices of 8 outer indices x 8 inner steps, 128
+// contiguous bytes; cores along the inner steps 128 bytes apart, along the outer WC): pack's
+// planes copied as made (cp.async), a float32 operand split there (gda_split3) from registers
+// loaded a stage ahead. Each k-step of 16 sums its products into fresh accumulators (A's terms
+// l, m, h each with B's down to 2^-16 of the product, gda_gemm_chain's order), added to the
+// total after it (one truncation a k-step, as gda_gemm_chain); a stage's products run while
+// the next stage is written.
+#define WS 32                                           // inner steps a stage
+#define WC (WS / 8 * 128)                               // bytes between 8-row groups of cores
+#define WTILE (64 * WS * 2)                             // bytes of a plane of a stage
+#define WSLOT (6 * WTILE)                               // a slot: A's 3 planes, then B's 3
+#define WRING 3                                         // slots of gda_wg_gemm
+static_assert(BT == 64, "WGMMA: a chunk of 64 steps, wgmma's m64");
+static_assert(WS * 8 % NTG == 0 && 64 * WS / 8 == 2 * NTG, "whole copies and units a thread");
+
+// the byte offset of outer index o's 8 inner steps 8 kb .. 8 kb + 7 in a plane of a stage
+__device__ __forceinline__ int gda_wg_at(int o, int kb) { return (o >> 3) * WC + kb * 128 + (o & 7) * 16; }
+
+// A stage's operand (its outer indices 0..63, inner k0 .. k0 + WS - 1) in NP planes at dst:
+// P bfloat16 planes (pack's) of ROWS rows of PITCH, the inner index along a row, by cp.async
+template <int P, int ROWS, int PITCH>
+struct gda_wg_planes {
+    static constexpr int NP = P;
+    static constexpr bool ASYNC = true;
+    const unsigned short* src;                          // plane 0's first row
+    __device__ __forceinline__ void load(int) {}
+    __device__ __forceinline__ void put(unsigned char* dst, int k0, float) const {
+        #pragma unroll
+        for (int i = 0; i < P * 64 * WS / 8 / NTG; ++i) {
+            const int x = threadIdx.x + i * NTG, e = x / (64 * WS / 8), o = x / (WS / 8) % 64;
+            const int kb = x % (WS / 8);
+            gda_cp16_at(gda_shared_at(dst + e * WTILE + gda_wg_at(o, kb)),
+                        src + ((long long)e * ROWS + o) * PITCH + k0 + 8 * kb);
+        }
+    }
+};
+
+// a float32 operand, outer index o, inner k at src[o * LD + k] (KMAJOR) or src[k * LD + o],
+// 0 from outer index omax and inner KMAX on, split into 3 planes (X: exact in bfloat16, 1); a
+// thread's units: outer index o, 8 inner steps 8 kb..
+template <int KMAX, int LD, bool KMAJOR, bool X>
+struct gda_wg_split {
+    static constexpr int NP = X ? 1 : 3;
+    static constexpr bool ASYNC = false;
+    const float* src;
+    int omax;
+    float x[2][8];
+    __device__ __forceinline__ void load(int k0) {
+        #pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int u = threadIdx.x + i * NTG, o = u % 64, k = k0 + u / 64 * 8;
+            const bool on = o < omax;
+            if (KMAJOR && LD % 4 == 0 && KMAX % 8 == 0) {
+                #pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const float4 f = on && k < KMAX
+                        ? *reinterpret_cast<const float4*>(src + (long long)o * LD + k + 4 * c)
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+                    x[i][4 * c] = f.x;
+                    x[i][4 * c + 1] = f.y;
+                    x[i][4 * c + 2] = f.z;
+                    x[i][4 * c + 3] = f.w;
+                }
+            } else {
+                #pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    x[i][j] = on && k + j < KMAX
+                        ? src[KMAJOR ? (long long)o * LD + k + j : (long long)(k + j) * LD + o] : 0.f;
+            }
+        }
+    }
+    __device__ __forceinline__ void put(unsigned char* dst, int, float alpha) const {
+        #pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int u = threadIdx.x + i * NTG, at = gda_wg_at(u % 64, u / 64);
+            unsigned h[4], m[4], l[4];
+            #pragma unroll
+            for (int c = 0; c < 4; ++c) gda_split3<X>(alpha * x[i][2 * c], alpha * x[i][2 * c + 1], h[c], m[c], l[c]);
+            *reinterpret_cast<uint4*>(dst + at) = make_uint4(h[0], h[1], h[2], h[3]);
+            if (!X) {
+                *reinterpret_cast<uint4*>(dst + WTILE + at) = make_uint4(m[0], m[1], m[2], m[3]);
+                *reinterpret_cast<uint4*>(dst + 2 * WTILE + at) = make_uint4(l[0], l[1], l[2], l[3]);
+            }
+        }
+    }
+};
+
+// one bfloat16 plane (pack's v or do), outer index o, inner k at src[k * PITCH + o] (every
+// index inside the plane): a thread's unit, outer indices 2 op, 2 op + 1, 8 inner steps 8 kb..
+template <int PITCH>
+struct gda_wg_plane_t {
+    static constexpr int NP = 1;
+    static constexpr bool ASYNC = false;
+    const unsigned short* src;
+    unsigned w[8];
+    __device__ __forceinline__ void load(int k0) {
+        const int op = threadIdx.x % 32, k = k0 + threadIdx.x / 32 * 8;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) w[j] = *reinterpret_cast<const unsigned*>(src + (long long)(k + j) * PITCH + 2 * op);
+    }
+    __device__ __forceinline__ void put(unsigned char* dst, int, float) const {
+        const int op = threadIdx.x % 32, kb = threadIdx.x / 32;
+        unsigned lo[4], hi[4];
+        #pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            lo[c] = __byte_perm(w[2 * c], w[2 * c + 1], 0x5410);
+            hi[c] = __byte_perm(w[2 * c], w[2 * c + 1], 0x7632);
+        }
+        *reinterpret_cast<uint4*>(dst + gda_wg_at(2 * op, kb)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        *reinterpret_cast<uint4*>(dst + gda_wg_at(2 * op + 1, kb)) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    }
+};
+static_assert(WS / 8 * 32 == NTG, "gda_wg_plane_t: a unit a thread");
+
+// cp.async of 16 bytes, zeros where !on (nothing read)
+__device__ __forceinline__ void gda_cp16_or_0(unsigned dst, const void* src, bool on) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(on ? 16 : 0)
+                 : "memory");
+}
+
+// B of the first product with PLANES (S0 or E: float32, row-major KMAX x LD, LD a multiple of 4,
+// the block's 64 columns from src, omax of them inside): copied by cp.async as it is (a stage: WS rows of 64
+// floats, WF bytes) and split in shared memory
+#define WF (WS * 64 * 4)
+template <int KMAX, int LD>
+struct gda_wg_f32_async {
+    const float* src;
+    int omax;
+    __device__ __forceinline__ void copy(unsigned stg, int k0) const {
+        #pragma unroll
+        for (int i = 0; i < WS * 16 / NTG; ++i) {
+            const int x = threadIdx.x + i * NTG, r = x / 16, c = x % 16;
+            const bool on = k0 + r < KMAX && 4 * c < omax;
+            gda_cp16_or_0(stg + 4 * (r * 64 + 4 * c), src + (on ? (long long)(k0 + r) * LD + 4 * c : 0), on);
+        }
+    }
+    __device__ __forceinline__ void put(unsigned char* dst, const float* stg) const {
+        #pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int u = threadIdx.x + i * NTG, o = u % 64, kb = u / 64, at = gda_wg_at(o, kb);
+            unsigned h[4], m[4], l[4];
+            #pragma unroll
+            for (int c = 0; c < 4; ++c)
+                gda_split3<false>(stg[(8 * kb + 2 * c) * 64 + o], stg[(8 * kb + 2 * c + 1) * 64 + o], h[c], m[c], l[c]);
+            *reinterpret_cast<uint4*>(dst + at) = make_uint4(h[0], h[1], h[2], h[3]);
+            *reinterpret_cast<uint4*>(dst + WTILE + at) = make_uint4(m[0], m[1], m[2], m[3]);
+            *reinterpret_cast<uint4*>(dst + 2 * WTILE + at) = make_uint4(l[0], l[1], l[2], l[3]);
+        }
+    }
+};
+static_assert(WS * 16 % NTG == 0, "gda_wg_f32_async: whole copies a thread");
+
+// acc += A B over KK inner steps, A pack's planes (gda_wg_planes), B a float32 operand
+// (gda_wg_f32_async), both copied WD stages ahead by cp.async (the bytes in flight that a
+// stream of S0 or E from memory needs), B split a stage ahead. sm (WG_SMEM bytes): WD + 1
+// slots of A's planes, 2 of B's, WD float32 stages of B.
+#define WD 3                                            // stages copied ahead
+#define WA (3 * WTILE)                                  // bytes of A's planes of a stage
+#define WG_SMEM ((WD + 3) * WA + WD * WF)               // dv's shared memory (chunk_bwd.DV_SMEM)
+static_assert(WG_SMEM >= WRING * WSLOT, "gda_wg_gemm's slots in dv's shared memory");
+template <int KK, typename LA, typename LB>
+__device__ __forceinline__ void gda_wg_gemm_async(float (&acc)[8][4], const LA& A, const LB& B,
+                                                  unsigned char* sm)
+{
+    constexpr int S = (KK + WS - 1) / WS;
+    static_assert(LA::ASYNC && LA::NP == 3, "A: pack's 3 planes");
+    unsigned char* sb = sm + (WD + 1) * WA;             // B's planes, 2 slots
+    const float* sf = reinterpret_cast<const float*>(sb + 2 * WA);    // B's float32 stages
+    const unsigned base = gda_shared_at(sm), fbase = gda_shared_at(sf);
+    #pragma unroll
+    for (int s = 0; s < WD; ++s) {                      // stages 0 .. WD - 1 in flight
+        if (s < S) {
+            A.put(sm + s * WA, s * WS, 1.f);
+            B.copy(fbase + s * WF, s * WS);
+        }
+        gda_cp_commit();
+    }
+    gda_cp_wait<WD - 2>();                              // stages 0 and 1 here
+    __syncthreads();
+    B.put(sb, sf);
+    gda_proxy_fence();
+    __syncthreads();
+    float d[2][8][4] = {};
+    #pragma unroll 1
+    for (int s = 0; s < S; ++s) {
+        const unsigned at = base + s % (WD + 1) * WA, bt = gda_shared_at(sb) + s % 2 * WA;
+        gda_wg_fence();
+        #pragma unroll
+        for (int ks = 0; ks < WS / 16; ++ks) {
+            #pragma unroll
+            for (int ea = 2, n = 0; ea >= 0; --ea)
+                #pragma unroll
+                for (int eb = 2 - ea; eb >= 0; --eb, ++n)
+                    gda_wgmma_ss(d[ks], gda_wg_desc(at + ea * WTILE + 256 * ks, WC),
+                                 gda_wg_desc(bt + eb * WTILE + 256 * ks, WC), n);
+        }
+        gda_wg_commit();
+        if (s + 1 < S) B.put(sb + (s + 1) % 2 * WA, sf + (s + 1) % WD * (WF / 4));
+        if (s + WD < S) {                               // into the slots stage s - 1 had
+            A.put(sm + (s + WD) % (WD + 1) * WA, (s + WD) * WS, 1.f);
+            B.copy(fbase + (s + WD) % WD * WF, (s + WD) * WS);
+        }
+        gda_cp_commit();
+        gda_wg_wait<0>();
+        #pragma unroll
+        for (int ks = 0; ks < WS / 16; ++ks) {
+            gda_wg_pin<8>(d[ks]);
+            #pragma unroll
+            for (int j = 0; j < 8; ++j)
+                #pragma unroll
+                for (int r = 0; r < 4; ++r) acc[j][r] += d[ks][j][r];
+        }
+        gda_cp_wait<WD - 2>();                          // stage s + 2's copies
+        gda_proxy_fence();
+        __syncthreads();
+    }
+}
+
+// acc += alpha A B over KK inner steps (A: 64 x KK, B: KK x 64 of the operands' types LA, LB),
+// the thread's part of the block's tile in gda_wgmma_ss's layout; sm: WG_SMEM bytes, WRING
+// slots. An operand staged in registers is loaded two stages ahead and written one ahead; one
+// copied by cp.async (ASYNC) is copied two ahead.
+template <int KK, typename LA, typename LB>
+__device__ __forceinline__ void gda_wg_gemm(float (&acc)[8][4], LA& A, LB& B, float alpha,
+                                            unsigned char* sm)
+{
+    constexpr int S = (KK + WS - 1) / WS;
+    static_assert(!LB::ASYNC, "B: staged in registers");
+    const unsigned base = gda_shared_at(sm);
+    A.load(0);
+    B.load(0);
+    A.put(sm, 0, alpha);
+    B.put(sm + 3 * WTILE, 0, 1.f);
+    gda_cp_commit();
+    if (S > 1) {
+        if (LA::ASYNC) A.put(sm + WSLOT, WS, alpha);
+        else A.load(WS);
+        B.load(WS);
+    }
+    gda_cp_commit();                                    // (empty where A is not ASYNC)
+    gda_cp_wait<1>();
+    gda_proxy_fence();
+    __syncthreads();
+    float d[2][8][4] = {};
+    #pragma unroll 1
+    for (int s = 0; s < S; ++s) {
+        const unsigned at = base + s % WRING * WSLOT;
+        gda_wg_fence();
+        #pragma unroll
+        for (int ks = 0; ks < WS / 16; ++ks) {
+            #pragma unroll
+            for (int ea = LA::NP - 1, n = 0; ea >= 0; --ea)
+                #pragma unroll
+                for (int eb = min(LB::NP - 1, 2 - ea); eb >= 0; --eb, ++n)
+                    gda_wgmma_ss(d[ks], gda_wg_desc(at + ea * WTILE + 256 * ks, WC),
+                                 gda_wg_desc(at + (3 + eb) * WTILE + 256 * ks, WC), n);
+        }
+        gda_wg_commit();
+        unsigned char* next = sm + (s + 1) % WRING * WSLOT;   // (read two stages ago)
+        if (s + 1 < S) {
+            if (!LA::ASYNC) A.put(next, (s + 1) * WS, alpha);
+            B.put(next + 3 * WTILE, (s + 1) * WS, 1.f);
+        }
+        if (s + 2 < S) {
+            if (LA::ASYNC) A.put(sm + (s + 2) % WRING * WSLOT, (s + 2) * WS, alpha);
+            else A.load((s + 2) * WS);
+            B.load((s + 2) * WS);
+        }
+        gda_cp_commit();
+        gda_wg_wait<0>();
+        #pragma unroll
+        for (int ks = 0; ks < WS / 16; ++ks) {
+            gda_wg_pin<8>(d[ks]);
+            #pragma unroll
+            for (int j = 0; j < 8; ++j)
+                #pragma unroll
+                for (int r = 0; r < 4; ++r) acc[j][r] += d[ks][j][r];
+        }
+        gda_cp_wait<1>();                               // the next stage's copies (not the one after)
+        gda_proxy_fence();
+        __syncthreads();
+    }
+}
+#endif
+
 // 7. dv of chunk b: (k D) E + scale W do, into [B, T, H, V] in v's dtype (FWD: o of chunk b,
 // (scale q A)^T S0 + scale W^T v, into dv's place). Block: (b, tile of V).
 // (3 blocks an SM, 168 registers: its GEMMs take a row tile a pass (DV_RT = 1), which keeps
 // their fresh sums to 16 registers; with both tiles a pass ptxas spilled at 168 and 2 blocks an
 // SM took 1.15-1.25x the time, docs/perf-notes.md v26)
 #define DV_RT 1
-extern "C" __global__ void __launch_bounds__(NTG, 3) gda_chunk_bwd_dv(GDA_CHUNK_BWD_PARAMS)
+extern "C" __global__ void __launch_bounds__(NTG, WGMMA ? 2 : 3) gda_chunk_bwd_dv(GDA_CHUNK_BWD_PARAMS)
 {
-    __shared__ __align__(16) unsigned b_op[GDA_GEMM_SMEM / 4];
     const long long b = blockIdx.x / GDA_TILES(V_DIM);
     const int n0 = blockIdx.x % GDA_TILES(V_DIM) * GN;
     GDA_CHUNK;
     if (ch.rows == 0) return;
+#if WGMMA
+    extern __shared__ __align__(128) unsigned char w_op[];      // WG_SMEM bytes
+    float acc[8][4] = {};
+    const float* e = (FWD ? st : et) + b * K_DIM * V_DIM + n0;   // S0 (FWD) or E: B of the first
+    typedef gda_wg_split<K_DIM, V_DIM, false, false> eo;
+    if constexpr (PLANES) {                             // q A scale (FWD) or k D as made
+        const gda_planes_at pc(pl, NH * NC, b);
+        gda_wg_planes<PA, BT, KP> a1{FWD ? pc.q : pc.k};
+        if constexpr (V_DIM % 4 == 0) {
+            gda_wg_f32_async<K_DIM, V_DIM> b1{e, V_DIM - n0};
+            gda_wg_gemm_async<KP>(acc, a1, b1, w_op);
+        } else {
+            eo b1{e, V_DIM - n0};
+            gda_wg_gemm<KP>(acc, a1, b1, 1.f, w_op);
+        }
+        gda_wg_split<BT, BT, !FWD, false> a2{ww + b * BT * BT, BT};    // W^T (FWD) or W
+        gda_wg_plane_t<VP> b2{(FWD ? pc.v : pc.d) + n0};
+        gda_wg_gemm<BT>(acc, a2, b2, scale, w_op);
+    } else {
+        gda_wg_split<K_DIM, K_DIM, true, false> a1{kd + b * BT * K_DIM, BT};
+        eo b1{e, V_DIM - n0};
+        gda_wg_gemm<K_DIM>(acc, a1, b1, 1.f, w_op);
+        gda_wg_split<BT, BT, true, false> a2{ww + b * BT * BT, BT};
+        gda_wg_split<BT, V_DIM, false, GDA_VX> b2{dp + b * BT * V_DIM + n0, V_DIM - n0};
+        gda_wg_gemm<BT>(acc, a2, b2, scale, w_op);
+    }
+    const int row = threadIdx.x / 32 * 16 + threadIdx.x % 32 / 4, col = n0 + threadIdx.x % 4 * 2;
+    #pragma unroll
+    for (int j = 0; j < 8; ++j)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h)
+            if (row + 8 * h < ch.rows) {
+                const int c = col + 8 * j;
+                if (c < V_DIM) dv[ch.at(row + 8 * h, V_DIM, c)] = io::store(acc[j][2 * h]);
+                if (c + 1 < V_DIM) dv[ch.at(row + 8 * h, V_DIM, c + 1)] = io::store(acc[j][2 * h + 1]);
+            }
+#else
+    __shared__ __align__(16) unsigned b_op[GDA_GEMM_SMEM / 4];
     float acc[2][4][4] = {};
     const float* e = et + b * K_DIM * V_DIM;
     if constexpr (FWD) {                                // o = (scale q A)^T S0 + scale W^T v
@@ -1527,4 +1854,5 @@ extern "C" __global__ void __launch_bounds__(NTG, 3) gda_chunk_bwd_dv(GDA_CHUNK_
             if (j + 1 < V_DIM) dv[ch.at(t, V_DIM, j + 1)] = io::store(x1);
         }
     });
+#endif
 }

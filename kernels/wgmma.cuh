@@ -163,4 +163,25 @@ __device__ __forceinline__ void gda_wg_split_b(F f, unsigned* b_hi, unsigned* b_
         if constexpr (!(EXACT && GDA_BF16)) b_lo[32 * c + lane] = lo;
     }
 }
+
+// d (fresh where add is 0, else d +) A B: one m64n64k16 product of bfloat16 operands, both in
+// shared memory (descriptors da, db of K-major layouts, gda_wg_desc), the accumulators as
+// gda_wgmma's (d[j]: mma.cuh's accumulator of value tile j of the warp's 16 rows)
+__device__ __forceinline__ void gda_wgmma_ss(float (&d)[8][4], unsigned long long da,
+                                             unsigned long long db, int add) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                 "%32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+                   "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+                   "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+                 : "l"(da), "l"(db), "r"(add));
+}
 #endif

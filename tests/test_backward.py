@@ -682,6 +682,57 @@ def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT, dtyp
     assert not (np.abs(got - rows) > (K + BT + 12) * 2.0 ** -24 * rmag + rounding * np.abs(rows)).any()
 
 
+# dv's wgmma entry (chunk_bwd.Config.WGMMA): the planes (the forward's o, the backward's dv and
+# the backward from the kept stages; cut tiles, two key tiles, V not a multiple of 4) and the
+# float32 rows of each dtype (K, V cut, V not a multiple of 4)
+WGMMA_DV = [(1, 300, 2, 256, 512, "bfloat16", True), (2, 129, 2, 128, 192, "bfloat16", True),
+            (2, 100, 2, 100, 72, "bfloat16", True), (1, 90, 2, 128, 66, "bfloat16", True),
+            (1, 200, 2, 128, 130, "float32", False), (2, 100, 3, 100, 72, "float16", False),
+            (1, 200, 2, 128, 130, "bfloat16", False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, T, H, K, V, dtype, planes", [
+    pytest.param(*c, id=f"B{c[0]}-T{c[1]}-H{c[2]}-K{c[3]}-V{c[4]}-{c[5]}{'-planes' if c[6] else ''}")
+    for c in WGMMA_DV])
+def test_gpu_dv_by_wgmma_is_bit_for_bit_mma_sync(B, T, H, K, V, dtype, planes, monkeypatch):
+    """dv's wgmma entry (Hopper) gives every output of its stage bit for bit as the mma.sync
+    entry: the same split terms summed in the same order into fresh sums a k-step, then into the
+    total; so it meets the contract wherever that entry does (the tests above). Poisoned
+    outputs, chunks of 64 steps at any size (the wgmma entry's m64)."""
+    import cupy
+    from cupy_gda import _launch, chunk_bwd
+    from cupy_gda._checks import Problem
+    if not _launch.hopper():
+        pytest.skip("dv's wgmma entry needs a Hopper GPU (compute capability 9.0)")
+    monkeypatch.setattr(chunk_bwd, "CHUNKS_64", 0)
+    rng = np.random.default_rng(21)
+    p = Problem(B, T, H, K, V, B, dtype, "float32", False)
+    x = {n: cupy.asarray(rng.standard_normal((B, T, H, d)), np.float32).astype(dtype)
+         for n, d in (("q", K), ("k", K), ("v", V), ("do", V))}
+    g = cupy.asarray(rng.uniform(0.9, 1.0, (B, T, H, K)), np.float32)
+    h0 = cupy.asarray(rng.standard_normal((B, H, K, V)), np.float32)
+    args = (x["q"], x["k"], x["v"], g, x["do"], 0.3, h0, None)
+    got = {}
+    for wgmma in (False, True):
+        monkeypatch.setattr(chunk_bwd, "USE_WGMMA", wgmma)
+        cfg = chunk_bwd.Config(64, 64, planes, planes, wgmma)
+        out = [chunk_bwd.BackwardPlan(p, cfg=cfg).run(*args, fallback=False)[0][2]]
+        if planes:
+            fp = chunk_bwd.ForwardPlan(p)
+            assert fp.cfg.WGMMA == wgmma and fp.cfg.BT == 64
+            flag = cupy.zeros((1,), np.int32)
+            o, _, kept = fp.run(*args[:4], 0.3, h0, None, False, None, flag=flag, keep=True)
+            bk = chunk_bwd.BackwardPlan(p, keep=True)
+            assert bk.cfg.WGMMA == wgmma
+            out += [o, bk.run(*args, kept=kept, fallback=False)[0][2]]
+            assert int(flag[0]) == 0
+        got[wgmma] = [cupy.asnumpy(a.astype(np.float32)) for a in out]
+    for name, a, b in zip(("dv", "o", "dv from the kept stages"), got[True], got[False]):
+        assert not np.isnan(b).any(), name
+        assert np.array_equal(a, b), (name, np.abs(a - b).max())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("what", ["big-gate", "nan-q", "inf-do", "large-v", "large-state"])
 def test_gpu_chunked_backward_guard_flags_and_falls_back(what):

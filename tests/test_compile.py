@@ -93,9 +93,12 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=Non
         cfg = chunk_bwd.config(p)._replace(BT=64 if BH == MANY and K >= 64 else 32)
         if planes:              # the planes (bfloat16): the backward's scan from them, the
             cfg = cfg._replace(BT=64, SCAN=True, PLANES=True)   # forward's stages (fwd) or the
-        defines = chunk_bwd.defines(p, cfg, int64, fwd=planes == "fwd",   # backward from them
+        if wgmma:                                               # backward from them (keep)
+            cfg = cfg._replace(BT=64, WGMMA=True)   # dv's Hopper entry (chunks of 64 steps)
+        defines = chunk_bwd.defines(p, cfg, int64, fwd=planes == "fwd",
                                     keep=planes == "keep")
-        where = f"-BT{cfg.BT}-KT{cfg.KT}" + (f"-{planes}" if planes else "")
+        where = (f"-BT{cfg.BT}-KT{cfg.KT}" + (f"-{planes}" if planes else "")
+                 + ("-wgmma" if wgmma else ""))
     else:
         defines = step.defines(p, idx_int64=int64, align=align)
         where = "" if align == 16 else f"-align{align}"
@@ -163,6 +166,16 @@ def _cases():
             for f, mode in enumerate(("planes", "fwd", "keep")):
                 add(_case("gda_chunk_bwd", arch, K, V, bf16[(2 * a + f) % len(bf16)], MANY,
                           planes=mode), arch == "sm_90" and K == 256)
+    # gda_chunk_bwd's dv by wgmma (WGMMA, built for sm_90a): the planes' three modes at
+    # GLA-1.3B's widths and cut tiles, the float32 rows of each IO dtype (cut tiles, V not a
+    # multiple of 4); core: GLA-1.3B's forward and float32 rows at big128
+    bf16 = [v for v in VARIANTS if v[0] == "bfloat16"]
+    for i, (K, V, mode) in enumerate(((256, 512, "fwd"), (256, 512, "planes"), (256, 512, "keep"),
+                                      (100, 72, "fwd"), (128, 66, "planes"))):
+        add(_case("gda_chunk_bwd", "sm_90", K, V, bf16[i % len(bf16)], MANY, wgmma=True,
+                  planes=mode), i == 0)
+    for i, (K, V) in enumerate(((128, 128), (100, 130), (256, 256))):
+        add(_case("gda_chunk_bwd", "sm_90", K, V, VARIANTS[3 * i], MANY, wgmma=True), i == 0)
     for arch in ARCHS:
         # gda_scan: no shape defines, one build an arch
         add(pytest.param("gda_scan", arch, (("NT", scan.NT),), id=f"gda_scan-{arch}-NT{scan.NT}"),

@@ -641,7 +641,9 @@ def test_forward_from_the_planes_where_the_rule_says(p, varlen, want):
     pytest.param(_p(T=4096, K=48, B=8, H=16), (32, 64, False, False), id="K48"),
 ])
 def test_chunk_backward_config(p, want):
-    assert tuple(chunk_bwd.config(p)) == want
+    assert tuple(chunk_bwd.config(p)) == want + (False,)
+    # on a Hopper GPU dv's wgmma entry, where the chunks are of 64 steps (wgmma's m64)
+    assert tuple(chunk_bwd.config(p, wgmma=True)) == want + (want[0] == 64,)
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
