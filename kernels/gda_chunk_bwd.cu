@@ -1606,9 +1606,9 @@ __device__ __forceinline__ void gda_cp16_or_0(unsigned dst, const void* src, boo
                  : "memory");
 }
 
-// B of the first product with PLANES (S0 or E: float32, row-major KMAX x LD, LD a multiple of 4,
-// the block's 64 columns from src, omax of them inside): copied by cp.async as it is (a stage: WS rows of 64
-// floats, WF bytes) and split in shared memory
+// B of the first product with PLANES (S0 or E: float32, row-major KMAX x LD, LD a multiple of
+// 4, the block's 64 columns from src, omax of them inside): copied by cp.async as it is (a
+// stage: WS rows of 64 floats, WF bytes) and split in shared memory
 #define WF (WS * 64 * 4)
 template <int KMAX, int LD>
 struct gda_wg_f32_async {
@@ -1764,7 +1764,7 @@ __device__ __forceinline__ void gda_wg_gemm(float (&acc)[8][4], LA& A, LB& B, fl
                 #pragma unroll
                 for (int r = 0; r < 4; ++r) acc[j][r] += d[ks][j][r];
         }
-        gda_cp_wait<1>();                               // the next stage's copies (not the one after)
+        gda_cp_wait<1>();                               // the next stage's copies
         gda_proxy_fence();
         __syncthreads();
     }

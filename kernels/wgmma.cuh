@@ -1,6 +1,7 @@
 // Hopper warpgroup MMA helpers (wgmma, sm_90a): B operands split once into shared memory, the
 // products of one k-step for a warpgroup. Prepended as text after mma.cuh to the kernels built
-// with WGMMA = 1 (gda_chunk_fwd's Hopper variant); the launcher then compiles for sm_90a.
+// with WGMMA = 1 (gda_chunk_fwd's Hopper variant; gda_chunk_bwd's dv entry, through
+// gda_wgmma_ss: both operands from shared memory); the launcher then compiles for sm_90a.
 //
 // A comes from registers in mma.cuh's fragments (each warp of the warpgroup its 16 rows of the
 // 64; BF16 in the natural column order, see gda_wg_frag_a), B from shared memory through a

@@ -693,7 +693,7 @@ WGMMA_DV = [(1, 300, 2, 256, 512, "bfloat16", True), (2, 129, 2, 128, 192, "bflo
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("B, T, H, K, V, dtype, planes", [
-    pytest.param(*c, id=f"B{c[0]}-T{c[1]}-H{c[2]}-K{c[3]}-V{c[4]}-{c[5]}{'-planes' if c[6] else ''}")
+    pytest.param(*c, id="B{}-T{}-H{}-K{}-V{}-{}".format(*c[:6]) + ("-planes" if c[6] else ""))
     for c in WGMMA_DV])
 def test_gpu_dv_by_wgmma_is_bit_for_bit_mma_sync(B, T, H, K, V, dtype, planes, monkeypatch):
     """dv's wgmma entry (Hopper) gives every output of its stage bit for bit as the mma.sync
