@@ -1600,6 +1600,19 @@ struct gda_wg_plane_t {
 };
 static_assert(WS / 8 * 32 == NTG, "gda_wg_plane_t: a unit a thread");
 
+// acc += each k-step's fresh sums d[ks], in order, once the stage's products are done
+__device__ __forceinline__ void gda_wg_add(float (&acc)[8][4], float (&d)[WS / 16][8][4]) {
+    gda_wg_wait<0>();
+    #pragma unroll
+    for (int ks = 0; ks < WS / 16; ++ks) {
+        gda_wg_pin<8>(d[ks]);
+        #pragma unroll
+        for (int j = 0; j < 8; ++j)
+            #pragma unroll
+            for (int r = 0; r < 4; ++r) acc[j][r] += d[ks][j][r];
+    }
+}
+
 // cp.async of 16 bytes, zeros where !on (nothing read)
 __device__ __forceinline__ void gda_cp16_or_0(unsigned dst, const void* src, bool on) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(on ? 16 : 0)
@@ -1689,15 +1702,7 @@ __device__ __forceinline__ void gda_wg_gemm_async(float (&acc)[8][4], const LA& 
             B.copy(fbase + (s + WD) % WD * WF, (s + WD) * WS);
         }
         gda_cp_commit();
-        gda_wg_wait<0>();
-        #pragma unroll
-        for (int ks = 0; ks < WS / 16; ++ks) {
-            gda_wg_pin<8>(d[ks]);
-            #pragma unroll
-            for (int j = 0; j < 8; ++j)
-                #pragma unroll
-                for (int r = 0; r < 4; ++r) acc[j][r] += d[ks][j][r];
-        }
+        gda_wg_add(acc, d);
         gda_cp_wait<WD - 2>();                          // stage s + 2's copies
         gda_proxy_fence();
         __syncthreads();
@@ -1755,15 +1760,7 @@ __device__ __forceinline__ void gda_wg_gemm(float (&acc)[8][4], LA& A, LB& B, fl
             B.load((s + 2) * WS);
         }
         gda_cp_commit();
-        gda_wg_wait<0>();
-        #pragma unroll
-        for (int ks = 0; ks < WS / 16; ++ks) {
-            gda_wg_pin<8>(d[ks]);
-            #pragma unroll
-            for (int j = 0; j < 8; ++j)
-                #pragma unroll
-                for (int r = 0; r < 4; ++r) acc[j][r] += d[ks][j][r];
-        }
+        gda_wg_add(acc, d);
         gda_cp_wait<1>();                               // the next stage's copies
         gda_proxy_fence();
         __syncthreads();
