@@ -15,7 +15,8 @@ The pipeline of one call, all on the current stream, no host sync (NB chunks, ch
   4. rows       M = scale v do^T, sd = scale do S0^T, ev = v E^T          (GEMMs)
   5. scores     W (gated q.k scores of each chunk)
   6. intra      dq, dk, dg
-  7. dv         (k D) E + scale W do (GEMMs), into [B, T, H, V]
+  7. dv         (k D) E + scale W do (GEMMs), into [B, T, H, V]; on a Hopper GPU with
+                USE_WGMMA (off: no faster, v28) by wgmma, bit for bit the same
   8. the reverse loop (gda_recurrent_bwd), run only where the guard was hit, over everything
 
 ForwardPlan is the forward from stages 1, 2-3 (the scan's forward half), 5 and 7 (o in dv's
