@@ -38,14 +38,16 @@ template <> struct gda_type<2> {
 typedef gda_type<IO_DTYPE> io;
 typedef gda_type<G_DTYPE> gt;
 
-// The multiplicative gate from what the caller gave (exp of -inf is 0: a reset).
-__device__ __forceinline__ float gda_gate(gt::t x) {
+// The multiplicative gate from what the caller gave (exp of -inf is 0: a reset); gda_gate_of:
+// from it already loaded as a float
+__device__ __forceinline__ float gda_gate_of(float x) {
 #if LOG_GATE
-    return expf(gt::load(x));
+    return expf(x);
 #else
-    return gt::load(x);
+    return x;
 #endif
 }
+__device__ __forceinline__ float gda_gate(gt::t x) { return gda_gate_of(gt::load(x)); }
 
 // The backward's gradient of the gate argument, from the multiplicative gate a and dL/da: itself,
 // or for a log gate a * dL/da, exactly 0 where a is (the loop never used dL/da there: 0 * inf)

@@ -207,15 +207,6 @@ __device__ __forceinline__ void gda_load_cols(const typename gda_type<CODE>::t* 
     }
 }
 
-// The multiplicative gate from what the caller gave, loaded as a float (gda_gate's)
-__device__ __forceinline__ float gda_gate_of(float x) {
-#if LOG_GATE
-    return expf(x);
-#else
-    return x;
-#endif
-}
-
 // x[0..CW) into P planes at p, p + stride, .. (gda_plane_put's, column by column; CW >= 2: as
 // bfloat16 pairs, stores of 4 or 8 bytes; p 2 CW-byte aligned, stride even)
 template <int P, int CW>
