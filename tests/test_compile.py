@@ -62,6 +62,7 @@ VARIANTS = (
     ("bfloat16", "bfloat16", True, False),
 )
 _SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+BF16 = [v for v in VARIANTS if v[0] == "bfloat16"]     # the planes' variants (bfloat16 inputs)
 
 # (B, H): gda_recurrent_fwd's tiles depend on the N*H sequence-heads (narrower blocks when few)
 FEW, MANY = (2, 4), (32, 16)
@@ -161,18 +162,16 @@ def _cases():
                 add(_case("gda_chunk_bwd", arch, 256, 256, variant, (FEW, MANY)[j % 2]), False)
         # the planes (bfloat16 inputs): GLA-1.3B's widths and cut tiles, the backward's scan,
         # the forward's stages (FWD) and the backward from them (KEEP); core: GLA-1.3B's on sm_90
-        bf16 = [v for v in VARIANTS if v[0] == "bfloat16"]
         for K, V in ((256, 512), (100, 72)):
             for f, mode in enumerate(("planes", "fwd", "keep")):
-                add(_case("gda_chunk_bwd", arch, K, V, bf16[(2 * a + f) % len(bf16)], MANY,
+                add(_case("gda_chunk_bwd", arch, K, V, BF16[(2 * a + f) % len(BF16)], MANY,
                           planes=mode), arch == "sm_90" and K == 256)
     # gda_chunk_bwd's dv by wgmma (WGMMA, built for sm_90a): the planes' three modes at
     # GLA-1.3B's widths and cut tiles, the float32 rows of each IO dtype (cut tiles, V not a
     # multiple of 4); core: GLA-1.3B's forward and float32 rows at big128
-    bf16 = [v for v in VARIANTS if v[0] == "bfloat16"]
     for i, (K, V, mode) in enumerate(((256, 512, "fwd"), (256, 512, "planes"), (256, 512, "keep"),
                                       (100, 72, "fwd"), (128, 66, "planes"))):
-        add(_case("gda_chunk_bwd", "sm_90", K, V, bf16[i % len(bf16)], MANY, wgmma=True,
+        add(_case("gda_chunk_bwd", "sm_90", K, V, BF16[i % len(BF16)], MANY, wgmma=True,
                   planes=mode), i == 0)
     for i, (K, V) in enumerate(((128, 128), (100, 130), (256, 256))):
         add(_case("gda_chunk_bwd", "sm_90", K, V, VARIANTS[3 * i], MANY, wgmma=True), i == 0)
