@@ -369,6 +369,38 @@ def test_chunk_compiles_at_MAX_K(compiled, kernel, arch, items):
     assert cubin[:4] == b"\x7fELF"
 
 
+def _gla64_like(K, log_gate):
+    """Problem of gla64's size (B4 T2048 H8, float32) at K = V = K: gda_chunk_fwd's value tiles
+    of 64 for float32 at K = 64 and 96, double-buffered where the inputs go by cp.async."""
+    return Problem(B=4, T=2048, H=8, K=K, V=K, N=4, dtype="float32", g_dtype="float32",
+                   log_gate=log_gate)
+
+
+# gda_chunk_fwd's float32 tiles of 64 value columns at K = 64 and 96 (gla64's configuration at
+# K = 64): ptxas (NVRTC 12.9, sm_90) keeps them at 255 registers only with a 24-80 byte stack
+# since the range guard (e33e6dc); found 2026-12-02 by a sweep of the launcher's configurations
+# (docs/perf-notes.md, "The float32 chunk rows since the range guard"). Not yet mended (a kernel change,
+# to be measured on the device): known failures, so that the mend shows as XPASS here.
+SPILLS = pytest.mark.xfail(reason="known: gda_chunk_fwd spills at 255 registers in float32 tiles of "
+                                  "64 value columns at K = 64 and 96 (perf-notes)", strict=False)
+
+
+@pytest.mark.parametrize("kernel, arch, items", [
+    _chunk_build(f"K{K}-V{K}-f32{'-log' if log else ''}-gla64-size", _gla64_like(K, log),
+                 marks=(SPILLS,) if K == 64 and not log else (SPILLS, pytest.mark.full_compile))
+    for K in (64, 96) for log in (False, True)])     # (core: gla64's own)
+def test_chunk_float32_value_tiles_of_64_without_local_memory(compiled, kernel, arch, items):
+    """gda_chunk_fwd as its launcher configures gla64's size at K = 64 and 96 (float32, value
+    tiles of 64; cp.async and double-buffered inputs, or register loads with log gates) builds
+    without local memory."""
+    d = dict(items)
+    assert d["IO_DTYPE"] == 0 and d["BV"] == 64 and d["K_DIM"] in (64, 96), d
+    cubin, res = compiled(kernel, items, arch)
+    assert cubin[:4] == b"\x7fELF", res["log"]
+    usage = res["functions"]["gda_chunk_fwd"]
+    assert usage["stack"] == usage["spill_stores"] == usage["spill_loads"] == 0, usage
+
+
 @pytest.mark.parametrize("kernel, arch, items", [_chunk_build(
     "K64-V64-profile", Problem(B=1, T=64, H=1, K=64, V=64, N=1, dtype="float32", g_dtype="float32",
                                log_gate=False), marks=pytest.mark.full_compile, GDA_PROFILE=1)])
