@@ -129,13 +129,17 @@ __device__ __forceinline__ float gda_pow2_mul(float x, float e) {
 // see gda_scaled_mul). Element (row, col) of S carried from s through entries w_0 .. w_0 + p - 1:
 // S = 2^e (m S) + S_j, the loop's value wherever the loop's is finite (d_j * S with d_j out of
 // float range would be inf * 0 = NaN for a zero S).
+// gda_carry_step: one entry's (m, e, S_j) on s.
+__device__ __forceinline__ float gda_carry_step(float m, float e, float sj, float s) {
+    return e == 0.f ? fmaf(m, s, sj) : gda_pow2_mul(m * s, e) + sj;
+}
+
 __device__ __forceinline__ float gda_carry(const float* __restrict__ ws_s,
                                            const float* __restrict__ ws_d, long long w_0, int p,
                                            int K, int V, int row, int col, float s) {
     for (int j = 0; j < p; ++j) {
         const long long wj = (w_0 + j) * K + row, wd = (w_0 + j) * 2 * K + row;
-        const float m = ws_d[wd], e = ws_d[wd + K], sj = ws_s[wj * V + col];
-        s = e == 0.f ? fmaf(m, s, sj) : gda_pow2_mul(m * s, e) + sj;
+        s = gda_carry_step(ws_d[wd], ws_d[wd + K], ws_s[wj * V + col], s);
     }
     return s;
 }

@@ -22,12 +22,16 @@
 // Every decay factor is a product of gates, never a quotient or a difference of logs, so gates
 // of 0, tiny, negative or above 1 stay exact (fla's chunk mode divides).
 // The guard: stages 2-5 run while the chunk's inputs and S are in range (|q|, |k|, |v|, |S| <=
-// GDA_VAL_MAX = 2^24, |g| <= GDA_GATE_MAX = sqrt 2: then nothing in them can overflow, or form
-// inf * 0, where the loop does not); a chunk outside it (NaN, inf, large gates: their products
-// over 64 steps leave float range) is stepped on the CUDA cores instead, the loop itself, so
-// every method gives the loop's result there. Inputs loaded through registers are checked
-// there; cp.async copies by a pass over shared memory. The verdict (__syncthreads_or) is stage
-// 2's barrier: stage 2's scores wait in registers and are stored only on the fast path.
+// GDA_VAL_MAX = 2^24, |g| <= GDA_GATE_MAX = sqrt 2: then no product or sum of the chunked form
+// exceeds 2^118 (gate products of BT steps 2^32, sums of 256 key columns and BT steps), so
+// nothing can overflow, or form inf * 0, where the loop does not); a chunk outside it (NaN,
+// inf, large gates: their products over 64 steps leave float range) is stepped on the CUDA
+// cores instead, the loop itself, so every method gives the loop's result there. Inputs loaded
+// through registers are checked there; cp.async copies by stage 3 (which reads q, k and the
+// gates once each) and S by stage 5, as they are in registers. The verdict (__syncthreads_or)
+// is stage 3's barrier: stage 2's scores wait in registers for it (one key tile: in b_w, which
+// a stepped chunk overwrites), and a chunk that fails it is loaded again (stage 3 has scaled q
+// and k in place) before it is stepped.
 // Key tiles: every term above is a sum over the key columns and S's rows are independent, so
 // K > KT runs stages 1-5 once per tile of KT columns (q, k, g of the tile staged; v once, with
 // the first): the tiles add their scores (2, 4b) into the scores tile and their (q*A) S into
@@ -108,6 +112,7 @@
 #define LB 4                                   // stage 1: loads of each tensor in flight a thread
 #define GDA_VAL_MAX 0x1p24f                    // the guard: |q|, |k|, |v|, |S| at most this, and
 #define GDA_GATE_MAX 1.41421356f               //   |g| at most this (64 gates: at most 2^32)
+#define V_IN_3 (2 * KP < NT)                   // stage 3's threads with no column check v
 static_assert(K_DIM >= 1 && K_DIM <= 256, "K_DIM must be 1..256");
 static_assert(KT % 16 == 0 && KT <= NT / 2, "KT must be a multiple of 16, at most 128 (one scan thread per column and direction)");
 static_assert(NKT == 1 || KT < K_DIM, "KT must cover K_DIM in whole tiles");
@@ -339,7 +344,8 @@ __device__ __forceinline__ void gda_copy_chunk(const float* __restrict__ q, cons
 //    Rows from bos, head i_h, key columns from kt * KT, value columns from v0; v only with the
 //    first key tile (it stays for the others). The state pass (STATE) loads no q. Returns
 //    whether it checked the guard's range of what it loaded itself (through registers: then
-//    in_range holds this thread's verdict, gda_chunk_in_range's).
+//    in_range holds this thread's verdict on q, k, g and v). With again (the guard failed after
+//    stage 3 scaled q and k in place): the tile's q, k and gates once more, synchronously, no v.
 template <bool STATE>
 __device__ __forceinline__ bool gda_chunk_load(const io::t* __restrict__ q, const io::t* __restrict__ k,
                                                const gt::t* __restrict__ g, const io::t* __restrict__ v,
@@ -347,14 +353,14 @@ __device__ __forceinline__ bool gda_chunk_load(const io::t* __restrict__ q, cons
                                                float* b_v, long long t0, long long s1,
                                                long long bos, long long sk, long long sv, int i_h,
                                                int v0, int kt, bool vec_qkg, bool vec_v, int tid,
-                                               bool& in_range) {
+                                               bool again, bool& in_range) {
     const long long colk = (long long)i_h * K_DIM + kt * KT, colv = (long long)i_h * V_DIM + v0;
     const int nk = NKT == 1 ? K_DIM : K_DIM - kt * KT < KT ? K_DIM - kt * KT : KT;
-    const bool load_v = kt == 0;
+    const bool load_v = kt == 0 && !again;
 #if ASYNC_COPY
     if (vec_qkg && vec_v) {                     // float32 as is: copies that bypass registers
-        if (!DBUF) {
-            gda_copy_chunk<!STATE>(q, k, g, v, b_sm, 0, t0, s1, bos, sk, sv, colk, colv, nk, V_DIM - v0,
+        if (!DBUF || again) {
+            gda_copy_chunk<!STATE>(q, k, g, v, b_sm, set, t0, s1, bos, sk, sv, colk, colv, nk, V_DIM - v0,
                                    load_v, tid);
             gda_cp_wait<0>();
         } else if (t0 + BT < s1) {              // this chunk's copies were issued a chunk ago
@@ -470,16 +476,48 @@ __device__ __forceinline__ void gda_chunk_scores_store(float* b_w, const gda_chu
     else gda_diag_store<0>(b_w, wp.r0, wp.lane, kt > 0, b_res);
 }
 
+// m[i] = max(m[i], |x_i|) for the 4 elements of x (4 independent chains)
+__device__ __forceinline__ void gda_absmax(float (&m)[4], float4 x) {
+    gda_absmax(m[0], x.x); gda_absmax(m[1], x.y); gda_absmax(m[2], x.z); gda_absmax(m[3], x.w);
+}
+
+// Whether max.NaN(m) <= bound (NaN fails)
+__device__ __forceinline__ bool gda_absmax_in(const float (&m)[4], float bound) {
+    return (m[0] <= bound) & (m[1] <= bound) & (m[2] <= bound) & (m[3] <= bound);
+}
+
+// The guard's share of thread i of N (at least BV / 2 of them) in the staged values: |v| at most
+// GDA_VAL_MAX. Thread (row group j, 4 columns c) reads rows j, j + RV, ... (fully unrolled,
+// constant offsets), 4 independent chains of max.NaN.
+template <int N>
+__device__ __forceinline__ bool gda_values_in_range(const float* b_v, int i) {
+    constexpr int PV = BV / 4, RV = N / PV;
+    float mv[4] = {0.f, 0.f, 0.f, 0.f};
+    const int jv = i / PV, cv = 4 * (i % PV);
+    if (jv < RV)
+        #pragma unroll
+        for (int r = 0; r < (BT + RV - 1) / RV; ++r) {
+            const int t = jv + r * RV;
+            if (BT % RV == 0 || t < BT)
+                gda_absmax(mv, *reinterpret_cast<const float4*>(b_v + t * VS + cv));
+        }
+    return gda_absmax_in(mv, GDA_VAL_MAX);
+}
+
 // 3. decays of the key tile, one thread per column: from the end (threads 0..KP-1: k*D in
-//    place, the anchored keys kA (not in the state pass), A_end into b_e, and the segment's
-//    product dm[kt] 2^de[kt] of the column), from the start (threads NT/2 ..: q*P in place,
-//    B_i into b_b); both read the gates, they write disjoint tiles. A sub-block's 16 rows are loaded
-//    into registers before its first store: the stores may alias the next loads for the
-//    compiler, which would otherwise wait on each
+//    place, the anchored keys kA (not in the state pass), A_end into b_e), from the start
+//    (threads NT/2 ..: q*P in place, B_i into b_b); both read the gates, they write disjoint
+//    tiles. A sub-block's 16 rows are loaded into registers before its first store: the stores
+//    may alias the next loads for the compiler, which would otherwise wait on each.
+//    Returns the thread's share of the guard (true where it has none): k by the threads that
+//    scale it (before they do), q and the gates by the threads NT/2.. (theirs is the shorter
+//    scan; the state pass has no q: there they read the gates for the guard alone), and with
+//    check_v, v by the threads with no column (V_IN_3). Each element once, in registers,
+//    beside the scans' chains of multiplies, which leave issue slots free.
 template <bool STATE>
-__device__ __forceinline__ void gda_chunk_decays(float* b_q, float* b_k, const float* b_a, float* b_ka,
-                                                 float* b_e, float* b_b, int tid, float (&dm)[NKT],
-                                                 float (&de)[NKT], int kt) {
+__device__ __forceinline__ bool gda_chunk_decays(float* b_q, float* b_k, const float* b_a, const float* b_v,
+                                                 float* b_ka, float* b_e, float* b_b, int tid, bool check_v) {
+    float mv = 0.f, mg = 0.f;                   // running max |q| or |k|, |g| (max.NaN)
     if (tid < KP) {
         const int kk = tid;
         float d = 1.f, e1 = 1.f, e2 = 1.f, e3 = 1.f;     // suffix products (to end, to anchors)
@@ -488,6 +526,8 @@ __device__ __forceinline__ void gda_chunk_decays(float* b_q, float* b_k, const f
             float fk[BS], fg[BS];
             #pragma unroll
             for (int i = 0; i < BS; ++i) { fk[i] = b_k[(sb + i) * KS + kk]; fg[i] = b_a[(sb + i) * QS + kk]; }
+            #pragma unroll
+            for (int i = 0; i < BS; ++i) gda_absmax(mv, fk[i]);
             #pragma unroll
             for (int i = BS - 1; i >= 0; --i) {
                 const int s = sb + i;
@@ -504,10 +544,10 @@ __device__ __forceinline__ void gda_chunk_decays(float* b_q, float* b_k, const f
             }
         }
         b_e[kk] = d;
-        #pragma unroll
-        for (int j = 0; j < NKT; ++j)            // (registers: no dynamically indexed array)
-            if (j == kt) gda_scaled_mul(dm[j], de[j], d);
-    } else if (!STATE && tid >= NT / 2 && tid < NT / 2 + KP) {
+    } else if (STATE && tid >= NT / 2 && tid < NT / 2 + KP) {
+        #pragma unroll 16
+        for (int t = 0; t < BT; ++t) gda_absmax(mg, b_a[t * QS + tid - NT / 2]);
+    } else if (tid >= NT / 2 && tid < NT / 2 + KP) {
         const int kk = tid - NT / 2;
         float a = 1.f;                                    // prefix over the chunk
         #pragma unroll
@@ -515,6 +555,8 @@ __device__ __forceinline__ void gda_chunk_decays(float* b_q, float* b_k, const f
             float fq[BS], fg[BS];
             #pragma unroll
             for (int i = 0; i < BS; ++i) { fq[i] = b_q[(tb + i) * QS + kk]; fg[i] = b_a[(tb + i) * QS + kk]; }
+            #pragma unroll
+            for (int i = 0; i < BS; ++i) { gda_absmax(mv, fq[i]); gda_absmax(mg, fg[i]); }
             b_b[(tb / BS) * KP + kk] = a;
             float p = 1.f;                                // prefix inside the sub-block
             #pragma unroll
@@ -524,45 +566,56 @@ __device__ __forceinline__ void gda_chunk_decays(float* b_q, float* b_k, const f
             }
             a *= p;
         }
+    } else if constexpr (V_IN_3) {              // threads KP.. and NT/2 + KP..: v
+        if (check_v)
+            return gda_values_in_range<NT - 2 * KP>(b_v, tid < NT / 2 ? tid - KP : tid - 2 * KP);
     }
+    return (mv <= GDA_VAL_MAX) & (mg <= GDA_GATE_MAX);        // (NaN fails)
 }
 
-// 4b. scores of the rows r0..r0+15 (sub-block i_s) against the earlier sub-blocks: (q*P)
-//     kA_{r0}^T, columns 0..r0-1, in 2 i_s tiles of 8, i_s of them by each warp of the pair,
-//     into b_w (the key tiles after the first add theirs)
-__device__ __forceinline__ void gda_chunk_scores_earlier(const float* b_q, const float* b_ka, float* b_w,
-                                                         const gda_chunk_warp& wp, int kt) {
-    const int lane = wp.lane, lg = wp.lg, lt = wp.lt, i_s = wp.i_s, r0 = wp.r0;
-    if (i_s == 0)
-        return;
-    const float* ka = b_ka + (i_s == 1 ? 0 : i_s == 2 ? 16 : 48) * QS;
-    const int c0 = i_s * wp.half;               // this warp's first score tile
-    float b_c[3][4];
+// 4b. scores of the rows 16 NS.. (sub-block NS) against the earlier sub-blocks: (q*P)
+//     kA_{16 NS}^T, columns 0..16 NS - 1, in 2 NS tiles of 8, NS of them by each warp of the
+//     pair, into b_w (the key tiles after the first add theirs). NS a constant: the loads and
+//     products of the k-step loop unconditional (a runtime count made them branches there)
+template <int NS>
+__device__ __forceinline__ void gda_scores_earlier(const float* b_q, const float* b_ka, float* b_w,
+                                                   const gda_chunk_warp& wp, int kt) {
+    constexpr int R0 = BS * NS;
+    const int lane = wp.lane, lg = wp.lg, lt = wp.lt;
+    const float* ka = b_ka + (NS == 1 ? 0 : NS == 2 ? 16 : 48) * QS;
+    const int c0 = NS * wp.half;                // this warp's first score tile
+    float b_c[NS][4];
     #pragma unroll
-    for (int n = 0; n < 3; ++n)
+    for (int n = 0; n < NS; ++n)
         #pragma unroll
         for (int r = 0; r < 4; ++r) b_c[n][r] = 0.f;
     #pragma unroll 2
     for (int kb = 0; kb < KP; kb += KSTEP) {
-        unsigned ah[4], al[4], bh[3][2], bl[3][2];
-        const float* pq = b_q + r0 * QS + kb;
+        unsigned ah[4], al[4], bh[NS][2], bl[NS][2];
+        const float* pq = b_q + R0 * QS + kb;
         gda_frag_a([&](int r, int c) { return pq[r * QS + c]; }, lane, ah, al);
         #pragma unroll
-        for (int n = 0; n < 3; ++n)
-            if (n < i_s) {
-                const float* pk = ka + 8 * (c0 + n) * QS + kb;    // kA^T
-                gda_frag_b([&](int kk, int m) { return pk[m * QS + kk]; }, lane, bh[n], bl[n]);
-            }
-        gda_mma3<3>(b_c, ah, al, bh, bl, i_s);
+        for (int n = 0; n < NS; ++n) {
+            const float* pk = ka + 8 * (c0 + n) * QS + kb;        // kA^T
+            gda_frag_b([&](int kk, int m) { return pk[m * QS + kk]; }, lane, bh[n], bl[n]);
+        }
+        gda_mma3<NS>(b_c, ah, al, bh, bl);
     }
     #pragma unroll
-    for (int n = 0; n < 3; ++n)
-        if (n < i_s)
-            #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                float* const w = b_w + (r0 + lg + 8 * (r >> 1)) * WS + 8 * (c0 + n) + 2 * lt + (r & 1);
-                *w = kt > 0 ? *w + b_c[n][r] : b_c[n][r];
-            }
+    for (int n = 0; n < NS; ++n)
+        #pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            float* const w = b_w + (R0 + lg + 8 * (r >> 1)) * WS + 8 * (c0 + n) + 2 * lt + (r & 1);
+            *w = kt > 0 ? *w + b_c[n][r] : b_c[n][r];
+        }
+}
+
+//     by the warp's sub-block i_s (warp-uniform; none for the first)
+__device__ __forceinline__ void gda_chunk_scores_earlier(const float* b_q, const float* b_ka, float* b_w,
+                                                         const gda_chunk_warp& wp, int kt) {
+    if (wp.i_s == 1) gda_scores_earlier<1>(b_q, b_ka, b_w, wp, kt);
+    else if (wp.i_s == 2) gda_scores_earlier<2>(b_q, b_ka, b_w, wp, kt);
+    else if (wp.i_s == 3) gda_scores_earlier<3>(b_q, b_ka, b_w, wp, kt);
 }
 
 // The offset in shared memory of element r of this warp's output tile n (rows r0.., columns
@@ -792,50 +845,6 @@ __device__ __forceinline__ bool gda_chunk_update(float* b_s, const float* b_k, c
 
 #endif
 
-// m[i] = max(m[i], |x_i|) for the 4 elements of x (4 independent chains)
-__device__ __forceinline__ void gda_absmax(float (&m)[4], float4 x) {
-    gda_absmax(m[0], x.x); gda_absmax(m[1], x.y); gda_absmax(m[2], x.z); gda_absmax(m[3], x.w);
-}
-
-// Whether max.NaN(m) <= bound (NaN fails)
-__device__ __forceinline__ bool gda_absmax_in(const float (&m)[4], float bound) {
-    return (m[0] <= bound) & (m[1] <= bound) & (m[2] <= bound) & (m[3] <= bound);
-}
-
-// The fast path's guard for key tile kt of the chunk, this thread's share of the staged inputs:
-// |q|, |k| (and with_v, |v|) at most GDA_VAL_MAX, |g| at most GDA_GATE_MAX. With S also within
-// GDA_VAL_MAX, no product or sum of the chunked form exceeds 2^118 (gate products of BT steps
-// 2^32, sums of 256 key columns and BT steps), so it cannot overflow where the loop does not,
-// nor form inf * 0; a chunk outside the range is stepped (gda_chunk_step) instead. Thread
-// (row group j, 4 columns c) reads rows j, j + RG, ... (fully unrolled, constant offsets) into
-// running maxima, one max.NaN an element, 4 independent chains a tensor.
-template <bool STATE>
-__device__ __forceinline__ bool gda_chunk_in_range(const float* b_q, const float* b_k, const float* b_a,
-                                                   const float* b_v, bool with_v, int tid) {
-    constexpr int PK = KP / 4, RG = NT / PK, PV = BV / 4, RV = NT / PV;
-    float mv[4] = {0.f, 0.f, 0.f, 0.f}, mg[4] = {0.f, 0.f, 0.f, 0.f};
-    const int j = tid / PK, c = 4 * (tid % PK);
-    if (j < RG) {                               // (threads past RG * PK have no columns)
-        #pragma unroll
-        for (int i = 0; i < (BT + RG - 1) / RG; ++i) {
-            const int t = j + i * RG;
-            if (BT % RG == 0 || t < BT) {
-                gda_absmax(mv, *reinterpret_cast<const float4*>(b_k + t * KS + c));
-                gda_absmax(mg, *reinterpret_cast<const float4*>(b_a + t * QS + c));
-                if (!STATE) gda_absmax(mv, *reinterpret_cast<const float4*>(b_q + t * QS + c));
-            }
-        }
-    }
-    const int jv = tid / PV, cv = 4 * (tid % PV);
-    if (with_v && jv < RV)
-        #pragma unroll
-        for (int i = 0; i < (BT + RV - 1) / RV; ++i) {
-            const int t = jv + i * RV;
-            if (BT % RV == 0 || t < BT) gda_absmax(mv, *reinterpret_cast<const float4*>(b_v + t * VS + cv));
-        }
-    return gda_absmax_in(mv, GDA_VAL_MAX) & gda_absmax_in(mg, GDA_GATE_MAX);
-}
-
 // Key tile kt of a chunk that fails the guard, stepped: the loop itself over its BT steps,
 // S_t = diag(g_t) S_{t-1} + k_t v_t^T on the tile's rows of S (b_st, in place) and o_t's partial
 // sums q_t^T S_t over them, in fp32 on the CUDA cores from the raw staged inputs (stage 1's), so
@@ -927,17 +936,55 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
     const long long sk = (long long)H * K_DIM, sv = (long long)H * V_DIM;
     const long long o_h = ((i_n * H + i_h) * (long long)K_DIM) * V_DIM + v0;   // state [n, h, 0, v0]
 
-    // S [KR][BV] lives in shared memory (b_s): read by stage 4, updated in place by stage 5
-    bool s_ok = true;                          // this thread's elements of S within GDA_VAL_MAX
-    for (int e = tid; e < KR * BV; e += NT) {
-        const int row = e / BV, col = e % BV;
-        float s = 0.f;
-        if (!STATE && row < K_DIM && v0 + col < V_DIM) {
-            if (h0) s = h0[o_h + (long long)row * V_DIM + col];
-            s = gda_carry(ws_s, ws_d, w_0, i_p, K_DIM, V_DIM, row, v0 + col, s);
+    // S [KR][BV] lives in shared memory (b_s): read by stage 4, updated in place by stage 5. It
+    // starts as h0 (or 0) carried through the earlier segments' entries (common.cuh gda_carry):
+    // for CB of the thread's EPT elements at a time, the loads of JB entries first, all in
+    // flight, then their steps in order (an element at a time through every entry, the loads
+    // were a chain, each waiting on the one before)
+    constexpr int EPT = (KR * BV + NT - 1) / NT, CB = EPT < 8 ? EPT : 8;
+    constexpr int JB = 8 / CB < 4 ? 8 / CB : 4;
+    #pragma unroll 8
+    for (int i = 0; i < EPT; ++i) {
+        const int e = tid + i * NT, row = e / BV, col = e % BV;
+        if (e < KR * BV)
+            b_s[row * VS + col] = !STATE && h0 && row < K_DIM && v0 + col < V_DIM
+                                  ? h0[o_h + (long long)row * V_DIM + col] : 0.f;
+    }
+    for (int j0 = 0; j0 < (STATE ? 0 : i_p); j0 += JB) {
+        #pragma unroll 1
+        for (int i0 = 0; i0 < EPT; i0 += CB) {
+            float m[JB][CB], ex[JB][CB], sj[JB][CB];
+            #pragma unroll
+            for (int jj = 0; jj < JB; ++jj)
+                #pragma unroll
+                for (int u = 0; u < CB; ++u) {
+                    const int e = tid + (i0 + u) * NT, row = e / BV, col = e % BV;
+                    const long long w = w_0 + j0 + jj;
+                    const bool in = j0 + jj < i_p && i0 + u < EPT && e < KR * BV && row < K_DIM
+                                    && v0 + col < V_DIM;
+                    m[jj][u] = in ? ws_d[w * 2 * K_DIM + row] : 1.f;
+                    ex[jj][u] = in ? ws_d[w * 2 * K_DIM + K_DIM + row] : 0.f;
+                    sj[jj][u] = in ? ws_s[(w * K_DIM + row) * V_DIM + v0 + col] : 0.f;
+                }
+            #pragma unroll
+            for (int u = 0; u < CB; ++u) {
+                const int e = tid + (i0 + u) * NT;
+                if (i0 + u < EPT && e < KR * BV) {
+                    float* const x = b_s + (e / BV) * VS + e % BV;
+                    float sx = *x;
+                    #pragma unroll
+                    for (int jj = 0; jj < JB; ++jj)
+                        if (j0 + jj < i_p) sx = gda_carry_step(m[jj][u], ex[jj][u], sj[jj][u], sx);
+                    *x = sx;
+                }
+            }
         }
-        b_s[row * VS + col] = s;
-        s_ok &= fabsf(s) <= GDA_VAL_MAX;
+    }
+    bool s_ok = true;                          // this thread's elements of S within GDA_VAL_MAX
+    #pragma unroll 8
+    for (int i = 0; i < EPT; ++i) {
+        const int e = tid + i * NT;
+        if (e < KR * BV) s_ok &= fabsf(b_s[(e / BV) * VS + e % BV]) <= GDA_VAL_MAX;
     }
     float dm[NKT], de[NKT];                    // thread kk < KP: the segment's gate product of
     #pragma unroll                             //   column kt * KT + kk, dm 2^de (gda_scaled_mul)
@@ -984,38 +1031,60 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
             float* const b_st = b_s + kt * KT * VS;     // the key tile's rows of S
             GDA_PROF(0);
             bool in_range;                      // the inputs' verdict, where the load checked them
-            const bool checked = gda_chunk_load<STATE>(q, k, g, v, b_sm, set, b_q, b_k, b_a, b_v, t0, s1,
-                                                       bos, sk, sv, i_h, v0, kt, vec_qkg, vec_v, tid,
-                                                       in_range);
+            const bool checked = gda_chunk_load<STATE>(q, k, g, v, b_sm, set, b_q, b_k, b_a, b_v, t0,
+                                                       s1, bos, sk, sv, i_h, v0, kt, vec_qkg, vec_v,
+                                                       tid, false, in_range);
             __syncthreads();
             GDA_PROF(1);
             // the guard: the fast path while inputs and S are in range (v checked with the
             // first tile; once a tile is stepped, so are the chunk's later ones, so b_w holds
             // exactly the scores of the tiles before). Inputs loaded through registers were
-            // checked there, copied ones are read again here. Stage 2 runs before the verdict,
-            // its scores held in registers; the verdict's barrier is stage 2's.
+            // checked there; copied ones by stage 3 (q, k, g: it reads each once; v too where
+            // it has threads with no column, else here). The verdict is stage 3's barrier;
+            // stage 2's scores wait for it in registers (with one key tile they go to b_w at
+            // once: a stepped chunk overwrites them there). Where it fails, stage 3 has scaled
+            // q and k in place: they are loaded again (again) before the tile is stepped.
             float b_res[BS / 2];
+            bool again = false;
             if (fast) {                         // (the same in every thread)
-                const bool ok = s_ok && (checked ? in_range
-                                                 : gda_chunk_in_range<STATE>(b_q, b_k, b_a, b_v, kt == 0, tid));
-                if constexpr (!STATE) gda_chunk_scores(b_q, b_k, b_a, wp, b_res);
+                bool ok = s_ok && (checked ? in_range
+                                           : V_IN_3 || kt > 0 || gda_values_in_range<NT>(b_v, tid));
+                if constexpr (!STATE) {
+                    gda_chunk_scores(b_q, b_k, b_a, wp, b_res);
+                    if constexpr (NKT == 1)     // (a stepped chunk's o sums overwrite them there)
+                        gda_chunk_scores_store(b_w, wp, kt, b_res);
+                    __syncthreads();            // stage 2's reads are done: stage 3 writes in place
+                }
+                GDA_PROF(2);
+                const bool read_ok = gda_chunk_decays<STATE>(b_q, b_k, b_a, b_v, b_ka, b_e, b_b, tid,
+                                                             !checked && kt == 0);
+                ok = ok && (checked || read_ok);
                 fast = !__syncthreads_or(!ok);
+                again = !fast;
             }
             w_live |= fast;
-            GDA_PROF(2);
+            GDA_PROF(3);
             float b_o[NTH][4];                  // this warp's output tiles (stage 4)
             // o's sums of the stepped tiles: between tiles where the fast ones leave theirs
             // (NKT > 1), else in b_w (no tile's scores there)
             float* const b_ob = NKT > 1 ? b_sm + SM_O : b_w;
             constexpr int OS = NKT > 1 ? VS : WS;
             if (fast) {
-                if constexpr (!STATE) gda_chunk_scores_store(b_w, wp, kt, b_res);
-                gda_chunk_decays<STATE>(b_q, b_k, b_a, b_ka, b_e, b_b, tid, dm, de, kt);
-                __syncthreads();
-                GDA_PROF(3);
-                if constexpr (!STATE)
+                if constexpr (!STATE) {
+                    if constexpr (NKT > 1)
+                        gda_chunk_scores_store(b_w, wp, kt, b_res);
                     gda_chunk_output_keys(b_q, b_ka, b_st, b_w, b_b, b_sm + SM_O, b_x, wp, b_o, kt);
+                } else if (tid < KP) {
+                    #pragma unroll
+                    for (int j = 0; j < NKT; ++j)       // (registers: no dynamically indexed array)
+                        if (j == kt) gda_scaled_mul(dm[j], de[j], b_e[tid]);
+                }
             } else {
+                if (again) {
+                    gda_chunk_load<STATE>(q, k, g, v, b_sm, set, b_q, b_k, b_a, b_v, t0, s1, bos, sk, sv,
+                                          i_h, v0, kt, vec_qkg, vec_v, tid, true, in_range);
+                    __syncthreads();
+                }
                 s_next &= gda_chunk_step<STATE>(b_q, b_k, b_a, b_v, b_st, b_ka, b_ob, OS, dm, de, kt, tid);
                 __syncthreads();
                 if (!STATE && kt == NKT - 1)

@@ -149,23 +149,31 @@ def test_segment_gate_product_beyond_float_range(family, split):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cols", [slice(128, 256), slice(0, 128), slice(100, 140)],
-                         ids=["tile1", "tile0", "both"])
-def test_chunk_steps_a_key_tile_out_of_range(cols):
-    """K = 256 in two key tiles: gates of 2 and 4 in some columns of one chunk only. The tiles
-    out of the guard's range are stepped, the others take the tensor cores (a fast first tile
-    leaves its scores for the last one's output), within the accuracy contract."""
+@pytest.mark.parametrize("K, dtype, cols", [
+    (256, "float32", slice(128, 256)), (256, "float32", slice(0, 128)), (256, "float32", slice(100, 140)),
+    (64, "float32", slice(16, 40)), (64, "bfloat16", slice(0, 64))],
+    ids=["K256-tile1", "K256-tile0", "K256-both", "K64-copied", "K64-bf16"])
+def test_chunk_steps_a_key_tile_out_of_range(K, dtype, cols):
+    """Gates of 0, 2 and 4 in some columns of the second chunk only. K = 256 in two key tiles:
+    the tiles out of the guard's range are stepped, the others take the tensor cores (a fast
+    first tile leaves its scores for the last one's output). K = 64, one tile: float32 inputs go
+    by cp.async into two sets (stage 3 finds the gates out of range after scaling q and k in
+    place, so the chunk is loaded again while the next one's copies are in flight), bfloat16
+    through registers (checked as they are loaded). Within the accuracy contract."""
     import cupy
+    from cupy_gda import _verify
     from cupy_gda._verify import compare
     rng = np.random.default_rng(14)
-    B, T, H, K, V = 2, 200, 2, 256, 64
+    B, T, H, V = 2, 300, 2, 64
     q, k = (rng.standard_normal((B, T, H, K)).astype(np.float32) / 16 for _ in range(2))
     v = rng.standard_normal((B, T, H, V)).astype(np.float32)
     g = rng.uniform(0.9, 1, (B, T, H, K)).astype(np.float32)
     g[:, 64:128, :, cols] = rng.choice(np.float32([0, 2, 4]), (B, 64, H, cols.stop - cols.start))
     h0 = rng.standard_normal((B, H, K, V)).astype(np.float32)
+    q, k, v = (x.astype(_verify._dtype(dtype)) for x in (q, k, v))
     want = R.gated_attention_ref(q, k, v, g, initial_state=h0, output_final_state=True)
     emu = R.gated_attention_ref(q, k, v, g, initial_state=h0, output_final_state=True, dtype=np.float32)
+    emu = (emu[0].astype(v.dtype), emu[1])          # o in the inputs' dtype, as the kernel's
     got = cupy_gda.gated_attention(*(cupy.asarray(x) for x in (q, k, v, g)), initial_state=cupy.asarray(h0),
                                    output_final_state=True, method="chunk")
     for name, a, w, e in zip(("o", "state"), got, want, emu):
