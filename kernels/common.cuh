@@ -123,17 +123,17 @@ __device__ __forceinline__ float gda_pow2_mul(float x, float e) {
     return x * f1 * f1 * f1 * __int_as_float((e4 + 127) << 23);
 }
 
-// Their workspace, written by the state passes: entry w = (n * H + h) * (P - 1) + j holds segment
-// j's end state S_j [K][V] at ws_s + w * K * V and its gate product d_j = m * 2^e [K] at
-// ws_d + w * 2K (m [K], then e [K] as floats: a segment's product of any length keeps its range,
-// see gda_scaled_mul). Element (row, col) of S carried from s through entries w_0 .. w_0 + p - 1:
-// S = 2^e (m S) + S_j, the loop's value wherever the loop's is finite (d_j * S with d_j out of
-// float range would be inf * 0 = NaN for a zero S).
-// gda_carry_step: one entry's (m, e, S_j) on s.
+// One workspace entry's step of the carry below: 2^e (m s) + sj (m s + sj, fused, where e = 0)
 __device__ __forceinline__ float gda_carry_step(float m, float e, float sj, float s) {
     return e == 0.f ? fmaf(m, s, sj) : gda_pow2_mul(m * s, e) + sj;
 }
 
+// The segments' workspace, written by the state passes: entry w = (n * H + h) * (P - 1) + j holds
+// segment j's end state S_j [K][V] at ws_s + w * K * V and its gate product d_j = m * 2^e [K] at
+// ws_d + w * 2K (m [K], then e [K] as floats: a segment's product of any length keeps its range,
+// see gda_scaled_mul). Element (row, col) of S carried from s through entries w_0 .. w_0 + p - 1:
+// S = 2^e (m S) + S_j, the loop's value wherever the loop's is finite (d_j * S with d_j out of
+// float range would be inf * 0 = NaN for a zero S).
 __device__ __forceinline__ float gda_carry(const float* __restrict__ ws_s,
                                            const float* __restrict__ ws_d, long long w_0, int p,
                                            int K, int V, int row, int col, float s) {

@@ -486,7 +486,7 @@ __device__ __forceinline__ bool gda_absmax_in(const float (&m)[4], float bound) 
     return (m[0] <= bound) & (m[1] <= bound) & (m[2] <= bound) & (m[3] <= bound);
 }
 
-// The guard's share of thread i of N (at least BV / 2 of them) in the staged values: |v| at most
+// The guard's share of thread i of N (at least BV / 4 of them) in the staged values: |v| at most
 // GDA_VAL_MAX. Thread (row group j, 4 columns c) reads rows j, j + RV, ... (fully unrolled,
 // constant offsets), 4 independent chains of max.NaN.
 template <int N>
