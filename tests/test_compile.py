@@ -224,8 +224,10 @@ def _build(kernel, items, arch):
     return FAMILIES[kernel].cubin(dict(items), arch)
 
 
-# the kernels by the CPU time a compile takes (NVRTC 12.9: chunk_fwd 1.5-5.6 s, recurrent_fwd
-# and chunk_bwd 0.3-1, recurrent_bwd 0.2-0.5, step 0.1-0.2; 5 CPU minutes in all, 3/4 chunk_fwd)
+# the kernels by the CPU time a compile takes (NVRTC 12.9, two at a time on a 2-core VM, the core
+# builds, 2026-12-02: chunk_fwd 2.5-13 s (its 18 took 104 s; 90 before b84c0ba's stepped-chunk
+# reload), chunk_bwd 1-5 (72 s for 19), recurrent_fwd 0.5-1.9, slice 3.4, recurrent_bwd 0.3-1,
+# step 0.1-0.3; 4 minutes in all, half of it chunk_fwd)
 _COST = {"gda_chunk_fwd": 2, "gda_recurrent_fwd": 1, "gda_recurrent_bwd": 1, "gda_chunk_bwd": 1,
          "gda_step": 0, "gda_scan": 0, "gda_slice": 1, "gda_convert": 0}
 _jobs = {}          # (kernel, items, arch) -> its compile's Future
