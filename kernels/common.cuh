@@ -128,18 +128,31 @@ __device__ __forceinline__ float gda_carry_step(float m, float e, float sj, floa
     return e == 0.f ? fmaf(m, s, sj) : gda_pow2_mul(m * s, e) + sj;
 }
 
+// Whether the carry through an entry whose gate product is m 2^e is the loop's: m is finite
+// unless the segment holds an inf (or NaN) gate, or its product left float range where a state
+// pass multiplies plainly. Otherwise 2^e (m S) + S_j is not the loop's result (the loop
+// multiplies the whole S by the inf gate, and its inf takes the whole S's sign, not the
+// parts'): the block steps the sequence's rows before its segment from h0 instead
+// (gda_chunk_fwd, gda_recurrent_fwd).
+__device__ __forceinline__ bool gda_carried(float m) {
+    return fabsf(m) <= 0x1.fffffep127f;        // (NaN fails)
+}
+
 // The segments' workspace, written by the state passes: entry w = (n * H + h) * (P - 1) + j holds
 // segment j's end state S_j [K][V] at ws_s + w * K * V and its gate product d_j = m * 2^e [K] at
 // ws_d + w * 2K (m [K], then e [K] as floats: a segment's product of any length keeps its range,
 // see gda_scaled_mul). Element (row, col) of S carried from s through entries w_0 .. w_0 + p - 1:
 // S = 2^e (m S) + S_j, the loop's value wherever the loop's is finite (d_j * S with d_j out of
-// float range would be inf * 0 = NaN for a zero S).
+// float range would be inf * 0 = NaN for a zero S) and every m is finite; exact becomes false
+// where one is not (gda_carried).
 __device__ __forceinline__ float gda_carry(const float* __restrict__ ws_s,
                                            const float* __restrict__ ws_d, long long w_0, int p,
-                                           int K, int V, int row, int col, float s) {
+                                           int K, int V, int row, int col, float s, bool& exact) {
     for (int j = 0; j < p; ++j) {
         const long long wj = (w_0 + j) * K + row, wd = (w_0 + j) * 2 * K + row;
-        s = gda_carry_step(ws_d[wd], ws_d[wd + K], ws_s[wj * V + col], s);
+        const float m = ws_d[wd];
+        exact &= gda_carried(m);
+        s = gda_carry_step(m, ws_d[wd + K], ws_s[wj * V + col], s);
     }
     return s;
 }

@@ -49,11 +49,14 @@
 //   for segment p starts from h0 carried through those of segments 0..p-1, so the sequence's
 //   chunks run P at a time. The workspace is (P - 1) * (K * V + 2 K) floats per sequence-head
 //   (the gate products as m 2^e: common.cuh gda_carry), every element written by
-//   gda_chunk_state before gda_chunk_fwd reads it.
+//   gda_chunk_state before gda_chunk_fwd reads it. Where an entry's m is not finite (an inf or
+//   NaN gate: common.cuh gda_carried) the block steps the sequence's rows before its segment
+//   from h0 instead, on the CUDA cores (rare, slow, the loop's result).
 // Loads: with ASYNC_COPY (float32 inputs, multiplicative gate, K and V multiples of 4) and
 //   16-byte aligned pointers, stage 1 copies by cp.async (with DBUF, into the other of two sets
 //   while this chunk is computed); otherwise through registers (converted, exp of log gates).
-//   -DGDA_PROFILE prints block 0's cycles per stage (scripts/profile_chunk.py).
+//   -DGDA_PROFILE prints block 0's and the last block's cycles per stage and of the prologue
+//   (the carry) (scripts/profile_chunk.py).
 // Precision: every matmul splits its operands (kernels/mma.cuh): 3xTF32 for float32 and float16
 //   inputs, bf16 mma with bf16 terms for bfloat16 inputs; no plain TF32 anywhere.
 // WGMMA (the Hopper variant, built for sm_90a; kernels/wgmma.cuh): 4a and 5 by warpgroup MMA,
@@ -113,6 +116,8 @@
 #define GDA_VAL_MAX 0x1p24f                    // the guard: |q|, |k|, |v|, |S| at most this, and
 #define GDA_GATE_MAX 1.41421356f               //   |g| at most this (64 gates: at most 2^32)
 #define V_IN_3 (2 * KP < NT)                   // stage 3's threads with no column check v
+#define KD_APART (!WGMMA)                      // the state pass: k*D into kA's room (stage 3)
+#define KW ((KP + 31) / 32 * 32)               // threads of the warps with a key column
 static_assert(K_DIM >= 1 && K_DIM <= 256, "K_DIM must be 1..256");
 static_assert(KT % 16 == 0 && KT <= NT / 2, "KT must be a multiple of 16, at most 128 (one scan thread per column and direction)");
 static_assert(NKT == 1 || KT < K_DIM, "KT must cover K_DIM in whole tiles");
@@ -153,6 +158,7 @@ static_assert(!WGMMA || (KT % 64 == 0 && BV % 16 == 0 && !DBUF),
 #define SM_O (SM_B + 4 * KP)                   // [BT][VS]  o's sums between key tiles (NKT > 1)
 #define SM_FLOATS (SM_O + (NKT > 1 ? BT * VS : 0))
 static_assert(2 * NT <= 96 * QS, "a stepped chunk's partial sums of o fit in kA");
+static_assert(BT * KS <= 96 * QS, "the state pass's k*D fits in kA's room (KD_APART)");
 static_assert(SMEM_BYTES == SM_FLOATS * 4,
               "SMEM_BYTES (cupy_gda/chunk.py smem) differs from this kernel's layout");
 #if WGMMA
@@ -486,40 +492,49 @@ __device__ __forceinline__ bool gda_absmax_in(const float (&m)[4], float bound) 
     return (m[0] <= bound) & (m[1] <= bound) & (m[2] <= bound) & (m[3] <= bound);
 }
 
-// The guard's share of thread i of N (at least BV / 4 of them) in the staged values: |v| at most
-// GDA_VAL_MAX. Thread (row group j, 4 columns c) reads rows j, j + RV, ... (fully unrolled,
-// constant offsets), 4 independent chains of max.NaN.
-template <int N>
-__device__ __forceinline__ bool gda_values_in_range(const float* b_v, int i) {
-    constexpr int PV = BV / 4, RV = N / PV;
-    float mv[4] = {0.f, 0.f, 0.f, 0.f};
-    const int jv = i / PV, cv = 4 * (i % PV);
-    if (jv < RV)
+// The guard's share of thread i of N in a staged tile of BT rows, C columns (a multiple of 4,
+// at most 4 N) and row stride RS: every |x| at most bound. Thread (row group j, 4 columns c)
+// reads rows j, j + R, ... (fully unrolled, constant offsets), 4 independent chains of max.NaN.
+template <int N, int C, int RS>
+__device__ __forceinline__ bool gda_tile_in_range(const float* b, int i, float bound) {
+    constexpr int PC = C / 4, R = N / PC;
+    static_assert(C % 4 == 0 && R >= 1, "a row of the tile is at most N float4s");
+    float m[4] = {0.f, 0.f, 0.f, 0.f};
+    const int j = i / PC, c = 4 * (i % PC);
+    if (j < R)
         #pragma unroll
-        for (int r = 0; r < (BT + RV - 1) / RV; ++r) {
-            const int t = jv + r * RV;
-            if (BT % RV == 0 || t < BT)
-                gda_absmax(mv, *reinterpret_cast<const float4*>(b_v + t * VS + cv));
+        for (int r = 0; r < (BT + R - 1) / R; ++r) {
+            const int t = j + r * R;
+            if (BT % R == 0 || t < BT)
+                gda_absmax(m, *reinterpret_cast<const float4*>(b + t * RS + c));
         }
-    return gda_absmax_in(mv, GDA_VAL_MAX);
+    return gda_absmax_in(m, bound);
 }
 
-// 3. decays of the key tile, one thread per column: from the end (threads 0..KP-1: k*D in
-//    place, the anchored keys kA (not in the state pass), A_end into b_e), from the start
-//    (threads NT/2 ..: q*P in place, B_i into b_b); both read the gates, they write disjoint
-//    tiles. A sub-block's 16 rows are loaded into registers before its first store: the stores
-//    may alias the next loads for the compiler, which would otherwise wait on each.
-//    Returns the thread's share of the guard (true where it has none): k by the threads that
-//    scale it (before they do), q and the gates by the threads NT/2.. (theirs is the shorter
-//    scan; the state pass has no q: there they read the gates for the guard alone), and with
-//    check_v, v by the threads with no column (V_IN_3). Each element once, in registers,
-//    beside the scans' chains of multiplies, which leave issue slots free.
+// 3. decays of the key tile, one thread per column: from the end (threads 0..KP-1: k*D, the
+//    anchored keys kA (not in the state pass), A_end into b_e), from the start (threads
+//    NT/2 ..: q*P in place, B_i into b_b); both read the gates, they write disjoint tiles. k*D
+//    goes in place, or with KD_APART (the state pass, which has no kA) into kA's room at k's
+//    stride, so that k stays as loaded. A sub-block's 16 rows are loaded into registers before
+//    its first store: the stores may alias the next loads for the compiler, which would
+//    otherwise wait on each. With KD_APART the threads kk < KP also return in (dm_t, de_t) the
+//    segment's gate product (dm, de) times the chunk's (the caller keeps it if the chunk is
+//    not stepped).
+//    Returns the thread's share of the guard (true where it has none): q, k and the gates by
+//    the threads that hold them in registers for their scan, before they scale them (k by its
+//    scan's threads; q and the gates by the threads NT/2.., or by the k scan's threads in the
+//    state pass, which has no q), and with check_v, v by the threads with no column (V_IN_3;
+//    with KD_APART the whole warps with none). Shared memory's bandwidth is the scans' limit
+//    here: a check that reads again what a scan holds in registers costs more than it saves.
 template <bool STATE>
 __device__ __forceinline__ bool gda_chunk_decays(float* b_q, float* b_k, const float* b_a, const float* b_v,
-                                                 float* b_ka, float* b_e, float* b_b, int tid, bool check_v) {
+                                                 float* b_ka, float* b_e, float* b_b, int tid, bool check_v,
+                                                 float& dm_t, float& de_t) {
+    constexpr bool APART = STATE && KD_APART;
     float mv = 0.f, mg = 0.f;                   // running max |q| or |k|, |g| (max.NaN)
     if (tid < KP) {
         const int kk = tid;
+        float* const b_kd = APART ? b_ka : b_k;
         float d = 1.f, e1 = 1.f, e2 = 1.f, e3 = 1.f;     // suffix products (to end, to anchors)
         #pragma unroll
         for (int sb = BT - BS; sb >= 0; sb -= BS) {
@@ -527,11 +542,14 @@ __device__ __forceinline__ bool gda_chunk_decays(float* b_q, float* b_k, const f
             #pragma unroll
             for (int i = 0; i < BS; ++i) { fk[i] = b_k[(sb + i) * KS + kk]; fg[i] = b_a[(sb + i) * QS + kk]; }
             #pragma unroll
-            for (int i = 0; i < BS; ++i) gda_absmax(mv, fk[i]);
+            for (int i = 0; i < BS; ++i) {
+                gda_absmax(mv, fk[i]);
+                if (APART) gda_absmax(mg, fg[i]);
+            }
             #pragma unroll
             for (int i = BS - 1; i >= 0; --i) {
                 const int s = sb + i;
-                b_k[s * KS + kk] = fk[i] * d;
+                b_kd[s * KS + kk] = fk[i] * d;
                 if constexpr (!STATE) {
                     if (s < 16) b_ka[s * QS + kk] = fk[i] * e1;
                     if (s < 32) b_ka[(16 + s) * QS + kk] = fk[i] * e2;
@@ -544,6 +562,10 @@ __device__ __forceinline__ bool gda_chunk_decays(float* b_q, float* b_k, const f
             }
         }
         b_e[kk] = d;
+        if (APART) gda_scaled_mul(dm_t, de_t, d);
+    } else if constexpr (APART) {
+        if (tid >= KW && check_v)               // (whole warps: no scan lane waits on them)
+            return gda_tile_in_range<NT - KW, BV, VS>(b_v, tid - KW, GDA_VAL_MAX);
     } else if (STATE && tid >= NT / 2 && tid < NT / 2 + KP) {
         #pragma unroll 16
         for (int t = 0; t < BT; ++t) gda_absmax(mg, b_a[t * QS + tid - NT / 2]);
@@ -568,7 +590,8 @@ __device__ __forceinline__ bool gda_chunk_decays(float* b_q, float* b_k, const f
         }
     } else if constexpr (V_IN_3) {              // threads KP.. and NT/2 + KP..: v
         if (check_v)
-            return gda_values_in_range<NT - 2 * KP>(b_v, tid < NT / 2 ? tid - KP : tid - 2 * KP);
+            return gda_tile_in_range<NT - 2 * KP, BV, VS>(b_v, tid < NT / 2 ? tid - KP : tid - 2 * KP,
+                                                          GDA_VAL_MAX);
     }
     return (mv <= GDA_VAL_MAX) & (mg <= GDA_GATE_MAX);        // (NaN fails)
 }
@@ -907,6 +930,9 @@ template <bool STATE>
 __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
 {
     extern __shared__ float4 gda_smem[];
+#ifdef GDA_PROFILE
+    const long long prof_0 = clock64();        // the prologue's cycles: the carry above all
+#endif
     float* const b_sm = reinterpret_cast<float*>(gda_smem);
     float* const b_ka = b_sm + SM_KA;
     float* const b_s = b_sm + SM_S;
@@ -919,6 +945,7 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
     float* const b_x = nullptr;
 #endif
 
+    constexpr bool APART = STATE && KD_APART;  // k*D in kA's room: k stays, no reload
     const long long i_b = blockIdx.x;
     const int NP = STATE ? P - 1 : P;          // segments in this grid
     const int i_v = (int)(i_b % NV), i_p = (int)((i_b / NV) % NP), i_h = (int)((i_b / NV / NP) % H);
@@ -938,18 +965,22 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
 
     // S [KR][BV] lives in shared memory (b_s): read by stage 4, updated in place by stage 5. It
     // starts as h0 (or 0) carried through the earlier segments' entries (common.cuh gda_carry):
-    // for CB of the thread's EPT elements at a time, the loads of JB entries first, all in
-    // flight, then their steps in order (an element at a time through every entry, the loads
-    // were a chain, each waiting on the one before)
+    // for CB of the thread's EPT elements at a time (up to 8), the loads of JB entries first,
+    // all in flight, then their steps in order (an element at a time through every entry, the
+    // loads were a chain, each waiting on the one before)
     constexpr int EPT = (KR * BV + NT - 1) / NT, CB = EPT < 8 ? EPT : 8;
     constexpr int JB = 8 / CB < 4 ? 8 / CB : 4;
-    #pragma unroll 8
-    for (int i = 0; i < EPT; ++i) {
-        const int e = tid + i * NT, row = e / BV, col = e % BV;
-        if (e < KR * BV)
-            b_s[row * VS + col] = !STATE && h0 && row < K_DIM && v0 + col < V_DIM
-                                  ? h0[o_h + (long long)row * V_DIM + col] : 0.f;
-    }
+    const auto s_from_h0 = [&]() {
+        #pragma unroll 8
+        for (int i = 0; i < EPT; ++i) {
+            const int e = tid + i * NT, row = e / BV, col = e % BV;
+            if (e < KR * BV)
+                b_s[row * VS + col] = !STATE && h0 && row < K_DIM && v0 + col < V_DIM
+                                      ? h0[o_h + (long long)row * V_DIM + col] : 0.f;
+        }
+    };
+    s_from_h0();
+    bool exact = true;                         // every entry carried (gda_carried)
     for (int j0 = 0; j0 < (STATE ? 0 : i_p); j0 += JB) {
         #pragma unroll 1
         for (int i0 = 0; i0 < EPT; i0 += CB) {
@@ -974,12 +1005,33 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
                     float sx = *x;
                     #pragma unroll
                     for (int jj = 0; jj < JB; ++jj)
-                        if (j0 + jj < i_p) sx = gda_carry_step(m[jj][u], ex[jj][u], sj[jj][u], sx);
+                        if (j0 + jj < i_p) {
+                            exact &= gda_carried(m[jj][u]);
+                            sx = gda_carry_step(m[jj][u], ex[jj][u], sj[jj][u], sx);
+                        }
                     *x = sx;
                 }
             }
         }
     }
+    // an entry that cannot be carried (rare): S from h0 through the sequence's rows before the
+    // segment instead, the loop's own steps on the CUDA cores (each thread its elements)
+    if (!STATE && i_p > 0 && __syncthreads_or(!exact)) {     // (i_p: the same in the block)
+        s_from_h0();
+        for (long long t = 0; t < s0; ++t) {
+            const long long rk = (bos + t) * sk + (long long)i_h * K_DIM;
+            const long long rv = (bos + t) * sv + (long long)i_h * V_DIM + v0;
+            #pragma unroll 4
+            for (int i = 0; i < EPT; ++i) {
+                const int e = tid + i * NT, row = e / BV, col = e % BV;
+                if (e < KR * BV && row < K_DIM && v0 + col < V_DIM) {
+                    float* const x = b_s + row * VS + col;
+                    *x = fmaf(gda_gate(g[rk + row]), *x, io::load(k[rk + row]) * io::load(v[rv + col]));
+                }
+            }
+        }
+    }
+
     bool s_ok = true;                          // this thread's elements of S within GDA_VAL_MAX
     #pragma unroll 8
     for (int i = 0; i < EPT; ++i) {
@@ -1006,6 +1058,7 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
     const bool vec_v = gda_aligned<io::t>(v), vec_o = gda_aligned<io::t>(o);
 #ifdef GDA_PROFILE
     long long prof[6] = {0, 0, 0, 0, 0, 0}, prof_t = clock64();
+    const long long prof_pro = prof_t - prof_0;
 #define GDA_PROF(i) do { __syncthreads(); const long long c_ = clock64(); prof[i] += c_ - prof_t; prof_t = c_; } while (0)
 #else
 #define GDA_PROF(i) do { } while (0)
@@ -1046,9 +1099,14 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
             // q and k in place: they are loaded again (again) before the tile is stepped.
             float b_res[BS / 2];
             bool again = false;
+            float dm_t = 1.f, de_t = 0.f;       // APART: the segment's gate product with this
+            #pragma unroll                      //   chunk's (stage 3 multiplies)
+            for (int j = 0; j < NKT; ++j)       // (registers: no dynamically indexed array)
+                if (APART && j == kt) { dm_t = dm[j]; de_t = de[j]; }
             if (fast) {                         // (the same in every thread)
                 bool ok = s_ok && (checked ? in_range
-                                           : V_IN_3 || kt > 0 || gda_values_in_range<NT>(b_v, tid));
+                                           : V_IN_3 || APART || kt > 0
+                                             || gda_tile_in_range<NT, BV, VS>(b_v, tid, GDA_VAL_MAX));
                 if constexpr (!STATE) {
                     gda_chunk_scores(b_q, b_k, b_a, wp, b_res);
                     if constexpr (NKT == 1)     // (a stepped chunk's o sums overwrite them there)
@@ -1057,10 +1115,10 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
                 }
                 GDA_PROF(2);
                 const bool read_ok = gda_chunk_decays<STATE>(b_q, b_k, b_a, b_v, b_ka, b_e, b_b, tid,
-                                                             !checked && kt == 0);
+                                                             !checked && kt == 0, dm_t, de_t);
                 ok = ok && (checked || read_ok);
                 fast = !__syncthreads_or(!ok);
-                again = !fast;
+                again = !fast && !APART;
             }
             w_live |= fast;
             GDA_PROF(3);
@@ -1077,7 +1135,10 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
                 } else if (tid < KP) {
                     #pragma unroll
                     for (int j = 0; j < NKT; ++j)       // (registers: no dynamically indexed array)
-                        if (j == kt) gda_scaled_mul(dm[j], de[j], b_e[tid]);
+                        if (j == kt) {
+                            if (APART) { dm[j] = dm_t; de[j] = de_t; }
+                            else gda_scaled_mul(dm[j], de[j], b_e[tid]);
+                        }
                 }
             } else {
                 if (again) {
@@ -1103,7 +1164,7 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
 #if WGMMA
                 s_next &= gda_chunk_update(b_st, b_k, b_v, b_e, b_x, wp);
 #else
-                s_next &= gda_chunk_update(b_st, b_k, b_v, b_e, wp);
+                s_next &= gda_chunk_update(b_st, APART ? b_ka : b_k, b_v, b_e, wp);
 #endif
                 __syncthreads();                // this tile's shared reads are done
             }
@@ -1113,10 +1174,10 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
         if (DBUF) set = SM_SET - set;
     }
 #ifdef GDA_PROFILE
-    if (blockIdx.x == 0 && tid == 0)
-        printf("%s block 0 cycles: load %lld scores %lld decays %lld output %lld state %lld  (clock64, %lld chunks)\n",
-               STATE ? "gda_chunk_state" : "gda_chunk_fwd", prof[0] + prof[1], prof[2], prof[3], prof[4],
-               prof[5], (s1 - s0 + BT - 1) / BT);
+    if ((blockIdx.x == 0 || blockIdx.x == gridDim.x - 1) && tid == 0)
+        printf("%s block %d cycles: prologue %lld load %lld scores %lld decays %lld output %lld state %lld"
+               "  (clock64, %lld chunks)\n", STATE ? "gda_chunk_state" : "gda_chunk_fwd", (int)blockIdx.x,
+               prof_pro, prof[0] + prof[1], prof[2], prof[3], prof[4], prof[5], (s1 - s0 + BT - 1) / BT);
 #endif
 
     // the segment's S: to the workspace (state pass), or to ht (the last segment's full pass)

@@ -9,7 +9,7 @@ one launch (scripts/profile_chunk.py --ncu; CPU only, reads the CSV):
 The source lines are put in the kernel's numbered stages by its stage functions
 (gda_chunk_load .. gda_chunk_update, with the helpers each calls); the mma.cuh helpers count
 apart: the TF32/bf16 split, the mma, the fragment loaders (stage 4 and 5 operands), and so do
-the guard (gda_values_in_range and the max.NaN helpers that stage 1 and 3 call for it) and the
+the guard (gda_tile_in_range and the max.NaN helpers that stage 1 and 3 call for it) and the
 stepped chunks (gda_chunk_step). The source
 text is rebuilt with _compile.source from the defines of the same shape on this machine's rule
 (H200 limits), so the line numbers match the file profile_chunk.py compiled.
@@ -39,7 +39,7 @@ SPANS = [(r"void gda_split\(", "split"), (r"void gda_split2\(", "split"),
          (r"bool gda_chunk_update\(", "5 state"), (r"void gda_absmax\(float& m", "guard"),
          (r"void gda_absmax\(float \(&m\)", "guard"),
          (r"bool gda_absmax_in\(", "guard"),
-         (r"bool gda_values_in_range\(", "guard"), (r"bool gda_chunk_step\(", "stepped")]
+         (r"bool gda_tile_in_range\(", "guard"), (r"bool gda_chunk_step\(", "stepped")]
 
 
 def categories(lines):

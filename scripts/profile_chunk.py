@@ -1,14 +1,18 @@
 """gda_chunk_fwd by stage, on the device.
 
     python -m scripts.profile_chunk [--no-profile]
-        per-stage clock64 cycles of block 0 (compiled with -DGDA_PROFILE, which adds a barrier
-        per stage) and the device ms of each method, at the shapes below
-    PYTHONPATH=<tree> python scripts/profile_chunk.py --time B,T,H,K,V[,dtype] ...
-        the median device ms of gda_chunk_fwd's plan (state pass and forward) at each shape,
-        CUDA events around each of 30 calls; it uses only ChunkPlan, check_forward and
-        make_inputs, so that with PYTHONPATH set to an older tree's folder (git archive <commit>
-        cupy_gda kernels) it times that tree's kernel (run as a file: python -m would put this
-        checkout's cupy_gda first); run the trees in turn, interleaved
+        per-stage clock64 cycles of block 0 and of the last block, and their prologue's (the
+        segments' carry), compiled with -DGDA_PROFILE (which adds a barrier per stage), and the
+        device ms of each method, at the shapes below
+    PYTHONPATH=<tree> python scripts/profile_chunk.py --time[-recurrent] B,T,H,K,V[,dtype] ...
+        the median device ms of gda_chunk_fwd's plan (state pass and forward; with
+        --time-recurrent, gda_recurrent_fwd's) at each shape, each of 100 calls between two CUDA
+        events and queued behind a spin kernel (bench.measure: the host's launch time is left
+        out, which at the small rows moved the plain events' medians by 5-15 % between runs);
+        it uses only the plans, check_forward, make_inputs and bench's clock, so that with
+        PYTHONPATH set to an older tree's folder (git archive <commit> cupy_gda kernels) it times
+        that tree's kernel (run as a file: python -m would put this checkout's cupy_gda first);
+        run the trees in turn, interleaved
     ncu -k gda_chunk_fwd --section SourceCounters --import-source yes -o rep \\
         python -m scripts.profile_chunk --ncu 8,4096,16,128,128 [bfloat16]
         one call, compiled by nvcc with -lineinfo from a source kept in .ncu/ (CuPy compiles
@@ -69,29 +73,22 @@ def one_call(plan, x, o):
     cupy.cuda.Device().synchronize()
 
 
-def plan_ms(plan, x, o, reps=30):
-    """Median device ms of reps calls of the plan, each between two CUDA events."""
-    import cupy
-    one_call(plan, x, o)
-    ms = []
-    for _ in range(reps):
-        a, b = cupy.cuda.Event(), cupy.cuda.Event()
-        a.record()
-        plan(x["q"], x["k"], x["v"], x["gate"], 1.0, None, None, False, o)
-        b.record()
-        b.synchronize()
-        ms.append(cupy.cuda.get_elapsed_time(a, b))
-    return sorted(ms)[len(ms) // 2]
+def plan_ms(plan, x, o, reps=100):
+    """Median device ms of reps calls of the plan, each between two CUDA events behind a spin."""
+    return bench.measure(bench.CupyClock(), lambda: plan(x["q"], x["k"], x["v"], x["gate"], 1.0, None,
+                                                         None, False, o), reps, 1.0)["ms"]
 
 
 def main(argv=None):
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--time"]:
+    if args[:1] in (["--time"], ["--time-recurrent"]):
+        from cupy_gda import recurrent
+        Plan = chunk.ChunkPlan if args[0] == "--time" else recurrent.RecurrentPlan
         print("tree:", Path(chunk.__file__).resolve().parent.parent, flush=True)
         for spec in args[1:]:
             f = spec.split(",")
             x, p, o = problem(tuple(int(v) for v in f[:5]), f[5] if len(f) > 5 else "float32")
-            plan = chunk.ChunkPlan(p, False)
+            plan = Plan(p, False)
             print(spec, plan.cfg, f"{plan_ms(plan, x, o):.4f} ms", flush=True)
         return
     if args[:1] == ["--ncu"]:

@@ -1,7 +1,8 @@
 """Edge inputs on every method, on the CPU (NumPy) and on the GPU (CuPy), against the loop:
 size-0 dimensions, gate products beyond float32's range (the chunked forms step such chunks:
 the loop itself), inf and NaN that propagate as the loop says, and, on the GPU, sequence
-segments whose gate product leaves float range (carried as m 2^e)."""
+segments whose gate product leaves float range (carried as m 2^e) or is not finite (the later
+segments step the rows before them)."""
 import numpy as np
 import pytest
 
@@ -179,3 +180,86 @@ def test_chunk_steps_a_key_tile_out_of_range(K, dtype, cols):
     for name, a, w, e in zip(("o", "state"), got, want, emu):
         r = compare(name, host_array(a), w, e)
         assert r.ok, f"{name}: err {r.err:.3e} > bound {r.bound:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("where", ["k", "v", "gate-nan", "gate-inf"])
+@pytest.mark.parametrize("family, K, dtype", [
+    ("chunk", 64, "float32"), ("chunk", 128, "float32"), ("chunk", 32, "float32"), ("chunk", 48, "float32"),
+    ("chunk", 64, "bfloat16"), ("recurrent", 64, "float32"), ("recurrent", 48, "bfloat16")])
+def test_segments_carry_inf_and_nan_as_the_loop(family, K, dtype, where):
+    """Forced segments (4; the chunk kernel's value tiles of 32): one inf in k or v, or an inf
+    or NaN gate, inside the second segment, which the state pass runs. The chunk kernel steps
+    that chunk (float32 inputs copied by cp.async, K a multiple of 4: stage 3 checks k and the
+    gates in its scan's registers, v in its threads with no key column; bfloat16 inputs checked
+    as they are loaded). An inf gate leaves the segment's gate product infinite, which the
+    carry S = Γ S_prev + S_seg cannot pass on (the loop's inf takes the whole S's sign): the
+    later segments' blocks step the sequence's rows before them from h0 instead. Every output
+    has the loop's inf and NaN elements, and its finite values within the accuracy contract."""
+    import cupy
+    from cupy_gda import _checks, _launch, _verify, chunk, recurrent
+    from cupy_gda._verify import compare
+    rng = np.random.default_rng(15)
+    B, T, H, V = 1, 1024, 2, 64
+    q, k = (rng.standard_normal((B, T, H, K)).astype(np.float32) / 8 for _ in range(2))
+    v = rng.standard_normal((B, T, H, V)).astype(np.float32)
+    g = rng.uniform(0.5, 1, (B, T, H, K)).astype(np.float32)
+    x = dict(k=k, v=v, gate=g)
+    x[where.split("-")[0]][0, 300, 1, 5] = np.nan if where == "gate-nan" else np.inf
+    q, k, v = (a.astype(_verify._dtype(dtype)) for a in (q, k, v))
+    want = R.gated_attention_ref(q, k, v, g, output_final_state=True)
+    emu = R.gated_attention_ref(q, k, v, g, output_final_state=True, dtype=np.float32)
+    emu = (emu[0].astype(v.dtype), emu[1])
+    assert not np.isfinite(want[0][:, 300:, 1]).all() and np.isfinite(want[0][:, :300]).all()
+    dev = [cupy.asarray(a) for a in (q, k, v, g)]
+    p = _checks.check_forward("t", *dev, None, None, None, cpu=False)
+    limits = _launch.device_limits()
+    if family == "chunk":
+        plan = chunk.ChunkPlan(p, False, chunk.config(p, *limits, BV=32, P=4))
+    else:
+        plan = recurrent.RecurrentPlan(p, False, recurrent.custom(p, *limits, P=4))
+    assert plan.state_launch is not None
+    got = plan(*dev, 1.0, None, None, True, None)
+    for name, a, w, e in zip(("o", "state"), got, want, emu):
+        a = host_array(a).astype(np.float64)
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(w), err_msg=name)
+        np.testing.assert_array_equal(np.isinf(a), np.isinf(w), err_msg=name)
+        r = compare(name, a, w, e)
+        assert r.ok, f"{name}: err {r.err:.3e} > bound {r.bound:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["chunk", "recurrent"])
+def test_segments_carry_a_chunk_product_beyond_float_range(family):
+    """Forced segments (4 of 256 steps; the recurrent kernel staging 64 steps a chunk): tiny
+    states up to step 320 (k scaled by 1e-13), then gates of 4.5 over the 64 steps 320..383 with
+    k = 0 there, then gates of 0.5. The loop stays finite (S grows by 2^139 from about 1e-12).
+    The recurrent state pass multiplies a staged chunk's gates plainly, so its product of those
+    64 (2^139) is inf, which the carry cannot pass on: the later segments' blocks step the rows
+    before them from h0 instead. Within the accuracy contract."""
+    import cupy
+    from cupy_gda import _checks, _launch, chunk, recurrent
+    from cupy_gda._verify import compare
+    rng = np.random.default_rng(16)
+    B, T, H, K, V = 1, 1024, 2, 32, 32
+    q, k = (rng.standard_normal((B, T, H, K)).astype(np.float32) for _ in range(2))
+    v = rng.standard_normal((B, T, H, V)).astype(np.float32)
+    k[:, :320] *= 1e-13
+    k[:, 320:384] = 0
+    g = np.full((B, T, H, K), 0.5, np.float32)
+    g[:, 320:384] = 4.5
+    want = R.gated_attention_ref(q, k, v, g, output_final_state=True)
+    emu = R.gated_attention_ref(q, k, v, g, output_final_state=True, dtype=np.float32)
+    assert all(np.isfinite(w).all() for w in want) and np.abs(want[0]).max() > 1e25
+    dev = [cupy.asarray(a) for a in (q, k, v, g)]
+    p = _checks.check_forward("t", *dev, None, None, None, cpu=False)
+    limits = _launch.device_limits()
+    if family == "chunk":
+        plan = chunk.ChunkPlan(p, False, chunk.config(p, *limits, P=4))
+    else:
+        plan = recurrent.RecurrentPlan(p, False, recurrent.custom(p, *limits, P=4, TC=64))
+        assert plan.cfg.TC == 64
+    assert plan.state_launch is not None
+    for name, a, w, e in zip(("o", "state"), plan(*dev, 1.0, None, None, True, None), want, emu):
+        r = compare(name, host_array(a), w, e)
+        assert r.ok, f"{family} {name}: err {r.err:.3e} > bound {r.bound:.3e}"
