@@ -333,10 +333,11 @@ def _fold(xp, pairs, start, reset, ranks):
     P, S = pairs
     x = start
     entering, leaving = [None] * len(P), [None] * len(P)
-    for r in ranks:
-        entering[r] = x
-        keep = xp.where(reset[r][:, None, None], 0, P[r])
-        x = leaving[r] = keep[..., None] * x + S[r]
+    with np.errstate(all="ignore"):           # (inf and NaN are not errors: NumPy stays quiet)
+        for r in ranks:
+            entering[r] = x
+            keep = xp.where(reset[r][:, None, None], 0, P[r])
+            x = leaving[r] = keep[..., None] * x + S[r]
     return entering, leaving, x
 
 
