@@ -50,8 +50,8 @@
 //   chunks run P at a time. The workspace is (P - 1) * (K * V + 2 K) floats per sequence-head
 //   (the gate products as m 2^e: common.cuh gda_carry), every element written by
 //   gda_chunk_state before gda_chunk_fwd reads it. Where an entry's m is not finite (an inf or
-//   NaN gate: common.cuh gda_carried) the block steps the sequence's rows before its segment
-//   from h0 instead, on the CUDA cores (rare, slow, the loop's result).
+//   NaN gate: common.cuh gda_carried) each thread steps its elements of S through the sequence's
+//   rows before its segment from h0 instead, on the CUDA cores (rare, slow, the loop's result).
 // Loads: with ASYNC_COPY (float32 inputs, multiplicative gate, K and V multiples of 4) and
 //   16-byte aligned pointers, stage 1 copies by cp.async (with DBUF, into the other of two sets
 //   while this chunk is computed); otherwise through registers (converted, exp of log gates).
@@ -118,6 +118,8 @@
 #define V_IN_3 (2 * KP < NT)                   // stage 3's threads with no column check v
 #define KD_APART (!WGMMA)                      // the state pass: k*D into kA's room (stage 3)
 #define KW ((KP + 31) / 32 * 32)               // threads of the warps with a key column
+#define SP (NKT > 1 ? 1 : 4 * KW < NT ? 4 : 2 * KW < NT ? 2 : 1)  // the state pass's k scan:
+                                               //   parts of BT / SP rows (one key tile: registers)
 static_assert(K_DIM >= 1 && K_DIM <= 256, "K_DIM must be 1..256");
 static_assert(KT % 16 == 0 && KT <= NT / 2, "KT must be a multiple of 16, at most 128 (one scan thread per column and direction)");
 static_assert(NKT == 1 || KT < K_DIM, "KT must cover K_DIM in whole tiles");
@@ -517,14 +519,16 @@ __device__ __forceinline__ bool gda_tile_in_range(const float* b, int i, float b
 //    goes in place, or with KD_APART (the state pass, which has no kA) into kA's room at k's
 //    stride, so that k stays as loaded. A sub-block's 16 rows are loaded into registers before
 //    its first store: the stores may alias the next loads for the compiler, which would
-//    otherwise wait on each. With KD_APART the threads kk < KP also return in (dm_t, de_t) the
-//    segment's gate product (dm, de) times the chunk's (the caller keeps it if the chunk is
-//    not stepped).
+//    otherwise wait on each. The scan from the end is a chain of BT products a column; in the
+//    state pass (KD_APART), where threads are free (SP > 1), it runs in SP parts of the rows,
+//    each multiplied by the later parts' products after a barrier. With KD_APART the threads
+//    kk < KP (part 0) also return in (dm_t, de_t) the segment's gate product (dm, de) times the
+//    chunk's (the caller keeps it if the chunk is not stepped).
 //    Returns the thread's share of the guard (true where it has none): q, k and the gates by
 //    the threads that hold them in registers for their scan, before they scale them (k by its
 //    scan's threads; q and the gates by the threads NT/2.., or by the k scan's threads in the
 //    state pass, which has no q), and with check_v, v by the threads with no column (V_IN_3;
-//    with KD_APART the whole warps with none). Shared memory's bandwidth is the scans' limit
+//    with KD_APART the whole warps from SP KW on). Shared memory's bandwidth is the scans' limit
 //    here: a check that reads again what a scan holds in registers costs more than it saves.
 template <bool STATE>
 __device__ __forceinline__ bool gda_chunk_decays(float* b_q, float* b_k, const float* b_a, const float* b_v,
@@ -532,6 +536,44 @@ __device__ __forceinline__ bool gda_chunk_decays(float* b_q, float* b_k, const f
                                                  float& dm_t, float& de_t) {
     constexpr bool APART = STATE && KD_APART;
     float mv = 0.f, mg = 0.f;                   // running max |q| or |k|, |g| (max.NaN)
+    if constexpr (APART && SP > 1) {
+        // the state pass: k*D into kA's room, k kept. Thread part * KW + kk scans column kk over
+        // the part's BT / SP rows from their end (SP parts: a chain SP times shorter); the later
+        // parts' gate products come through b_b (a barrier of the block) and multiply its suffix
+        // products; part 0 keeps the chunk's product. The threads from SP KW on check v.
+        constexpr int R = BT / SP;
+        const int part = tid / KW, kk = tid % KW;
+        bool v_ok = true;
+        float fk[R], dl[R], d = 1.f;            // k, suffix products inside the part
+        if (part >= SP) {
+            if (check_v)
+                v_ok = gda_tile_in_range<NT - SP * KW, BV, VS>(b_v, tid - SP * KW, GDA_VAL_MAX);
+        } else if (kk < KP) {
+            float fg[R];
+            #pragma unroll
+            for (int i = 0; i < R; ++i) { fk[i] = b_k[(part * R + i) * KS + kk]; fg[i] = b_a[(part * R + i) * QS + kk]; }
+            #pragma unroll
+            for (int i = 0; i < R; ++i) { gda_absmax(mv, fk[i]); gda_absmax(mg, fg[i]); }
+            #pragma unroll
+            for (int i = R - 1; i >= 0; --i) { dl[i] = d; d *= fg[i]; }
+            if (part > 0) b_b[(part - 1) * KP + kk] = d;
+        }
+        __syncthreads();                        // (the caller's fast: the same in every thread)
+        if (part < SP && kk < KP) {
+            float later = 1.f;                  // the product of the later parts' gates
+            #pragma unroll
+            for (int j = SP - 1; j > 0; --j)
+                if (j > part) later *= b_b[(j - 1) * KP + kk];
+            #pragma unroll
+            for (int i = 0; i < R; ++i) b_ka[(part * R + i) * KS + kk] = fk[i] * (dl[i] * later);
+            if (part == 0) {
+                d *= later;
+                b_e[kk] = d;
+                gda_scaled_mul(dm_t, de_t, d);
+            }
+        }
+        return v_ok & (mv <= GDA_VAL_MAX) & (mg <= GDA_GATE_MAX);      // (NaN fails)
+    }
     if (tid < KP) {
         const int kk = tid;
         float* const b_kd = APART ? b_ka : b_k;
@@ -963,6 +1005,9 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
     const long long sk = (long long)H * K_DIM, sv = (long long)H * V_DIM;
     const long long o_h = ((i_n * H + i_h) * (long long)K_DIM) * V_DIM + v0;   // state [n, h, 0, v0]
 
+    const bool vec_qkg = gda_aligned<io::t>(q) && gda_aligned<io::t>(k) && gda_aligned<gt::t>(g);
+    const bool vec_v = gda_aligned<io::t>(v);
+
     // S [KR][BV] lives in shared memory (b_s): read by stage 4, updated in place by stage 5. It
     // starts as h0 (or 0) carried through the earlier segments' entries (common.cuh gda_carry):
     // for CB of the thread's EPT elements at a time (up to 8), the loads of JB entries first,
@@ -980,6 +1025,13 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
         }
     };
     s_from_h0();
+#if ASYNC_COPY
+    // with DBUF the first chunk's copies go out before the carry below, whose loads they overlap
+    // (set 0's columns 0..K_DIM-1; the padding below writes only the columns past them)
+    if (DBUF && vec_qkg && vec_v && s0 < s1)
+        gda_copy_chunk<!STATE>(q, k, g, v, b_sm, 0, s0, s1, bos, sk, sv, (long long)i_h * K_DIM,
+                               (long long)i_h * V_DIM + v0, K_DIM, V_DIM - v0, true, tid);
+#endif
     bool exact = true;                         // every entry carried (gda_carried)
     for (int j0 = 0; j0 < (STATE ? 0 : i_p); j0 += JB) {
         #pragma unroll 1
@@ -1014,9 +1066,10 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
             }
         }
     }
-    // an entry that cannot be carried (rare): S from h0 through the sequence's rows before the
-    // segment instead, the loop's own steps on the CUDA cores (each thread its elements)
-    if (!STATE && i_p > 0 && __syncthreads_or(!exact)) {     // (i_p: the same in the block)
+    // an entry that cannot be carried (rare): this thread's elements from h0 through the
+    // sequence's rows before the segment instead, the loop's own steps on the CUDA cores (no
+    // barrier: each thread its own elements; the chunk loop's first barrier is before S is read)
+    if (!STATE && !exact) {
         s_from_h0();
         for (long long t = 0; t < s0; ++t) {
             const long long rk = (bos + t) * sk + (long long)i_h * K_DIM;
@@ -1054,8 +1107,7 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
         b_sm[set + SM_A + t * QS + kk] = 1.f;
     }
 #endif
-    const bool vec_qkg = gda_aligned<io::t>(q) && gda_aligned<io::t>(k) && gda_aligned<gt::t>(g);
-    const bool vec_v = gda_aligned<io::t>(v), vec_o = gda_aligned<io::t>(o);
+    const bool vec_o = gda_aligned<io::t>(o);
 #ifdef GDA_PROFILE
     long long prof[6] = {0, 0, 0, 0, 0, 0}, prof_t = clock64();
     const long long prof_pro = prof_t - prof_0;
@@ -1067,11 +1119,6 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
     // this chunk's set of staged inputs: DBUF alternates between two, the next chunk's copies
     // going to the other one while this one is computed
     int set = 0;
-#if ASYNC_COPY
-    if (DBUF && vec_qkg && vec_v && s0 < s1)
-        gda_copy_chunk<!STATE>(q, k, g, v, b_sm, 0, s0, s1, bos, sk, sv, (long long)i_h * K_DIM,
-                               (long long)i_h * V_DIM + v0, K_DIM, V_DIM - v0, true, tid);
-#endif
     for (long long t0 = s0; t0 < s1; t0 += BT) {
         float* const b_q = b_sm + set + SM_Q;
         float* const b_a = b_sm + set + SM_A;
@@ -1141,9 +1188,22 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
                         }
                 }
             } else {
-                if (again) {
+                if (again) {                    // q and k as loaded (the gates are unchanged)
+#if ASYNC_COPY
+                    const long long colk = (long long)i_h * K_DIM + kt * KT;
+                    const int nk = NKT == 1 ? K_DIM : K_DIM - kt * KT < KT ? K_DIM - kt * KT : KT;
+                    #pragma unroll 1
+                    for (int e = tid; e < BT * nk; e += NT) {
+                        const int t = e / nk, kk = e % nk;
+                        const bool in = t0 + t < s1;
+                        const long long off = (bos + t0 + t) * sk + colk + kk;
+                        b_q[t * QS + kk] = in ? io::load(q[off]) : 0.f;
+                        b_k[t * KS + kk] = in ? io::load(k[off]) : 0.f;
+                    }
+#else
                     gda_chunk_load<STATE>(q, k, g, v, b_sm, set, b_q, b_k, b_a, b_v, t0, s1, bos, sk, sv,
                                           i_h, v0, kt, vec_qkg, vec_v, tid, true, in_range);
+#endif
                     __syncthreads();
                 }
                 s_next &= gda_chunk_step<STATE>(b_q, b_k, b_a, b_v, b_st, b_ka, b_ob, OS, dm, de, kt, tid);

@@ -11,8 +11,9 @@
 //   through segments 0..p-1 (S = diag(d_j) S + S_j: products, no division, so gates of 0,
 //   negative or above 1 stay exact; d_j kept as m * 2^e, brought back to [0.5, 1) every TC
 //   steps, so no length of segment overflows it). Where an entry's m is not finite (an inf or
-//   NaN gate, or TC gates with a product above 2^127: common.cuh gda_carried) the block steps
-//   the sequence's rows before its segment from h0 instead (rare, slow, the loop's result).
+//   NaN gate, or TC gates with a product above 2^127: common.cuh gda_carried) the thread
+//   steps its rows of S through the sequence's rows before its segment from h0 instead (rare,
+//   slow, the loop's result).
 //   Two launches on one stream, no flags, no host syncs.
 //   Block: BV columns x KT lanes, lane = c * KT + kt. The lane holds
 //   S[k][v0 + c] in registers for the rows k = i_g*R*KT + R*kt + j (j < R, i_g < KG): R
@@ -118,27 +119,26 @@ __device__ __forceinline__ void gda_recurrent(GDA_FORWARD_PARAMS)
     __shared__ float b_de[STATE ? KP : 1];     //   column 0 keep e in b_de)
     const long long o_s = ((i_n * H + i_h) * (long long)K_DIM) * V_DIM + v0 + c;
     const bool col = v0 + c < V_DIM;
+    const auto s_from_h0 = [&](int kk) {     // S at row kk of this lane's column: h0 or 0
+        return !STATE && h0 && kk < K_DIM && col ? h0[o_s + (long long)kk * V_DIM] : 0.f;
+    };
     bool exact = true;                         // every entry carried (common.cuh gda_carried)
     #pragma unroll
     for (int i = 0; i < R * KG; ++i) {
         const int kk = (i / R) * R * KT + R * kt + i % R;
-        float s = 0.f;
-        if (!STATE && kk < K_DIM && col) {
-            if (h0) s = h0[o_s + (long long)kk * V_DIM];
+        float s = s_from_h0(kk);
+        if (!STATE && kk < K_DIM && col)
             s = gda_carry(ws_s, ws_d, w_0, i_p, K_DIM, V_DIM, kk, v0 + c, s, exact);
-        }
         b_s[i] = s;
         b_d[i] = 1.f;
         if (STATE && c == 0) b_de[kk] = 0.f;
     }
-    // an entry that cannot be carried (rare): S from h0 through the sequence's rows before the
-    // segment instead, the loop's steps
-    if (!STATE && i_p > 0 && __syncthreads_or(!exact)) {     // (i_p: the same in the block)
+    // an entry that cannot be carried (rare): this thread's S from h0 through the sequence's
+    // rows before the segment instead, the loop's steps (no barrier: S is the thread's own)
+    if (!STATE && !exact) {
         #pragma unroll
-        for (int i = 0; i < R * KG; ++i) {
-            const int kk = (i / R) * R * KT + R * kt + i % R;
-            b_s[i] = h0 && kk < K_DIM && col ? h0[o_s + (long long)kk * V_DIM] : 0.f;
-        }
+        for (int i = 0; i < R * KG; ++i)
+            b_s[i] = s_from_h0((i / R) * R * KT + R * kt + i % R);
         for (long long t = 0; t < s0; ++t) {
             const long long r = bos - s0 + t, rk = r * H * K_DIM + (long long)i_h * K_DIM;
             const float vt = col ? io::load(v[r * H * V_DIM + (long long)i_h * V_DIM + v0 + c]) : 0.f;
