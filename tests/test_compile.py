@@ -75,10 +75,10 @@ FAMILIES = {"gda_recurrent_fwd": recurrent.FAMILY, "gda_chunk_fwd": chunk.FAMILY
 # copies, double-buffered: gla64's configuration): ptxas (NVRTC 12.9, sm_90) keeps it at 255
 # registers only with an 8-byte stack (nvcc 13.0, the device's compiler: none), since the range
 # guard (e33e6dc); found 2026-12-02 by a sweep of the launcher's configurations
-# (docs/perf-notes.md, "The float32 chunk rows since the range guard"). K = 96's form, and the
-# log-gate forms of both, spilled too and no longer do (a stepped chunk's q and k reloaded by a
-# plain loop, perf-notes "v32"). Not yet mended: a known failure, so that the mend shows as
-# XPASS here.
+# (docs/perf-notes.md, "The float32 chunk rows since the range guard"). K = 96's form spilled
+# too and no longer does (a stepped chunk's q and k reloaded by a plain loop, perf-notes "v32");
+# the log-gate forms of both stopped in v30. Not yet mended: a known failure, so that the mend
+# shows as XPASS here.
 SPILLS = pytest.mark.xfail(reason="known: gda_chunk_fwd spills at 255 registers in float32 tiles of "
                                   "64 value columns at K = 64, multiplicative gates (perf-notes)",
                            strict=False)
