@@ -132,8 +132,8 @@ __device__ __forceinline__ float gda_carry_step(float m, float e, float sj, floa
 // unless the segment holds an inf (or NaN) gate, or its product left float range where a state
 // pass multiplies plainly. Otherwise 2^e (m S) + S_j is not the loop's result (the loop
 // multiplies the whole S by the inf gate, and its inf takes the whole S's sign, not the
-// parts'): the block steps the sequence's rows before its segment from h0 instead
-// (gda_chunk_fwd, gda_recurrent_fwd).
+// parts'): each thread whose elements carry such an entry steps them through the sequence's
+// rows before its segment from h0 instead (gda_chunk_fwd, gda_recurrent_fwd).
 __device__ __forceinline__ bool gda_carried(float m) {
     return fabsf(m) <= 0x1.fffffep127f;        // (NaN fails)
 }
