@@ -16,10 +16,12 @@ with its slice and a communicator (SPMD). The recurrence splits exactly, as a sc
    dk, dv and the gate; docs/distributed.md has the algebra).
 
 Every product is a running product of the gates in time order (no division, no differences of
-log gates), so gates of 0, negative, tiny or above 1 give what the loop gives where its products
-stay finite. The corrections and the products they need are gda_slice's (cupy_gda/slices.py,
-on the tensor cores; on the CPU its NumPy form), the gradient's scans in time gda_scan's
-(cupy_gda/scan.py; on the CPU the loop).
+log gates), kept in range (a piece's product as m 2^e in the exchange and the fold; the running
+products anchored at the state's rows, slices.py), so gates of 0, negative, tiny or above 1 give
+what the loop gives wherever it is finite (an inf gate aside: docs/distributed.md). The
+corrections and the products they need are gda_slice's (cupy_gda/slices.py, on the tensor
+cores; on the CPU its NumPy form), the gradient's scans in time gda_scan's (cupy_gda/scan.py; on
+the CPU the loop).
 
 Communicators (``comm``): :class:`SimulatedGroup`'s ranks for NumPy arrays (threads in one
 process, so that CPU tests run the same combine code as the GPU); a
@@ -255,10 +257,11 @@ class _Ends:
     """The gates' products at the slice's two ends (slices.terms: gda_slice on the GPU, its
     NumPy form on the CPU): ``fwd`` over the first sequence piece from the slice's start,
     ``rev`` (where ``rev``, or packed) backwards over the last from its end (without cu_seqlens
-    both the whole slice); and P, each sequence piece's product [N, H, K]: the first's and the
-    last's (those of the pieces in between, each owning both its ends, count in neither fold:
-    1). A first piece whose sequence starts here has a zero entering state, and a last one
-    ending here a zero entering gradient, so their terms add 0."""
+    both the whole slice); and each sequence piece's product [N, H, K] as Pm 2^Pe (any length
+    keeps its range): the first's and the last's (those of the pieces in between, each owning
+    both its ends, count in neither fold: 1). A first piece whose sequence starts here has a
+    zero entering state, and a last one ending here a zero entering gradient, so their terms
+    add 0."""
 
     def __init__(self, xp, sl, a, V, rev):
         T = a.shape[1]
@@ -269,11 +272,18 @@ class _Ends:
         self.fwd = slices.terms(a, first, False, V)
         self.rev = slices.terms(a, last, True, V) if rev or sl.packed else None
         if not sl.packed:
-            self.P = self.fwd.tot
+            self.Pm, self.Pe = self.fwd.tot_m, self.fwd.tot_e
         else:
             n = xp.arange(sl.cu.shape[0] - 1)[:, None, None]
-            self.P = xp.where(n == sl.first, self.fwd.tot,
-                              xp.where(n == sl.last, self.rev.tot, 1)).astype(a.dtype)
+            self.Pm, self.Pe = (xp.where(n == sl.first, f, xp.where(n == sl.last, r, one))
+                                .astype(a.dtype)
+                                for f, r, one in ((self.fwd.tot_m, self.rev.tot_m, 1),
+                                                  (self.fwd.tot_e, self.rev.tot_e, 0)))
+
+    @staticmethod
+    def none(xp, p, dt):
+        """(Pm, Pe) of an empty slice: 1 = 1 2^0 for every sequence."""
+        return xp.ones((p.N, p.H, p.K), dt), xp.zeros((p.N, p.H, p.K), dt)
 
 
 def _pieces(xp, sl, G, Rin):
@@ -325,19 +335,26 @@ def _in(xp, x, dt):
 
 
 def _fold(xp, pairs, start, reset, ranks):
-    """The scan over ranks, in the order ``ranks``, of (P, S) pairs [R, N, H, K(, V)]: x <-
-    P_r . x + S_r from ``start`` [N, H, K, V], with P_r taken as 0 for the sequences where
-    ``reset[r]`` (the forward: the rank where a sequence starts; the backward, its ranks
-    reversed: where it ends). Returns (x entering each rank, x leaving it: lists in rank order;
-    the last x)."""
-    P, S = pairs
+    """The scan over ranks, in the order ``ranks``, of (Pm, Pe, S) triples [R, N, H, K(, V)]
+    (the product P = Pm 2^Pe; Pe None: 0): x <- P_r . x + S_r from ``start`` [N, H, K, V], with
+    P_r taken as 0 for the sequences where ``reset[r]`` (the forward: the rank where a sequence
+    starts; the backward, its ranks reversed: where it ends). P . x as 2^(Pe + d) (m . x), m 2^d
+    = Pm with m in [0.5, 1): a product past float range gives the loop's x wherever that is in
+    range. Returns (x entering each rank, x leaving it: lists in rank order; the last x)."""
+    Pm, Pe, S = pairs
     x = start
-    entering, leaving = [None] * len(P), [None] * len(P)
+    entering, leaving = [None] * len(Pm), [None] * len(Pm)
     with np.errstate(all="ignore"):           # (inf and NaN are not errors: NumPy stays quiet)
         for r in ranks:
             entering[r] = x
-            keep = xp.where(reset[r][:, None, None], 0, P[r])
-            x = leaving[r] = keep[..., None] * x + S[r]
+            keep = xp.where(reset[r][:, None, None], 0, Pm[r])
+            if Pe is None:
+                x = keep[..., None] * x + S[r]
+            else:
+                m, d = xp.frexp(keep)
+                x = xp.ldexp(m[..., None] * x, (Pe[r].astype(np.int32) + d)[..., None]) + S[r]
+                x = x.astype(S.dtype, copy=False)
+            leaving[r] = x
     return entering, leaving, x
 
 
@@ -369,17 +386,19 @@ def gated_attention(q, k, v, gate=None, *, comm, log_gate=None, scale=1.0, initi
                                         check_indices=False)
         o = _in(xp, o, dt)
         ends = _Ends(xp, sl, a, p.V, False) if p.T else None
-        P = ends.P if p.T else xp.ones((p.N, p.H, p.K), dt)
+        Pm, Pe = (ends.Pm, ends.Pe) if p.T else _Ends.none(xp, p, dt)
         # 2. exchange, 3. combine
         V = p.V
-        got = c.allgather(xp.concatenate([P[..., None], S.astype(dt)], axis=-1))
+        got = c.allgather(xp.concatenate([Pm[..., None], Pe[..., None], S.astype(dt)], axis=-1))
         start = (xp.zeros((p.N, p.H, p.K, V), dt) if sl.packed or h0f is None else h0f)
-        entering, _, final = _fold(xp, (got[..., 0], got[..., 1:]), start, sl.own_start,
-                                   range(sl.R))
+        entering, _, final = _fold(xp, (got[..., 0], got[..., 1], got[..., 2:]), start,
+                                   sl.own_start, range(sl.R))
         s_in = entering[sl.r]
-        # 4. correct the tokens whose sequence began before this slice
+        # 4. correct the tokens whose sequence began before this slice (the products anchored
+        # at S_in's rows: their range is the state's)
         if p.T:                             # (in place: o is the local pass's)
-            ends.fwd.out(o, qf, xp.ascontiguousarray(sl.rows(xp, s_in, sl.first)), scale)
+            st = ends.fwd.anchor(xp.ascontiguousarray(sl.rows(xp, s_in, sl.first)))
+            ends.fwd.out(o, qf, st, scale)
         with np.errstate(over="ignore"):
             o = convert.as_dtype(o, v.dtype)
         # (the states in dt: float32, or float64 for float64 NumPy inputs)
@@ -432,21 +451,22 @@ def gated_attention_backward(q, k, v, gate=None, *, comm, do, log_gate=None, sca
         dq, dk, dv = (_in(xp, g, dt) for g in grads[:3])
         da, dstart = grads[3:]
         ends = _Ends(xp, sl, a, p.V, True) if p.T else None
-        P = ends.P if p.T else xp.ones((N, H, K), dt)
+        Pm, Pe = (ends.Pm, ends.Pe) if p.T else _Ends.none(xp, p, dt)
         # 2. exchange: each piece's (P, gradient at its start, and S unless the forward's
         # incoming states are kept)
-        parts = [P[..., None], dstart.astype(dt)] + ([] if kept is not None else [S.astype(dt)])
+        parts = ([Pm[..., None], Pe[..., None], dstart.astype(dt)]
+                 + ([] if kept is not None else [S.astype(dt)]))
         got = c.allgather(xp.concatenate(parts, -1))
-        Pr, Dr = got[..., 0], got[..., 1:V + 1]
+        Pr, Dr = (got[..., 0], got[..., 1]), got[..., 2:V + 2]
         # 3. combine: the state entering this slice, the gradient entering its end, dh0
         if kept is not None:
             s_in = kept.astype(dt, copy=False)
         else:
-            entering, _, _ = _fold(xp, (Pr, got[..., V + 1:]), zero_state if sl.packed else h0f,
+            entering, _, _ = _fold(xp, (*Pr, got[..., V + 2:]), zero_state if sl.packed else h0f,
                                    sl.own_start, range(sl.R))
             s_in = entering[sl.r]
         # (the gradients the other way; dh0: a sequence's leaving the rank where it starts)
-        d_entering, d_leaving, dh0 = _fold(xp, (Pr, Dr), zero_state if sl.packed else dhtf,
+        d_entering, d_leaving, dh0 = _fold(xp, (*Pr, Dr), zero_state if sl.packed else dhtf,
                                            sl.own_end, reversed(range(sl.R)))
         d_in = d_entering[sl.r]
         if sl.packed:
@@ -483,7 +503,11 @@ def _correct(xp, sl, scale, q, k, v, do, a, ends, s_in, d_in, h0_loc, dht_loc, g
     dq, dk, dv, da = grads
     dt = q.dtype
     S0, D = sl.rows(xp, s_in, sl.first), sl.rows(xp, d_in, sl.last)     # [B or 1, H, K, V]
-    S0, D = xp.ascontiguousarray(S0), xp.ascontiguousarray(D)
+    # anchored (slices.py): S0's rows over sigma and G times sigma, D's rows over tau and R
+    # times tau, so c, e and the products below are the plain ones over sigma or tau, and
+    # every term (a product of the two) the plain one
+    S0 = ends.fwd.anchor(xp.ascontiguousarray(S0))
+    D = ends.rev.anchor(xp.ascontiguousarray(D))
     m_in, m_out = sl.mask(xp, sl.cont_in, dt), sl.mask(xp, sl.cont_out, dt)
     if sl.packed:
         nxt, prv = slices.shift(xp, m_in, -1, 0), slices.shift(xp, m_out, 1, 0)
@@ -505,5 +529,5 @@ def _correct(xp, sl, scale, q, k, v, do, a, ends, s_in, d_in, h0_loc, dht_loc, g
     c = scan(a_next * nxt if sl.packed else a_next, y, reverse=True)
     e = scan(a * m_out * prv if sl.packed else a, z)
     cross = xp.einsum("bhkv,bhkv->bhk", D, S0)[:, None]
-    slices.gate_terms(da, G, R, c, e, m_in, m_out, start_out * ini, cross)
+    slices.gate_terms(da, G, R, c, e, m_in, m_out, start_out * ini, cross, ends.fwd.sigma)
     return dq, dk, dv, da

@@ -140,7 +140,7 @@ def _across(q, k, v, gate, log_gate, scale, initial_state, output_final_state, c
     Rin = lax.cumprod(a, axis=1, reverse=True) if cu is not None else None
     Pg, Sg = axis.allgather(distributed._pieces(jnp, sl, G, Rin)), axis.allgather(S)
     start = jnp.zeros(S.shape, f32) if h0 is None or cu is not None else h0
-    entering, _, x = distributed._fold(jnp, (Pg, Sg), start, sl.own_start, range(sl.R))
+    entering, _, x = distributed._fold(jnp, (Pg, None, Sg), start, sl.own_start, range(sl.R))
     s_in = sl.rows(jnp, jnp.stack(entering)[axis.rank], sl.first)   # (rank: traced)
     o = o + scale * jnp.einsum("bthk,bhkv->bthv", qf * G * sl.mask(jnp, sl.cont_in, f32), s_in,
                                precision=lax.Precision.HIGHEST)

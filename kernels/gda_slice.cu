@@ -12,18 +12,22 @@
 //                   and P_t[k] itself into pr where given (the backward's gate terms)
 //
 // (z_t and P_t = 0 at steps j >= n, which feed a scan; nothing else is written there.) q-like arrays
-// [B, T, H, K], v-like [B, T, H, V], St [B, H, K, V], all float32 and contiguous; the products
-// entering each segment of TS steps come from the first two entries:
-//   gda_slice_prods: block (b, s, h): each lane k's product over segment s -> ws [B, NSEG, H, K]
-//   gda_slice_enter: thread (b, h, k): walks the segments, ws <- the product entering each, and
-//                    tot [B, H, K] (where given) <- the product over all n steps
+// [B, T, H, K], v-like [B, T, H, V], St [B, H, K, V], all float32 and contiguous. Products of
+// any length keep their range as m 2^e (common.cuh gda_scaled_mul; e a float), and the running
+// products the corrections multiply by start from sigma[b, h, k] = 2^E0, the size of St's row
+// (the launcher divides St's row by it, exactly): sigma P_t is then the size of the part of the
+// loop's state that St carries, in range wherever the loop's state is, though P_t alone may
+// pass 2^128 or 2^-149 (cupy_gda/slices.py anchor). The workspace ws is [3][B, NSEG, H, K]:
+//   gda_slice_prods: block (b, s, h): each lane k's product over segment s as m 2^e -> ws[0], ws[1]
+//   gda_slice_enter: thread (b, h, k): walks the segments. Without x: tot [2][B, H, K] <- the
+//                    product over all n steps (m, then e). With x (E0 [B, H, K], as floats; -1000
+//                    for a row of zeros, so sigma = 0): ws[2] <- sigma times the product entering
+//                    each segment, a float
 // then gda_slice_out (block (b, h, s, value tile)) and gda_slice_in (block (b, h, s, key tile))
-// walk their segment in sub-tiles of BT steps: the tile's inputs staged in shared memory, the
-// running products by BT threads (one a lane, in scan order), then the product on the tensor
-// cores, each operand split hi + lo (mma.cuh: fp32 accuracy, no plain TF32), 4 warps of 16
-// steps each. The product over any number of steps is a plain float product: where the loop's
-// products leave float range (inf, or 0 from underflow) this is the loop's product form, not
-// the loop (the distributed path's stated limit).
+// walk their segment in sub-tiles of BT steps from ws[2]: the tile's inputs staged in shared
+// memory, the running products by BT threads (one a lane, in scan order), then the product on
+// the tensor cores, each operand split hi + lo (mma.cuh: fp32 accuracy, no plain TF32), 4 warps
+// of 16 steps each. (P_t above is sigma P_t there: pr gets it so.)
 //
 // No shape defines: K, V, T, H are run-time (tiles of 64 cover any). Needs IO_DTYPE = G_DTYPE
 // = 0 for common.cuh and mma.cuh (the tensor cores' TF32 path). Launcher: cupy_gda/slices.py;
@@ -58,11 +62,13 @@ extern "C" __global__ void __launch_bounds__(NT)
 gda_slice_prods(GDA_SLICE_PARAMS) {
     const long long h = blockIdx.x % H, s = (blockIdx.x / H) % NSEG, b = blockIdx.x / H / NSEG;
     const long long n = gda_slice_steps(count, b, T), j0 = s * TS, j1 = min(j0 + TS, n);
+    const long long plane = (long long)B * NSEG * H * K;
     for (int k = threadIdx.x; k < K; k += NT) {
-        float p = 1.f;
+        float m = 1.f, e = 0.f;
         for (long long j = j0; j < j1; ++j)
-            p *= a[((b * T + gda_slice_token(j, T, reverse)) * H + h) * K + k];
-        ws[((b * NSEG + s) * H + h) * K + k] = p;
+            gda_scaled_mul(m, e, a[((b * T + gda_slice_token(j, T, reverse)) * H + h) * K + k]);
+        ws[((b * NSEG + s) * H + h) * K + k] = m;
+        ws[plane + ((b * NSEG + s) * H + h) * K + k] = e;
     }
 }
 
@@ -71,14 +77,19 @@ gda_slice_enter(GDA_SLICE_PARAMS) {
     const long long lane = (long long)blockIdx.x * NT + threadIdx.x;   // (b * H + h) * K + k
     const long long HK = (long long)H * K, b = lane / HK, hk = lane % HK;
     if (b >= B) return;
-    float p = 1.f;
+    const long long plane = (long long)B * NSEG * HK;
+    float m = 1.f, e = x ? x[lane] : 0.f;
+    const bool zero = x && e < -999.f;                      // St's row is 0: sigma = 0
     for (int s = 0; s < NSEG; ++s) {
-        float* at = ws + (b * NSEG + s) * HK + hk;
-        const float seg = *at;
-        *at = p;
-        p *= seg;
+        const long long at = (b * NSEG + s) * HK + hk;
+        if (x) ws[2 * plane + at] = zero ? 0.f : gda_pow2_mul(m, e);
+        gda_scaled_mul(m, e, ws[at]);
+        e += ws[plane + at];
     }
-    if (tot) tot[lane] = p;
+    if (!x) {
+        tot[lane] = m;
+        tot[B * HK + lane] = e;
+    }
 }
 
 // ---- the sub-tiles' stages (gda_slice_out, gda_slice_in)
@@ -246,7 +257,7 @@ gda_slice_out(GDA_SLICE_PARAMS) {
     float* ps = gs + BT * LD;                           // [NKC * BT]: each lane's product
     float* ss = ps + NKC * BT;                          // [NKC or 1][BT][LDS]: St's chunks
     for (int k = threadIdx.x; k < NKC * BT; k += NT)
-        ps[k] = k < K ? ws[((b * NSEG + s) * H + h) * K + k] : 0.f;
+        ps[k] = k < K ? ws[2LL * B * NSEG * H * K + ((b * NSEG + s) * H + h) * K + k] : 0.f;
     if (resident)
         for (int c = 0; c < NKC; ++c)
             gda_slice_state(ss + c * BT * LDS, LDS, st, b * H + h, K, V, c * BT, vt * BT);
@@ -292,7 +303,7 @@ gda_slice_in(GDA_SLICE_PARAMS) {
                                                         //   keys by values
     if (threadIdx.x < BT) {
         const long long k = kt * BT + threadIdx.x;
-        ps[threadIdx.x] = j0 < n && k < K ? ws[((b * NSEG + s) * H + h) * K + k] : 0.f;
+        ps[threadIdx.x] = j0 < n && k < K ? ws[2LL * B * NSEG * H * K + ((b * NSEG + s) * H + h) * K + k] : 0.f;
     }
     if (resident && j0 < n)
         for (int c = 0; c < NVC; ++c)

@@ -93,6 +93,13 @@ def test_ranks_are_the_whole_sequence(case):
 def _check_ranks(case, to_device, to_host):
     B, T, H, K, V, lens, cuts, regime, log = case
     x, do, dht, cu = _inputs(B, T, H, K, V, regime, lens, log, seed=len(cuts) + 7)
+    _check_split(x, do, dht, cu, cuts, to_device, to_host)
+
+
+def _check_split(x, do, dht, cu, cuts, to_device, to_host):
+    """The ranks split at ``cuts`` against the whole sequence's loop: o, the final state, every
+    gradient and dinitial_state within the contract, on every rank; nothing the caller owns
+    modified."""
     T = x["q"].shape[1]
     scale = 0.5
     dev = {n: to_device(a) for n, a in x.items()}
@@ -278,50 +285,38 @@ def test_ranks_raise_no_numpy_warning_after_an_inf_gate():
     assert r.ok, f"o: err {r.err:.3e} > bound {r.bound:.3e}"
 
 
-def _ranks_past_float_range(cuts):
-    """(o on the simulated ranks split at ``cuts``, the float64 loop's, the float32 loop's, the
-    single call's): finite gates whose product over the second half, 4^64 = 2^128, passes
-    float32's range, and keys of 1e-30 before it, so the state entering it is small enough
-    that the loop stays finite (its largest output about 2e9)."""
-    rng = np.random.default_rng(23)
-    B, T, H, K, V = 1, 128, 1, 4, 4
-    q, k, v = (rng.standard_normal((B, T, H, d)).astype(np.float32) for d in (K, K, V))
-    g = np.full((B, T, H, K), 0.9, np.float32)
-    k[:, :64] *= np.float32(1e-30)
-    g[:, 64:], k[:, 64:] = 4, 0
-    bounds = (0, *cuts, T)
-    res = D.SimulatedGroup(len(bounds) - 1).run(lambda c: D.gated_attention(
-        *(x[:, bounds[c.rank]:bounds[c.rank + 1]] for x in (q, k, v, g)), comm=c))
-    return (np.concatenate(res, axis=1).astype(np.float64), R.gated_attention_ref(q, k, v, g),
-            R.gated_attention_ref(q, k, v, g, dtype=np.float32),
-            cupy_gda.gated_attention(q, k, v, g).astype(np.float64))
+def _past_float_range(lens=None):
+    """Inputs whose gate products over a slice pass float32's range where the loop stays
+    finite: gates of 8 over steps 0..63 (a product of 8^64 = 2^192 there; 2^128 is passed in
+    43 steps), 0.9 after; keys before step 64, the initial state, do and d_final_state 1e-30
+    times, so the states and their gradients stay within about 1e28 (the float32 loop's too)."""
+    x, do, dht, cu = _inputs(1, 128 if lens is None else 0, 2, 4, 3, "unif", lens, False,
+                             seed=29)
+    tiny = np.float32(1e-30)
+    x["gate"][:, :64], x["gate"][:, 64:] = 8, 0.9
+    x["k"][:, :64] *= tiny
+    x["initial_state"] *= tiny
+    return x, do * tiny, dht * tiny, cu
 
 
-def test_ranks_past_float_range_wrong_only_where_the_slice_product_is():
-    """Where a slice's running gate product passes float32's range while the loop stays
-    finite, the correction's product overflows (gda_slice multiplies plainly; the stated limit,
-    docs/distributed.md): the single call is within the contract there, and the ranks are wrong
-    only at the tokens whose product from their slice's start overflows (t = 127, 4^64), and
-    within the contract everywhere else."""
-    o, want, emu, one = _ranks_past_float_range((64,))
-    assert np.isfinite(emu).all() and np.isfinite(want).all()
-    r = compare("o", one, want, emu)
-    assert r.ok, f"single call: err {r.err:.3e} > bound {r.bound:.3e}"
-    bad = ~np.isfinite(o)
-    assert bad.any() and not bad[:, :127].any()
-    r = compare("o", o[:, :127], want[:, :127], emu[:, :127])
-    assert r.ok, f"o before t = 127: err {r.err:.3e} > bound {r.bound:.3e}"
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "known limit: the slices' gate products are plain float products (gda_slice, the fold's P), "
-    "so a product past float32's range gives inf where the loop is finite "
-    "(docs/distributed.md, 'Not exact where a slice's gate product leaves float range')"))
-def test_ranks_past_float_range_like_the_loop():
-    o, want, emu, _ = _ranks_past_float_range((64,))
-    assert np.isfinite(o).all()
-    r = compare("o", o, want, emu)
-    assert r.ok, f"o: err {r.err:.3e} > bound {r.bound:.3e}"
+@pytest.mark.parametrize("cuts, lens", [
+    ([64], None), ([20], None), ([40, 100], None), ([10, 30, 64, 120], None),
+    ([20, 90], (50, 78)), ([20, 66], (10, 60, 58))],
+    ids=["R2-cut64", "R2-cut20", "R3", "R5", "R3-varlen", "R3-varlen3"])
+def test_ranks_past_float_range_are_the_loop(cuts, lens):
+    """Gates above 1 whose product over a slice passes 2^128 (and over a rank's piece, which
+    the fold multiplies the entering state by), while the loop stays finite: the products kept
+    as m 2^e in the exchange and the fold, the corrections' running products anchored at the
+    state's (or gradient's) rows (cupy_gda/slices.py): o, the final state and every gradient
+    within the contract, as the single call is."""
+    x, do, dht, cu = _past_float_range(lens)
+    with np.errstate(all="ignore"):
+        emu = R.gated_attention_ref(**x, output_final_state=True, cu_seqlens=cu, dtype=np.float32)
+        gemu = R.gated_attention_backward_ref(**x, do=do, d_final_state=dht, cu_seqlens=cu,
+                                              dtype=np.float32)
+    assert all(np.isfinite(a).all() for a in (*emu, *gemu))
+    assert np.abs(emu[0]).max() > 1e10 or np.abs(gemu.dk).max() > 1e10   # (far from 1)
+    _check_split(x, do, dht, cu, cuts, np.asarray, np.asarray)
 
 
 # ---- GPU: the same combine on CuPy arrays (SimulatedGroup's threads on one GPU), and the
@@ -335,6 +330,16 @@ GPU_CASES = [CASES[1], CASES[2], CASES[5], CASES[7], CASES[8]]
 def test_gpu_ranks_are_the_whole_sequence(case):
     import cupy
     _check_ranks(case, cupy.asarray, cupy.asnumpy)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cuts, lens", [([20], None), ([10, 30, 64, 120], None),
+                                        ([20, 90], (50, 78))], ids=["R2", "R5", "R3-varlen"])
+def test_gpu_ranks_past_float_range_are_the_loop(cuts, lens):
+    """As test_ranks_past_float_range_are_the_loop, through gda_slice's kernels."""
+    import cupy
+    x, do, dht, cu = _past_float_range(lens)
+    _check_split(x, do, dht, cu, cuts, cupy.asarray, cupy.asnumpy)
 
 
 @pytest.mark.gpu

@@ -23,7 +23,15 @@ def _inputs(B, T, H, K, V, regime, seed):
     elif regime == "tiny":
         a = rng.uniform(0.0, 1e-3, a.shape)
     n = lambda *s: rng.standard_normal(s)      # noqa: E731
-    return dict(x=n(B, T, H, K), a=a, st=n(B, H, K, V), y=n(B, T, H, V), w=n(B, T, H, K),
+    st = n(B, H, K, V)
+    if regime == "past":
+        # products past float32's range both ways: gates of 8 over the first and the last 60
+        # steps, 1/8 between (the running products reach 2^180 from either end, and pass
+        # 2^-149 in the middle), St 2^-100 times, so St's part stays within 2^80
+        j = np.arange(T)[None, :, None, None]
+        a = np.where((j < 60) | (j >= T - 60), 8.0, 0.125) * np.ones(a.shape)
+        st = st * 2.0 ** -100
+    return dict(x=n(B, T, H, K), a=a, st=st, y=n(B, T, H, V), w=n(B, T, H, K),
                 out=n(B, T, H, K))
 
 
@@ -54,6 +62,24 @@ def test_forms_are_the_loop():
             assert np.allclose(tot[b], p)
 
 
+def test_forms_keep_their_range_past_float32():
+    """The float32 forms where the products pass 2^128 and 2^-149 (St's part within range):
+    tot as m 2^e and the anchored running products give the float64 forms' y, out and z."""
+    d = _inputs(1, 257, 2, 8, 5, "past", 3)
+    d32 = {n: x.astype(np.float32) for n, x in d.items()}
+    for reverse in (False, True):
+        want = [slices.out_ref(d["y"], d["x"], d["a"], d["st"], None, reverse, 0.5),
+                *slices.into_ref(d["out"], d["y"], d["w"], d["a"], d["st"], None, reverse, 0.5)]
+        got = [slices.out_ref(d32["y"], d32["x"], d32["a"], d32["st"], None, reverse, 0.5),
+               *slices.into_ref(d32["out"], d32["y"], d32["w"], d32["a"], d32["st"], None,
+                                reverse, 0.5)]
+        for g, w in zip(got, want):
+            assert np.isfinite(g).all() and np.allclose(g, w, rtol=1e-4, atol=1e-4 * abs(w).max())
+        t = slices.TermsRef(d32["a"], None, reverse)
+        assert np.allclose(np.ldexp(t.tot_m.astype(np.float64), t.tot_e.astype(int)),
+                           np.prod(d["a"], axis=1), rtol=1e-5)
+
+
 # (B, T, H, K, V, gate regime): one step; K and V off the tiles of 64; two or three segments
 # (slices.TS); St's key chunks staged once (K <= 256) or again each sub-tile (K = 300), and its
 # value chunks likewise (V = 512); GLA-1.3B's widths; empty
@@ -66,6 +92,7 @@ CASES = [
     pytest.param((1, 520, 1, 256, 512, "unif"), id="B1-T520-H1-K256-V512"),
     pytest.param((1, 130, 1, 300, 72, "unif"), id="B1-T130-H1-K300-V72"),
     pytest.param((2, 0, 2, 8, 8, "unif"), id="T0"),
+    pytest.param((2, 257, 2, 72, 40, "past"), id="B2-T257-H2-K72-V40-past_float_range"),
 ]
 
 
@@ -84,22 +111,26 @@ def test_gpu_terms_are_their_forms(case, reverse, counted, monkeypatch):
     g = {n: cupy.asarray(x) for n, x in d32.items()}
     t = slices.terms(g["a"], None if count is None else cupy.asarray(count, np.int64), reverse, V)
     scale = 0.75
-    got_y = cupy.asnumpy(t.out(g["y"], g["x"], g["st"], scale))
+    st1 = t.anchor(g["st"])                     # (the running products start from sigma)
+    got_y = cupy.asnumpy(t.out(g["y"], g["x"], st1, scale))
     got_out = g["out"]
-    got_z, got_P = t.into(got_out, cupy.asarray(d32["y"]), g["w"], g["st"], scale, products=True)
-    got = dict(tot=cupy.asnumpy(t.tot), y=got_y, out=cupy.asnumpy(got_out), z=cupy.asnumpy(got_z),
+    got_z, got_P = t.into(got_out, cupy.asarray(d32["y"]), g["w"], st1, scale, products=True)
+    sigma = cupy.asnumpy(t.sigma)[:, None]
+    with np.errstate(over="ignore", under="ignore"):
+        tot = np.ldexp(cupy.asnumpy(t.tot_m), cupy.asnumpy(t.tot_e).astype(int))
+    got = dict(tot=tot, y=got_y, out=cupy.asnumpy(got_out), z=cupy.asnumpy(got_z) * sigma,
                P=cupy.asnumpy(got_P))
     forms = {}
     for label, src in (("ref", d), ("emu", d32)):
-        P, tot = slices.products_ref(src["a"], count, reverse)
+        P, tot = slices.products_ref(src["a"], count, reverse, src["st"])
         y = slices.out_ref(src["y"], src["x"], src["a"], src["st"], count, reverse, scale)
         out, z = slices.into_ref(src["out"], src["y"], src["w"], src["a"], src["st"], count,
                                  reverse, scale)
         forms[label] = dict(tot=tot, y=y, out=out, z=z, P=P)
     # without products=True the same z (and no P written anywhere else: out is its own array)
-    z_only = cupy.asnumpy(t.into(cupy.asarray(d32["out"]), cupy.asarray(d32["y"]), g["w"], g["st"],
+    z_only = cupy.asnumpy(t.into(cupy.asarray(d32["out"]), cupy.asarray(d32["y"]), g["w"], st1,
                                  scale))
-    assert np.array_equal(z_only, got["z"], equal_nan=True)
+    assert np.array_equal(z_only * sigma, got["z"], equal_nan=True)
     for name in ("tot", "y", "out", "z", "P"):
         assert got[name].dtype == np.float32 and got[name].shape == forms["ref"][name].shape
         r = compare(name, got[name], forms["ref"][name], forms["emu"][name])
@@ -124,8 +155,10 @@ def test_gpu_terms_take_views_at_any_address():
     got = []
     for f in (lambda x: x, shifted):
         t = slices.terms(f(d["a"]), None, True, V)
-        y = t.out(d["y"].copy(), f(d["x"]), f(d["st"]), 0.5)
-        z, P = t.into(d["out"].copy(), f(d["y"]), f(d["w"]), f(d["st"]), 0.5, products=True)
-        got.append([cupy.asnumpy(r) for r in (t.tot, y, z, P)])
+        st1 = t.anchor(f(d["st"]))
+        st1 = shifted(st1) if f is shifted else st1
+        y = t.out(d["y"].copy(), f(d["x"]), st1, 0.5)
+        z, P = t.into(d["out"].copy(), f(d["y"]), f(d["w"]), st1, 0.5, products=True)
+        got.append([cupy.asnumpy(r) for r in (t.tot_m, t.tot_e, y, z, P)])
     for fresh, view in zip(*got):
         assert np.array_equal(fresh, view, equal_nan=True)
