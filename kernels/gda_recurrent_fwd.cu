@@ -119,13 +119,16 @@ __device__ __forceinline__ void gda_recurrent(GDA_FORWARD_PARAMS)
     __shared__ float b_de[STATE ? KP : 1];     //   column 0 keep e in b_de)
     const long long o_s = ((i_n * H + i_h) * (long long)K_DIM) * V_DIM + v0 + c;
     const bool col = v0 + c < V_DIM;
+    const auto row_of = [&](int i) {          // the row of S in b_s[i] (k of the header)
+        return (i / R) * R * KT + R * kt + i % R;
+    };
     const auto s_from_h0 = [&](int kk) {     // S at row kk of this lane's column: h0 or 0
         return !STATE && h0 && kk < K_DIM && col ? h0[o_s + (long long)kk * V_DIM] : 0.f;
     };
     bool exact = true;                         // every entry carried (common.cuh gda_carried)
     #pragma unroll
     for (int i = 0; i < R * KG; ++i) {
-        const int kk = (i / R) * R * KT + R * kt + i % R;
+        const int kk = row_of(i);
         float s = s_from_h0(kk);
         if (!STATE && kk < K_DIM && col)
             s = gda_carry(ws_s, ws_d, w_0, i_p, K_DIM, V_DIM, kk, v0 + c, s, exact);
@@ -138,13 +141,13 @@ __device__ __forceinline__ void gda_recurrent(GDA_FORWARD_PARAMS)
     if (!STATE && !exact) {
         #pragma unroll
         for (int i = 0; i < R * KG; ++i)
-            b_s[i] = s_from_h0((i / R) * R * KT + R * kt + i % R);
+            b_s[i] = s_from_h0(row_of(i));
         for (long long t = 0; t < s0; ++t) {
             const long long r = bos - s0 + t, rk = r * H * K_DIM + (long long)i_h * K_DIM;
             const float vt = col ? io::load(v[r * H * V_DIM + (long long)i_h * V_DIM + v0 + c]) : 0.f;
             #pragma unroll
             for (int i = 0; i < R * KG; ++i) {
-                const int kk = (i / R) * R * KT + R * kt + i % R;
+                const int kk = row_of(i);
                 if (kk < K_DIM && col) b_s[i] = fmaf(gda_gate(g[rk + kk]), b_s[i], io::load(k[rk + kk]) * vt);
             }
         }
@@ -291,7 +294,7 @@ __device__ __forceinline__ void gda_recurrent(GDA_FORWARD_PARAMS)
             // 2^(127/TC)) leaves float range
             if (c == 0)
                 #pragma unroll
-                for (int i = 0; i < R * KG; ++i) b_d[i] = gda_mantissa(b_d[i], b_de[(i / R) * R * KT + R * kt + i % R]);
+                for (int i = 0; i < R * KG; ++i) b_d[i] = gda_mantissa(b_d[i], b_de[row_of(i)]);
             continue;                           // no o: the next chunk's first barrier suffices
         }
         __syncthreads();
@@ -313,7 +316,7 @@ __device__ __forceinline__ void gda_recurrent(GDA_FORWARD_PARAMS)
     if (dst) {                                 // (never null in the state pass)
         #pragma unroll
         for (int i = 0; i < R * KG; ++i) {
-            const int kk = (i / R) * R * KT + R * kt + i % R;
+            const int kk = row_of(i);
             if (kk < K_DIM && col) dst[(long long)kk * V_DIM] = b_s[i];
             if (STATE && kk < K_DIM && i_v == 0 && c == 0) {
                 ws_d[(w_0 + i_p) * 2 * K_DIM + kk] = b_d[i];
