@@ -146,7 +146,8 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
             cached = (key is not None and key[-1] == q.data.device_id
                       and _all_contiguous((q, k, v, g, h0)))
             q, k, v, g, h0, cu = _contiguous((q, k, v, g, h0, cu))
-            plan = _forward_plan(m, p, cu is not None, cu is not None and cu.dtype == np.int64)
+            plan = _forward_plan(m, p, cu is not None, cu is not None and cu.dtype == np.int64,
+                                 bool(keep_states))
             if keep_states and isinstance(plan, chunk_bwd.ForwardPlan):
                 o, ht, kept = plan.run(q, k, v, g, scale, h0, cu, output_final_state, out,
                                        keep=True)
@@ -287,11 +288,12 @@ def gpu_kept_bytes(fn, p, method, varlen=False):
     return chunk_bwd.forward_bytes(p, varlen)
 
 
-def _forward_plan(m, p, varlen, seq_int64):
+def _forward_plan(m, p, varlen, seq_int64, keep=False):
     """The GPU plan of forward method ``m`` (_dispatch.pick's) for Problem ``p``: "chunk" from
-    the backward family's stages (chunk_bwd.ForwardPlan) where _dispatch.planes_forward says."""
+    the backward family's stages (chunk_bwd.ForwardPlan; one that keeps them where ``keep``)
+    where _dispatch.planes_forward says."""
     if m == "chunk" and _dispatch.planes_forward(p, varlen):
-        return chunk_bwd.forward_plan(p, varlen, seq_int64)
+        return chunk_bwd.forward_plan(p, varlen, seq_int64, keep)
     return _FAMILIES[m].plan(p, seq_int64)
 
 

@@ -58,6 +58,8 @@ class Config(NamedTuple):
     PLANES: bool = False  # the GEMMs' operands split once by pack (bfloat16 inputs), the scan's
                           # copied through a ring, 3 blocks an SM
     WGMMA: bool = False  # dv's entry by wgmma (sm_90a; chunks of 64 steps)
+    TERMS: int = 3       # bfloat16 terms of a float32 operand: 3 (exact to float32), or 2 (a
+                         # ForwardPlan that keeps nothing: bfloat16 inputs' contract, v34)
 
 
 def config(p, varlen=False, sms=132, wgmma=False):
@@ -92,13 +94,15 @@ def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BT=cfg.BT, KT=cfg.KT,
                 SCAN=int(cfg.SCAN), PLANES=int(cfg.PLANES), SMEM_BYTES=smem(cfg), FWD=int(fwd),
-                KEEP=int(keep), WGMMA=int(cfg.WGMMA))
+                KEEP=int(keep), WGMMA=int(cfg.WGMMA), TERMS=cfg.TERMS)
 
 
-def planes_config(p, varlen=False, wgmma=False):
+def planes_config(p, varlen=False, wgmma=False, keep=True):
     """The Config of ForwardPlan, and of a BackwardPlan that takes its kept stages: config's
-    chunk length, the fused scan from the planes."""
-    return config(p, varlen, wgmma=wgmma)._replace(SCAN=True, PLANES=True)
+    chunk length, the fused scan from the planes; a ForwardPlan that keeps none (not ``keep``)
+    splits its operands in two terms, not three (TERMS), and takes no wgmma."""
+    cfg = config(p, varlen, wgmma=wgmma)._replace(SCAN=True, PLANES=True)
+    return cfg if keep else cfg._replace(TERMS=2, WGMMA=False)
 
 
 def use_wgmma():
@@ -114,12 +118,12 @@ def planes(p):
 
 def smem(cfg):
     """The planes scan's dynamic shared memory bytes (the kernel checks it as SMEM_BYTES): RING
-    stages of the 3 + 1 planes' steps (16 or 32) of a GT-wide tile, rows padded by 8 bfloat16;
-    0 without PLANES."""
+    stages of the TERMS + 1 planes' steps (16 or 32) of a GT-wide tile, rows padded by 8
+    bfloat16; 0 without PLANES."""
     if not cfg.PLANES:
         return 0
     sk = 16 if cfg.BT % 32 else 32
-    return RING * 2 * (3 + 1) * sk * (GT + 8)
+    return RING * 2 * (cfg.TERMS + 1) * sk * (GT + 8)
 
 
 def dv_smem(cfg):
@@ -131,8 +135,9 @@ def workspace(p, cfg, varlen=False, fwd=False, keep=False):
     """{name: floats} of the float32 workspaces, in order (the kernel's parameter names); qa's
     room is reused by sd, written after qa's last read (the planes scan reads no qa: its room is
     sd's only). es holds rowsum(E S0) in one part a state tile's columns where the scan is fused
-    (intra adds them). With PLANES pl holds the bfloat16 planes (3 of scale q A, 3 of k D, 1 of
-    v, 1 of do a chunk, planes()) that every GEMM stage reads instead of kd, vp and dp (none).
+    (intra adds them). With PLANES pl holds the bfloat16 planes (TERMS of scale q A, TERMS of
+    k D, 1 of v, 1 of do a chunk, planes()) that every GEMM stage reads instead of kd, vp and dp
+    (none).
     ``fwd`` (ForwardPlan): st, ae, ww and the planes only; ``keep`` (a backward from them): all
     but those (KEPT)."""
     NH, NC = chunks(p, cfg.BT, varlen)
@@ -147,7 +152,7 @@ def workspace(p, cfg, varlen=False, fwd=False, keep=False):
                 kd=rows * NB * C * K, vp=rows * NB * C * V, dp=rows * NB * C * V, ae=fw * NB * K,
                 es=bwd * parts * NB * K, mm=bwd * NB * C * C, ww=fw * NB * C * C,
                 ev=bwd * NB * C * K, ar=bwd * 2 * NB * C * K,
-                pl=fw * NB * C * (3 * kp + vp) if cfg.PLANES else 0)
+                pl=fw * NB * C * (cfg.TERMS * kp + vp) if cfg.PLANES else 0)
 
 
 def layout(sizes):
@@ -162,8 +167,9 @@ def layout(sizes):
 
 
 def forward_bytes(p, varlen=False):
-    """The bytes of ForwardPlan's workspace for Problem ``p`` (packed where ``varlen``): each
-    chunk's S0 (float32) and the planes, O(T H K V / BT)."""
+    """The bytes of the workspace a ForwardPlan made with keep holds for Problem ``p`` (packed
+    where ``varlen``): each chunk's S0 (float32) and the planes, O(T H K V / BT) (one that keeps
+    none holds less: two planes of q A and k D, not three)."""
     return 4 * layout(workspace(p, planes_config(p, varlen), varlen, fwd=True))[1]
 
 
@@ -312,11 +318,15 @@ class ForwardPlan:
     the final state in dh0's place), scores (W) and dv's entry computing o = (scale q A)^T S0 +
     scale W^T v. The guard's fall-back is the chunk forward (chunk.ChunkPlan), launched after
     them and run only where the guard was hit (only_if): it overwrites o and the final state, so
-    every input is exact, without a host sync. The same call as chunk.ChunkPlan's."""
+    every input is exact, without a host sync. The same call as chunk.ChunkPlan's. A plan made
+    with ``keep`` can keep its stages for the backward (run(keep=True)), and splits each float32
+    operand in three bfloat16 terms (exact to float32, as the backward needs); one without keeps
+    none and splits them in two (the contract of bfloat16 inputs, as gda_chunk_fwd's bfloat16
+    path; docs/perf-notes.md, v34)."""
 
-    def __init__(self, p, varlen=False, seq_int64=False):
+    def __init__(self, p, varlen=False, seq_int64=False, keep=False):
         self.p, self.varlen = p, varlen
-        self.cfg = planes_config(p, varlen, use_wgmma())
+        self.cfg = planes_config(p, varlen, use_wgmma(), keep)
         NH, self.NC = chunks(p, self.cfg.BT, varlen)
         self.NB = NH * self.NC if p.N else 0
         d = defines(p, self.cfg, seq_int64, fwd=True)
@@ -349,11 +359,13 @@ class ForwardPlan:
         return self.run(q, k, v, g, scale, h0, cu_seqlens, want_final, out, flag)[:2]
 
     def run(self, q, k, v, g, scale, h0, cu_seqlens, want_final, out, flag=None, keep=False):
-        """(o, the final state or None, Kept or None): as a call, and with ``keep`` the stages a
-        BackwardPlan(keep=True) takes (this call's workspace, held by the Kept; None where there
-        is nothing to chunk)."""
+        """(o, the final state or None, Kept or None): as a call, and with ``keep`` (a plan made
+        with keep=True) the stages a BackwardPlan(keep=True) takes (this call's workspace, held
+        by the Kept; None where there is nothing to chunk)."""
         import cupy
         p = self.p
+        if keep and self.cfg.TERMS != 3:
+            raise ValueError("chunk_bwd: run(keep=True) needs a ForwardPlan made with keep=True")
         if flag is None:
             flag = cupy.zeros((1,), np.int32)
         else:
@@ -382,6 +394,7 @@ def plan(p, varlen=False, seq_int64=False, keep=False):
     return cached(BackwardPlan, p, varlen, seq_int64, None, keep)
 
 
-def forward_plan(p, varlen=False, seq_int64=False):
-    """The memoised ForwardPlan of Problem ``p``, as plan()."""
-    return cached(ForwardPlan, p, varlen, seq_int64)
+def forward_plan(p, varlen=False, seq_int64=False, keep=False):
+    """The memoised ForwardPlan of Problem ``p``, as plan() (one that can keep its stages where
+    ``keep``)."""
+    return cached(ForwardPlan, p, varlen, seq_int64, keep)

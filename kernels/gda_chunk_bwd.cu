@@ -59,18 +59,22 @@
 //   backward from a ForwardPlan's kept stages, chunk_bwd.BackwardPlan.run(kept=): st, ae, ww
 //   and the planes of q A, k D, v are the forward's, so pack writes do's plane alone and the
 //   scan runs its backward half alone; scores is not launched; needs PLANES, not FWD), WGMMA
-//   (1, built for sm_90a, BT = 64: dv's entry by wgmma, its operands in shared memory).
+//   (1, built for sm_90a, BT = 64: dv's entry by wgmma, its operands in shared memory), TERMS
+//   (the bfloat16 terms a float32 operand is split into: 3, exact to float32, or 2, the forward
+//   (FWD) that keeps nothing for a backward, as gda_chunk_fwd's bfloat16 path: docs/perf-notes.md
+//   v12 and v34).
 //   Reference: cupy_gda.reference.gated_attention_backward_ref.
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
     || !defined(BT) || !defined(KT) || !defined(SCAN) || !defined(PLANES) || !defined(SMEM_BYTES) \
-    || !defined(FWD) || !defined(KEEP) || !defined(WGMMA)
-#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP and WGMMA are required"
+    || !defined(FWD) || !defined(KEEP) || !defined(WGMMA) || !defined(TERMS)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA and TERMS are required"
 #endif
 static_assert(BT % 16 == 0 && BT >= 16 && BT <= 64, "BT: 16..64, a multiple of 16");
 static_assert(!PLANES || (SCAN && IO_DTYPE == 2), "PLANES: the fused scan's, bfloat16 inputs");
 static_assert(!FWD || PLANES, "FWD: the forward from the planes");
 static_assert(!KEEP || (PLANES && !FWD), "KEEP: the backward from the forward's planes");
 static_assert(KT % 32 == 0 && KT <= 256, "KT: a multiple of 32, at most 256");
+static_assert(TERMS == 3 || (TERMS == 2 && FWD && !WGMMA), "TERMS: 3, or 2 in the forward");
 
 #define GDA_BWD_VAL_MAX 0x1p20f         // the guard: |q|, |k|, |v|, |do| at most this,
 #define GDA_BWD_GATE_MAX 1.09050773f    //   |g| at most 2^(1/8),
@@ -79,13 +83,13 @@ static_assert(KT % 32 == 0 && KT <= 256, "KT: a multiple of 32, at most 256");
 #define NTS 128                         // threads of scores
 
 // The GEMMs' operands with PLANES (bfloat16 inputs), split once, by pack, in place of qa, kd,
-// vp, dp: q A scale and k D as three bfloat16 planes (h, m, l: gda_split3), v and do as one
+// vp, dp: q A scale and k D as TERMS bfloat16 planes (h, m, l: gda_split3), v and do as one
 // (exact), each plane of chunk b [BT][KP or VP] at rows (b * planes + e) BT (the columns
 // rounded up to whole tiles of the scan, 0 past K or V), in pl: q A scale, k D, v, do in turn.
 #define PT 64                                   // the scan's tile (GM = GN, asserted below)
 #define KP ((K_DIM + PT - 1) / PT * PT)         // columns of a plane of q A, k D
 #define VP ((V_DIM + PT - 1) / PT * PT)         //   and of v, do
-#define PA 3                                    // planes of q A scale and of k D
+#define PA TERMS                                // planes of q A scale and of k D
 #define PB 1                                    //   and of v and of do
 
 #define GDA_CHUNK_BWD_PARAMS                                                                       \
@@ -167,8 +171,8 @@ struct gda_planes_at {
           v(pl + 2 * NB * PA * BT * KP + b * PB * BT * VP), d(v + NB * PB * BT * VP) {}
 };
 
-// x into P planes at p, p + stride, ..: its gda_split3 terms h, m, l (P = 3) or h (1: x is a
-// bfloat16 value)
+// x into P planes at p, p + stride, ..: its gda_split3 terms h, m, l (P = 3), h, m (2) or h
+// (1: x is a bfloat16 value)
 template <int P>
 __device__ __forceinline__ void gda_plane_put(unsigned short* p, long long stride, float x) {
     unsigned h, m, l;
@@ -176,6 +180,7 @@ __device__ __forceinline__ void gda_plane_put(unsigned short* p, long long strid
     p[0] = (unsigned short)h;
     if (P == 1) return;
     p[stride] = (unsigned short)m;
+    if (P == 2) return;
     p[2 * stride] = (unsigned short)l;
 }
 
@@ -320,7 +325,8 @@ extern "C" __global__ void __launch_bounds__(NTP, 8) gda_chunk_bwd_pack(GDA_CHUN
     }
     for (int j = threadIdx.x * CWV; j < (PLANES ? VP : V_DIM); j += NTP * CWV) {
         const bool on = j < V_DIM;
-        #pragma unroll 8
+        #pragma unroll (PA == 2 ? 4 : 8)                // (two terms at 8: ptxas spilled 4
+                                                        //  bytes at K = 100, V = 72)
         for (int t = 0; t < BT; ++t) {
             float vv[CWV], dov[CWV];
             #pragma unroll
@@ -351,7 +357,9 @@ extern "C" __global__ void __launch_bounds__(NTP, 8) gda_chunk_bwd_pack(GDA_CHUN
 //   at most 16 significant bits, x - h - m at most 8), once an element, as it is staged in
 //   shared memory;
 // - a product is summed as the six terms down to 2^-16 of it (l h, m m, m h, h l, h m, h h);
-//   the three left out (m l, l m, l l) are below 2^-23 of it;
+//   the three left out (m l, l m, l l) are below 2^-23 of it (TERMS = 2, the forward: the three
+//   down to 2^-8, m h, h m, h h, each operand without its l, as gda_chunk_fwd's bfloat16 path;
+//   the pairs of terms e_a + e_b <= TERMS - 1 in either case);
 // - a tensor core adds to its accumulator without rounding to nearest (it truncates), so every
 //   k-step of 16 sums into a fresh accumulator that is then added to the float32 total: the
 //   truncation is once a k-step, of that step's sum, not of the running total.
@@ -426,7 +434,7 @@ struct gda_operand : gda_stage<KROWS> {
             buf[l] = ld4(src, r, c);
         }
     }
-    // the registers, times alpha (1 where X), split into the three terms' words at t[0], t[GW],
+    // the registers, times alpha (1 where X), split into the TERMS terms' words at t[0], t[GW],
     // t[2 GW] (X: the first only)
     __device__ __forceinline__ void store(unsigned* t, float alpha) const {
         if (KROWS) {
@@ -440,10 +448,8 @@ struct gda_operand : gda_stage<KROWS> {
                 gda_split3<X>(alpha * a.z, alpha * b.z, h.z, m.z, l.z);
                 gda_split3<X>(alpha * a.w, alpha * b.w, h.w, m.w, l.w);
                 *reinterpret_cast<uint4*>(t + at) = h;
-                if (!X) {
-                    *reinterpret_cast<uint4*>(t + GW + at) = m;
-                    *reinterpret_cast<uint4*>(t + 2 * GW + at) = l;
-                }
+                if (!X) *reinterpret_cast<uint4*>(t + GW + at) = m;
+                if (!X && TERMS == 3) *reinterpret_cast<uint4*>(t + 2 * GW + at) = l;
             }
         } else {
             #pragma unroll
@@ -453,10 +459,8 @@ struct gda_operand : gda_stage<KROWS> {
                 gda_split3<X>(alpha * buf[u].x, alpha * buf[u].y, h.x, m.x, l.x);
                 gda_split3<X>(alpha * buf[u].z, alpha * buf[u].w, h.y, m.y, l.y);
                 *reinterpret_cast<uint2*>(t + at) = h;
-                if (!X) {
-                    *reinterpret_cast<uint2*>(t + GW + at) = m;
-                    *reinterpret_cast<uint2*>(t + 2 * GW + at) = l;
-                }
+                if (!X) *reinterpret_cast<uint2*>(t + GW + at) = m;
+                if (!X && TERMS == 3) *reinterpret_cast<uint2*>(t + 2 * GW + at) = l;
             }
         }
     }
@@ -567,7 +571,7 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
             const int kp = ks / 2 + t;
             unsigned fb[3][4][2];                       // B's fragments [term h, m, l][tile]
             #pragma unroll
-            for (int e = 0; e < (XB ? 1 : 3); ++e)
+            for (int e = 0; e < (XB ? 1 : TERMS); ++e)
                 #pragma unroll
                 for (int i = 0; i < 4; ++i)
                     #pragma unroll
@@ -575,13 +579,13 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
             // RT row tiles a pass (RT = 1: 16 registers of fresh sums live, not 32), into this
             // k-step's fresh sums d: A's terms l, m, h in turn, each with the B terms down to
             // 2^-16 of the product: l h; m m, m h; h l, h m, h h (last: what the small terms
-            // were added to is 2^-7 of it)
+            // were added to is 2^-7 of it; TERMS = 2: m h; h m, h h)
             #pragma unroll
             for (int i0 = 0; i0 < 2; i0 += RT) {
                 if (i0 >= mn) continue;                 // (the same in the whole warp)
                 float d[RT][4][4] = {};
                 #pragma unroll
-                for (int ea = XA ? 0 : 2; ea >= 0; --ea) {
+                for (int ea = XA ? 0 : TERMS - 1; ea >= 0; --ea) {
                     unsigned fa[RT][4];
                     #pragma unroll
                     for (int i = 0; i < RT; ++i)
@@ -589,7 +593,7 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
                         for (int j = 0; j < 4; ++j)
                             fa[i][j] = sm[ea * GW + opa::at(wm + 16 * (i0 + i) + g + 8 * (j & 1), kp + 4 * (j >> 1))];
                     #pragma unroll
-                    for (int eb = XB ? 0 : 2 - ea; eb >= 0; --eb)
+                    for (int eb = XB ? 0 : TERMS - 1 - ea; eb >= 0; --eb)
                         #pragma unroll
                         for (int i = 0; i < RT; ++i)
                             #pragma unroll
@@ -955,7 +959,7 @@ static_assert(SK * 8 % NTG == 0, "whole copies a thread");
 // x += A B over the staged SK steps at shared address at (A: the tile's GM rows of (k D)^T or
 // (q A scale)^T, B: its GN columns of v or do), the thread's part of the tile in the GEMM
 // accumulators' layout: gda_gemm_chain's products in its order (each k-step into fresh sums;
-// A's terms l, m, h times B's one), the fragments by ldmatrix from the planes
+// A's PA terms (l,) m, h times B's one), the fragments by ldmatrix from the planes
 __device__ __forceinline__ void gda_scan_mma(float (&x)[2][4][4], unsigned at, int m0, int n0)
 {
     const int lane = threadIdx.x % 32, wm = threadIdx.x / 64 * 32, wn = threadIdx.x / 32 % 2 * 32;
@@ -1201,9 +1205,9 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
     __shared__ float b_sp[BT][KI + 1];                  // P(s+1..end of s's block)
     __shared__ float b_pr[BT][KI + 1];                  // P(start of u's block..u)
     __shared__ float b_gb[NBK][KI];                     // P(the whole block)
-    __shared__ unsigned b_ka[3][KAR > 0 ? KAR : 1][KW]; // anchored keys, tau = 1.. from row
-                                                        //   8 tau (tau - 1), terms h, m, l
-    __shared__ unsigned b_qa[3][BT > 16 ? BT - 16 : 1][KW];  // q P(16 tau..u), row u - 16
+    __shared__ unsigned b_ka[TERMS][KAR > 0 ? KAR : 1][KW];  // anchored keys, tau = 1.. from
+                                                        //   row 8 tau (tau - 1), terms h, m, l
+    __shared__ unsigned b_qa[TERMS][BT > 16 ? BT - 16 : 1][KW];  // q P(16 tau..u), row u - 16
     const long long b = blockIdx.x;
     GDA_CHUNK;
     if (ch.rows == 0) return;                           // (dv skips the chunk too)
@@ -1260,7 +1264,7 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
                     gda_split3<false>(k0, k1, h, m, l);
                     b_ka[0][row][ip] = h;
                     b_ka[1][row][ip] = m;
-                    b_ka[2][row][ip] = l;
+                    if (TERMS == 3) b_ka[TERMS - 1][row][ip] = l;
                     k0 *= b_gb[tau][ii];
                     k1 *= b_gb[tau][ii + 1];
                 }
@@ -1271,27 +1275,27 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
                 gda_split3<false>(q0, q1, h, m, l);
                 b_qa[0][t - 16][ip] = h;
                 b_qa[1][t - 16][ip] = m;
-                b_qa[2][t - 16][ip] = l;
+                if (TERMS == 3) b_qa[TERMS - 1][t - 16][ip] = l;
             }
         }
         __syncthreads();
         // this warp's tiles: one m16n8k16 k-step, A's terms l, m, h each with B's down to 2^-16
-        // of the product
+        // of the product (TERMS = 2: m, h, to 2^-8)
         gda_score_tiles(warp, [&](int slot, int tau, int sg, int jn) {
             const int ra = 8 * tau * (tau - 1) + 16 * sg + g8, rb = 16 * (tau - 1) + 8 * jn + g8;
-            unsigned fb[3][2];
+            unsigned fb[TERMS][2];
             #pragma unroll
-            for (int e = 0; e < 3; ++e) {
+            for (int e = 0; e < TERMS; ++e) {
                 fb[e][0] = b_qa[e][rb][t4];
                 fb[e][1] = b_qa[e][rb][t4 + 4];
             }
             float d[4] = {};
             #pragma unroll
-            for (int ea = 2; ea >= 0; --ea) {
+            for (int ea = TERMS - 1; ea >= 0; --ea) {
                 const unsigned fa[4] = {b_ka[ea][ra][t4], b_ka[ea][ra + 8][t4],
                                         b_ka[ea][ra][t4 + 4], b_ka[ea][ra + 8][t4 + 4]};
                 #pragma unroll
-                for (int eb = 2 - ea; eb >= 0; --eb) gda_mma_bf16(d, fa, fb[eb]);
+                for (int eb = TERMS - 1 - ea; eb >= 0; --eb) gda_mma_bf16(d, fa, fb[eb]);
             }
             #pragma unroll
             for (int r = 0; r < 4; ++r) acc[slot][r] += d[r];

@@ -123,19 +123,26 @@ def shape_line(name, stages):
           f"ws {plan.ws_floats * 4 / 2**20:.0f} MiB  flag {int(flag[0])}  "
           f"{differences(backward('recurrent'), backward('chunk'))}  {form(flip.cfg)}: "
           f"{differences(backward('chunk'), by(flip))}", flush=True)
-    if dtype == "bfloat16":     # the forward from the planes against gda_chunk_fwd
+    if dtype == "bfloat16":     # the forward from the planes (two terms; three where it
+        # keeps its stages) against gda_chunk_fwd
         fp, cf = chunk_bwd.ForwardPlan(p), chunk.plan(p, False)
+        fk = chunk_bwd.ForwardPlan(p, keep=True)
         flag = cupy.zeros((1,), np.int32)
         x = (q, k, v, g, 1.0, None, None, False, None)
-        o_fp, o_cf = fp(*x, flag=flag)[0], cf(*x)[0]
-        diff = float(abs(o_fp.astype("float32") - o_cf.astype("float32")).max())
+        o_fp, o_cf, o_fk = fp(*x, flag=flag)[0], cf(*x)[0], fk(*x)[0]
+
+        def dmax(a, b):
+            return float(abs(a.astype("float32") - b.astype("float32")).max())
         print(f"{name:13s} gda_chunk_fwd {median_ms(lambda: cf(*x)):8.3f}  from the planes "
-              f"{median_ms(lambda: fp(*x)):8.3f} ms  flag {int(flag[0])}  max |o - o_chunk| "
-              f"{diff:.1e}", flush=True)
+              f"{median_ms(lambda: fp(*x)):8.3f} (three terms {median_ms(lambda: fk(*x)):8.3f}) "
+              f"ms  flag {int(flag[0])}  max |o - o_chunk| {dmax(o_fp, o_cf):.1e} (three terms "
+              f"{dmax(o_fk, o_cf):.1e})", flush=True)
         if stages:
-            for entry, ms in stage_times(lambda: fp(*x)).items():
-                print(f"    forward from the planes  {entry:40s} {ms:8.3f} ms")
-        # (branch next/keep-states) the backward from the forward's kept stages
+            for what, pl in (("two terms", fp), ("three terms", fk)):
+                for entry, ms in stage_times(lambda: pl(*x)).items():
+                    print(f"    forward from the planes, {what:11s}  {entry:40s} {ms:8.3f} ms")
+        # the backward from the forward's kept stages
+        fp = fk
         bk = chunk_bwd.plan(p, False, False, keep=True)
         kept = fp.run(*x, keep=True)[2]
         b_args = (q, k, v, g, do, 1.0, None, None)

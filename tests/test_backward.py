@@ -354,15 +354,19 @@ def _forward_plan_inputs(case, seed=0):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("keep", [False, True], ids=["terms2", "keep-terms3"])
 @pytest.mark.parametrize("case", FORWARD_FROM_PLANES, ids=lambda c: c.id)
-def test_gpu_forward_from_the_backward_stages(case):
-    """chunk_bwd.ForwardPlan: o and the final state within the contract (poisoned outputs: the
-    plan allocates them unwritten), the guard not hit (its fall-back not run)."""
+def test_gpu_forward_from_the_backward_stages(case, keep):
+    """chunk_bwd.ForwardPlan, the one that keeps none (operands in two bfloat16 terms) and the
+    one that can keep its stages (three): o and the final state within the contract (poisoned
+    outputs: the plan allocates them unwritten), the guard not hit (its fall-back not run)."""
     import cupy
     from cupy_gda import chunk_bwd
     p, call, ref, emu = _forward_plan_inputs(case)
     flag = cupy.full((1,), 7, np.int32)
-    o, ht = chunk_bwd.ForwardPlan(p, call[6] is not None, False)(*call, flag=flag)
+    plan = chunk_bwd.ForwardPlan(p, call[6] is not None, False, keep)
+    assert plan.cfg.TERMS == (3 if keep else 2)
+    o, ht = plan(*call, flag=flag)
     assert int(flag[0]) == 0
     for name, x, r, e in zip(("o", "state"), (o, ht), ref, emu):
         res = compare(name, cupy.asnumpy(x.astype(np.float32) if name == "o" else x), r, e)
@@ -429,7 +433,7 @@ def test_gpu_backward_from_the_kept_forward(case, scale):
     do = cupy.asarray(rng.standard_normal(v.shape).astype(_verify._dtype(case.dtype)))
     dht = cupy.asarray(rng.standard_normal((p.N, p.H, p.K, p.V)).astype(np.float32))
     fwd_flag = cupy.zeros((1,), np.int32)
-    _, _, kept = chunk_bwd.ForwardPlan(p, varlen, False).run(*call, flag=fwd_flag, keep=True)
+    _, _, kept = chunk_bwd.ForwardPlan(p, varlen, False, True).run(*call, flag=fwd_flag, keep=True)
     args = (q, k, v, g, do, scale, h0, dht, cu)
     want, wflag = chunk_bwd.BackwardPlan(p, varlen, False, chunk_bwd.planes_config(p, varlen)).run(*args)
     got, gflag = chunk_bwd.plan(p, varlen, False, keep=True).run(*args, kept=kept)
@@ -465,7 +469,8 @@ def test_keep_states_on_the_cpu_keeps_none():
 @pytest.mark.gpu
 def test_gpu_keep_states_through_the_api():
     """gated_attention(keep_states=True) at a shape of the forward from the planes keeps its
-    stages (their bytes: chunk_bwd.forward_bytes), with the same o and final state; the backward
+    stages (their bytes: chunk_bwd.forward_bytes); o and the final state, and those of the call
+    that keeps none (two bfloat16 terms an operand, not three), within the contract; the backward
     given them is bit for bit the planes backward's, and so is one given them rebuilt from their
     arrays (as the torch adapter carries them); another scale's backward refuses them, and arrays
     of other sizes; a shape of gda_chunk_fwd keeps none (gpu_kept_bytes says so beforehand)."""
@@ -473,7 +478,8 @@ def test_gpu_keep_states_through_the_api():
     from cupy_gda import _api, _dispatch, chunk_bwd
     from cupy_gda._checks import check_forward
     case = _verify.Case(4, 2048, 4, 192, 192, dtype="bfloat16")
-    dev = {n: cupy.asarray(x) for n, x in _verify.make_inputs(case, 6).items()}
+    args = _verify.make_inputs(case, 6)
+    dev = {n: cupy.asarray(x) for n, x in args.items()}
     p = check_forward("t", dev["q"], dev["k"], dev["v"], dev["gate"], None,
                       dev["initial_state"], None, cpu=False)
     assert _dispatch.planes_forward(p)
@@ -482,7 +488,11 @@ def test_gpu_keep_states_through_the_api():
     assert _api.gpu_kept_bytes("t", p, "auto") == states.nbytes
     assert states.flag.dtype == np.int32 and states.flag.shape == (1,)
     o2, ht2 = cupy_gda.gated_attention(**dev, output_final_state=True)
-    assert cupy.array_equal(o, o2) and cupy.array_equal(ht, ht2)
+    refs = _verify.references(case, args)
+    for name, x, x2, r, e in zip(("o", "state"), (o, ht), (o2, ht2), *refs):
+        for y in (x, x2):
+            res = compare(name, cupy.asnumpy(y.astype(np.float32)), r, e)
+            assert res.ok, res
     rng = np.random.default_rng(9)
     do = cupy.asarray(rng.standard_normal(dev["v"].shape).astype(_verify._dtype("bfloat16")))
     dht = cupy.asarray(rng.standard_normal(ht.shape).astype(np.float32))
@@ -719,7 +729,7 @@ def test_gpu_dv_by_wgmma_is_bit_for_bit_mma_sync(B, T, H, K, V, dtype, planes, m
         cfg = chunk_bwd.Config(64, 64, planes, planes, wgmma)
         out = [chunk_bwd.BackwardPlan(p, cfg=cfg).run(*args, fallback=False)[0][2]]
         if planes:
-            fp = chunk_bwd.ForwardPlan(p)
+            fp = chunk_bwd.ForwardPlan(p, keep=True)
             assert fp.cfg.WGMMA == wgmma and fp.cfg.BT == 64
             flag = cupy.zeros((1,), np.int32)
             o, _, kept = fp.run(*args[:4], 0.3, h0, None, False, None, flag=flag, keep=True)

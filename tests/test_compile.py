@@ -106,10 +106,12 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=Non
         # scans (the fused one where the state tiles are many)
         cfg = chunk_bwd.config(p)._replace(BT=64 if BH == MANY and K >= 64 else 32)
         if planes:              # the planes (bfloat16): the backward's scan from them, the
-            cfg = cfg._replace(BT=64, SCAN=True, PLANES=True)   # forward's stages (fwd) or the
-        if wgmma:                                               # backward from them (keep)
+            # forward's stages (fwd: two terms an operand; fwdkeep: three, as kept) or the
+            # backward from them (keep)
+            cfg = cfg._replace(BT=64, SCAN=True, PLANES=True, TERMS=2 if planes == "fwd" else 3)
+        if wgmma:
             cfg = cfg._replace(BT=64, WGMMA=True)   # dv's Hopper entry (chunks of 64 steps)
-        defines = chunk_bwd.defines(p, cfg, int64, fwd=planes == "fwd",
+        defines = chunk_bwd.defines(p, cfg, int64, fwd=planes in ("fwd", "fwdkeep"),
                                     keep=planes == "keep")
         where = (f"-BT{cfg.BT}-KT{cfg.KT}" + (f"-{planes}" if planes else "")
                  + ("-wgmma" if wgmma else ""))
@@ -181,16 +183,19 @@ def _cases():
             if j % 2 == a:
                 add(_case("gda_chunk_bwd", arch, 256, 256, variant, (FEW, MANY)[j % 2]), False)
         # the planes (bfloat16 inputs): GLA-1.3B's widths and cut tiles, the backward's scan,
-        # the forward's stages (FWD) and the backward from them (KEEP); core: GLA-1.3B's on sm_90
+        # the forward's stages (FWD: two terms, and three as kept) and the backward from them
+        # (KEEP); core: GLA-1.3B's on sm_90 (the forward's two-term form)
         for K, V in ((256, 512), (100, 72)):
-            for f, mode in enumerate(("planes", "fwd", "keep")):
+            for f, mode in enumerate(("planes", "fwd", "fwdkeep", "keep")):
                 add(_case("gda_chunk_bwd", arch, K, V, BF16[(2 * a + f) % len(BF16)], MANY,
-                          planes=mode), arch == "sm_90" and K == 256)
+                          planes=mode), arch == "sm_90" and K == 256 and mode != "fwdkeep")
     # gda_chunk_bwd's dv by wgmma (WGMMA, built for sm_90a): the planes' three modes at
-    # GLA-1.3B's widths and cut tiles, the float32 rows of each IO dtype (cut tiles, V not a
-    # multiple of 4); core: GLA-1.3B's forward and float32 rows at big128
-    for i, (K, V, mode) in enumerate(((256, 512, "fwd"), (256, 512, "planes"), (256, 512, "keep"),
-                                      (100, 72, "fwd"), (128, 66, "planes"))):
+    # GLA-1.3B's widths and cut tiles (the forward's: three terms, as a kept one; the two-term
+    # forward takes no wgmma), the float32 rows of each IO dtype (cut tiles, V not a multiple
+    # of 4); core: GLA-1.3B's forward and float32 rows at big128
+    for i, (K, V, mode) in enumerate(((256, 512, "fwdkeep"), (256, 512, "planes"),
+                                      (256, 512, "keep"), (100, 72, "fwdkeep"),
+                                      (128, 66, "planes"))):
         add(_case("gda_chunk_bwd", "sm_90", K, V, BF16[i % len(BF16)], MANY, wgmma=True,
                   planes=mode), i == 0)
     for i, (K, V) in enumerate(((128, 128), (100, 130), (256, 256))):

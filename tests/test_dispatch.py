@@ -641,9 +641,14 @@ def test_forward_from_the_planes_where_the_rule_says(p, varlen, want):
     pytest.param(_p(T=4096, K=48, B=8, H=16), (32, 64, False, False), id="K48"),
 ])
 def test_chunk_backward_config(p, want):
-    assert tuple(chunk_bwd.config(p)) == want + (False,)
+    assert tuple(chunk_bwd.config(p)) == want + (False, 3)
     # on a Hopper GPU dv's wgmma entry, where the chunks are of 64 steps (wgmma's m64)
-    assert tuple(chunk_bwd.config(p, wgmma=True)) == want + (want[0] == 64,)
+    assert tuple(chunk_bwd.config(p, wgmma=True)) == want + (want[0] == 64, 3)
+    # the forward from the planes: three terms where it keeps them for the backward, else two
+    # and no wgmma
+    keep, lean = (chunk_bwd.planes_config(p, wgmma=True, keep=x) for x in (True, False))
+    assert keep == chunk_bwd.config(p, wgmma=True)._replace(SCAN=True, PLANES=True)
+    assert lean == keep._replace(TERMS=2, WGMMA=False)
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
@@ -663,6 +668,11 @@ def test_chunk_backward_workspace_sizes(varlen):
     assert {n for n, x in fw.items() if x} == {"st", "ae", "ww", "pl"}
     assert (fw["st"], fw["ae"], fw["ww"], fw["pl"]) == (NB * 5 * 7, NB * 5, NB * 32 * 32,
                                                         NB * 32 * (3 * kp + vp))
+    # one that keeps none: two planes of q A and of k D (TERMS), the same otherwise
+    lean = chunk_bwd.workspace(p, chunk_bwd.Config(32, 32, True, True, TERMS=2), varlen, fwd=True)
+    assert lean == dict(fw, pl=NB * 32 * (2 * kp + vp))
+    assert (chunk_bwd.smem(chunk_bwd.Config(64, 64, True, True, TERMS=2)) * 4
+            == chunk_bwd.smem(chunk_bwd.Config(64, 64, True, True)) * 3)
     # the backward from them (keep): the backward's own, the forward's (KEPT) none
     bw = chunk_bwd.workspace(p, chunk_bwd.Config(32, 32, True, True), varlen)
     kw = chunk_bwd.workspace(p, chunk_bwd.Config(32, 32, True, True), varlen, keep=True)
