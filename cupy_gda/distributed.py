@@ -286,21 +286,22 @@ class _Ends:
         return xp.ones((p.N, p.H, p.K), dt), xp.zeros((p.N, p.H, p.K), dt)
 
 
-def _pieces(xp, sl, G, Rin):
+def _pieces(xp, sl, G, Rin, one=1):
     """Each sequence piece's gate product [N, H, K] from the running products over the slice,
     G_t = a_0 ... a_t and Rin_t = a_t ... a_{T-1} (the JAX front end's form of _Ends.P): the
     first piece's from G, any other's from Rin (a piece inside the slice owns both ends, so
-    both folds reset its P), 1 for an empty piece."""
+    both folds reset its P), ``one`` for an empty piece (1; 0 where G and Rin are the
+    exponents of products kept as m 2^e)."""
     B, T, H, K = G.shape
     if not sl.packed:
-        return G[:, -1] if T else xp.ones((B, H, K), G.dtype)
+        return G[:, -1] if T else xp.full((B, H, K), one, G.dtype)
     st, en = sl.cu[:-1], sl.cu[1:]
     if not T:
-        return xp.ones((st.shape[0], H, K), G.dtype)
+        return xp.full((st.shape[0], H, K), one, G.dtype)
     first = xp.take(G[0], xp.clip(en - 1, 0, T - 1), axis=0)
     other = xp.take(Rin[0], xp.clip(st, 0, T - 1), axis=0)
     keep = (en == st)[:, None, None]
-    return xp.where(keep, 1, xp.where((st == 0)[:, None, None], first, other)).astype(G.dtype)
+    return xp.where(keep, one, xp.where((st == 0)[:, None, None], first, other)).astype(G.dtype)
 
 
 # ------------------------------------------------------------------------------ the API
@@ -334,25 +335,29 @@ def _in(xp, x, dt):
     return xp.ascontiguousarray(y)
 
 
-def _fold(xp, pairs, start, reset, ranks):
+def _fold(xp, pairs, start, reset, ranks, ldexp=None):
     """The scan over ranks, in the order ``ranks``, of (Pm, Pe, S) triples [R, N, H, K(, V)]
     (the product P = Pm 2^Pe; Pe None: 0): x <- P_r . x + S_r from ``start`` [N, H, K, V], with
     P_r taken as 0 for the sequences where ``reset[r]`` (the forward: the rank where a sequence
     starts; the backward, its ranks reversed: where it ends). P . x as 2^(Pe + d) (m . x), m 2^d
     = Pm with m in [0.5, 1): a product past float range gives the loop's x wherever that is in
-    range. Returns (x entering each rank, x leaving it: lists in rank order; the last x)."""
+    range. ``ldexp`` (xp.ldexp where None) takes the powers of 2. Returns (x entering each rank,
+    x leaving it: lists in rank order; the last x)."""
     Pm, Pe, S = pairs
+    ldexp = ldexp or xp.ldexp
     x = start
     entering, leaving = [None] * len(Pm), [None] * len(Pm)
     with np.errstate(all="ignore"):           # (inf and NaN are not errors: NumPy stays quiet)
         for r in ranks:
             entering[r] = x
-            keep = xp.where(reset[r][:, None, None], 0, Pm[r])
+            reset_r = reset[r][:, None, None]
+            keep = xp.where(reset_r, 0, Pm[r])
             if Pe is None:
                 x = keep[..., None] * x + S[r]
             else:
                 m, d = xp.frexp(keep)
-                x = xp.ldexp(m[..., None] * x, (Pe[r].astype(np.int32) + d)[..., None]) + S[r]
+                e = xp.where(reset_r, 0, Pe[r]).astype(np.int32) + d
+                x = ldexp(m[..., None] * x, e[..., None]) + S[r]
                 x = x.astype(S.dtype, copy=False)
             leaving[r] = x
     return entering, leaving, x

@@ -113,13 +113,41 @@ class _Axis:
         return lax.all_gather(x, self.axis_name)
 
 
+def _pow2(n):
+    """2^n, float32, exactly, for integers n in [-126, 127] (the bits of the power)."""
+    return lax.bitcast_convert_type((jnp.clip(n, -126, 127) + 127) << 23, jnp.float32)
+
+
+def _ldexp(x, n):
+    """x 2^n (n int32, broadcast) as two exact powers of 2 (|n| up to 252 each within range):
+    jnp.ldexp's derivative is NaN where x is 0 and 2^n past float range, and where it takes x
+    as it is (0, inf) its derivative is 1, not 2^n."""
+    n = jnp.clip(n, -252, 254)
+    half = n // 2
+    return x * _pow2(half) * _pow2(n - half)
+
+
+def _scaled_cumprod(a, reverse=False):
+    """The running products of a [B, T, ...] along T (``reverse``: from the end, inclusive) as
+    (m, e), m 2^e, m in [0.5, 1) (0, inf, NaN as they are), e int32: any length keeps its range
+    (lax.associative_scan of mantissa products renormalised by frexp; differentiable in m)."""
+    def combine(x, y):
+        m, d = jnp.frexp(x[0] * y[0])
+        return m, x[1] + y[1] + d
+    return lax.associative_scan(combine, jnp.frexp(a), reverse=reverse, axis=1)
+
+
 def _across(q, k, v, gate, log_gate, scale, initial_state, output_final_state, cu_seqlens,
             method, axis_name):
     """gated_attention(axis_name=) inside shard_map, as cupy_gda.distributed's forward: the
     local pass (this adapter's op: from a zero state, or a sequence's initial state where it
-    starts in the slice), the running gate products (lax.cumprod), an all-gather of the pieces'
-    (gate product, final state), the fold in axis order (reset where a sequence starts), and
-    o_t += scale (q_t . G_t)^T S_in on the first piece's tokens."""
+    starts in the slice), the running gate products as m 2^e (_scaled_cumprod), an all-gather
+    of the pieces' (gate product, final state), the fold in axis order (reset where a sequence
+    starts), and o_t += scale (q_t . sigma G_t)^T (S_in / sigma) on the first piece's tokens,
+    sigma = 2^E the size of S_in's row (as slices.Terms.anchor): sigma G_t is the size of the
+    part of the loop's state that S_in carries, in range wherever that is, where G_t alone may
+    pass 2^128 (gates above 1) or underflow. A row of zeros takes sigma = 2^-max e_t (sigma G_t
+    <= 1), so the derivative for S_in stays the loop's."""
     from cupy_gda import distributed
     q, k, v, h0, cu = (None if x is None else jnp.asarray(x) for x in (
         q, k, v, initial_state, cu_seqlens))
@@ -136,13 +164,20 @@ def _across(q, k, v, gate, log_gate, scale, initial_state, output_final_state, c
     o, S = gated_attention(qf, k.astype(f32), v.astype(f32), a, scale=scale,
                            initial_state=sl.local_rows(jnp, h0, sl.own_start) if cu is not None
                            else None, output_final_state=True, cu_seqlens=sl.cu, method=method)
-    G = lax.cumprod(a, axis=1)                        # the gates' running products
-    Rin = lax.cumprod(a, axis=1, reverse=True) if cu is not None else None
-    Pg, Sg = axis.allgather(distributed._pieces(jnp, sl, G, Rin)), axis.allgather(S)
+    Gm, Ge = _scaled_cumprod(a)                        # the gates' running products
+    Rm, Re = _scaled_cumprod(a, reverse=True) if cu is not None else (None, None)
+    Pm, Pe = distributed._pieces(jnp, sl, Gm, Rm), distributed._pieces(jnp, sl, Ge, Re, one=0)
+    Pm, Pe, Sg = (axis.allgather(x) for x in (Pm, Pe, S))
     start = jnp.zeros(S.shape, f32) if h0 is None or cu is not None else h0
-    entering, _, x = distributed._fold(jnp, (Pg, None, Sg), start, sl.own_start, range(sl.R))
+    entering, _, x = distributed._fold(jnp, (Pm, Pe, Sg), start, sl.own_start, range(sl.R),
+                                       ldexp=_ldexp)
     s_in = sl.rows(jnp, jnp.stack(entering)[axis.rank], sl.first)   # (rank: traced)
-    o = o + scale * jnp.einsum("bthk,bhkv->bthv", qf * G * sl.mask(jnp, sl.cont_in, f32), s_in,
+    on = True if sl.cont_in is None else sl.cont_in[None, :, None, None]   # the first piece's
+    mx = lax.stop_gradient(jnp.abs(s_in).max(axis=-1))
+    top = lax.stop_gradient(jnp.where(on, Ge, 0).max(axis=1, initial=0))
+    E = jnp.where(mx == 0, -top, jnp.frexp(mx)[1] - 1)          # sigma = 2^E
+    sG = _ldexp(jnp.where(on, Gm, 0), jnp.where(on, Ge + E[:, None], 0))
+    o = o + scale * jnp.einsum("bthk,bhkv->bthv", qf * sG, _ldexp(s_in, -E[..., None]),
                                precision=lax.Precision.HIGHEST)
     o = o.astype(v.dtype)
     return (o, x) if output_final_state else o

@@ -389,12 +389,15 @@ shard_map = getattr(jax, "shard_map", None)
 if shard_map is None:
     from jax.experimental.shard_map import shard_map
 log = sys.argv[1] == "log"
-packed = sys.argv[1] == "packed"
+packed = sys.argv[1] in ("packed", "past-packed")
+past = sys.argv[1].startswith("past")
 mesh = Mesh(np.array(jax.devices()), ("seq",))
 rng = np.random.default_rng(3)
-B, T, H, K, V = (1 if packed else 2), 24, 2, 5, 3
+B, T, H, K, V = (1 if packed else 2), (256 if past else 24), 2, 5, 3
 cu = np.array([0, 5, 5, 14, 24], np.int32) if packed else None     # boundaries in and on slices
-N = 4 if packed else B
+if past:                # the second sequence from 10: gates of 8 over 54 steps of slice 0 (2^162)
+    cu = np.array([0, 10, T], np.int32) if packed else None
+N = len(cu) - 1 if packed else B
 q = (rng.standard_normal((B, T, H, K)) / 2).astype(np.float32)
 k = rng.standard_normal((B, T, H, K)).astype(np.float32)
 v = rng.standard_normal((B, T, H, V)).astype(np.float32)
@@ -404,6 +407,11 @@ with np.errstate(divide="ignore"):
 h0 = rng.standard_normal((N, H, K, V)).astype(np.float32)
 W = rng.standard_normal((B, T, H, V)).astype(np.float32)
 Wf = rng.standard_normal((N, H, K, V)).astype(np.float32)
+if past:    # as tests/test_distributed.py's _past_float_range: slice 0's gate product 8^64 = 2^192
+    g[:, :64], g[:, 64:] = 8, 0.9
+    tiny = np.float32(1e-30)
+    k[:, :64] *= tiny
+    h0, W, Wf = h0 * tiny, W * tiny, Wf * tiny
 
 def body(q, k, v, g, h0, *cu):
     gate, log_gate = (None, g) if log else (g, None)
@@ -435,6 +443,9 @@ with np.errstate(all="ignore"):
                                           d_final_state=Wf, dtype=np.float32, cu_seqlens=cu)
 checks = [("o", o, ref[0], emu[0]), ("final_state", S, ref[1], emu[1])]
 checks += [(n, gr, r, e) for n, gr, r, e in zip(gref._fields, grads, gref, gemu)]
+assert all(np.isfinite(e).all() for _, _, _, e in checks)
+if past:
+    assert np.abs(emu[1]).max() > 1e10 or np.abs(gemu.dk).max() > 1e10    # (far from 1)
 for name, got, r, e in checks:
     c = compare(name, np.asarray(got), r, e)
     assert c.ok, f"{name}: err {c.err:.3e} > bound {c.bound:.3e}"
@@ -442,13 +453,15 @@ print("ok", len(jax.devices()))
 """
 
 
-@pytest.mark.parametrize("gate", ["gate_zeros", "log", "packed"])
+@pytest.mark.parametrize("gate", ["gate_zeros", "log", "packed", "past", "past-packed"])
 def test_across_devices_in_shard_map(tmp_path, gate):
     """gated_attention(axis_name=) inside shard_map over 4 CPU devices (a subprocess: the device
     count is fixed when jax starts): o, the final state and jax.grad of a loss using both, for
     q, k, v, the gate (exact zeros, or log gates of -inf) and the initial state, against the
     whole sequence's loops within the contract; packed sequences with boundaries inside and on
-    the slices' edges and an empty one."""
+    the slices' edges and an empty one; gates of 8 whose product over a slice passes float
+    range (2^192) where the loop stays finite ("past": the products kept as m 2^e, the
+    correction's anchored at S_in's rows), dense and packed."""
     import os
     import subprocess
     import sys
