@@ -127,14 +127,37 @@ def _ldexp(x, n):
     return x * _pow2(half) * _pow2(n - half)
 
 
+def _times(x, y):
+    """(m, e) pairs' product, renormalised: m in [0.5, 1) (0, inf, NaN as they are)."""
+    m, d = jnp.frexp(x[0] * y[0])
+    return m, x[1] + y[1] + d
+
+
+def _in_turn(m, e, reverse):
+    """_scaled_cumprod by lax.scan, a step at a time."""
+    def step(c, x):
+        c = _times(c, x)
+        return c, c
+    one = (jnp.ones_like(m[:, 0]), jnp.zeros_like(e[:, 0]))
+    _, (m, e) = lax.scan(step, one, (jnp.moveaxis(m, 1, 0), jnp.moveaxis(e, 1, 0)),
+                         reverse=reverse)
+    return jnp.moveaxis(m, 0, 1), jnp.moveaxis(e, 0, 1)
+
+
+def _by_tree(m, e, reverse):
+    """_scaled_cumprod by lax.associative_scan (log-depth)."""
+    return lax.associative_scan(_times, (m, e), reverse=reverse, axis=1)
+
+
 def _scaled_cumprod(a, reverse=False):
     """The running products of a [B, T, ...] along T (``reverse``: from the end, inclusive) as
     (m, e), m 2^e, m in [0.5, 1) (0, inf, NaN as they are), e int32: any length keeps its range
-    (lax.associative_scan of mantissa products renormalised by frexp; differentiable in m)."""
-    def combine(x, y):
-        m, d = jnp.frexp(x[0] * y[0])
-        return m, x[1] + y[1] + d
-    return lax.associative_scan(combine, jnp.frexp(a), reverse=reverse, axis=1)
+    (mantissa products renormalised by frexp; differentiable in m). On the CPU a step at a time
+    (lax.scan): XLA:CPU (jax 0.11.2) crashed compiling the derivative of an associative scan of
+    64 steps (lax.cumprod's too); elsewhere lax.associative_scan."""
+    m, e = jnp.frexp(a)
+    return lax.platform_dependent(m, e, cpu=partial(_in_turn, reverse=reverse),
+                                  default=partial(_by_tree, reverse=reverse))
 
 
 def _across(q, k, v, gate, log_gate, scale, initial_state, output_final_state, cu_seqlens,

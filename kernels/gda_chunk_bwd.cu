@@ -362,13 +362,16 @@ extern "C" __global__ void __launch_bounds__(NTP, 8) gda_chunk_bwd_pack(GDA_CHUN
 //   the pairs of terms e_a + e_b <= TERMS - 1 in either case);
 // - a tensor core adds to its accumulator without rounding to nearest (it truncates), so every
 //   k-step of 16 sums into a fresh accumulator that is then added to the float32 total: the
-//   truncation is once a k-step, of that step's sum, not of the running total.
+//   truncation is once a k-step, of that step's sum, not of the running total (FRESH; TERMS = 2,
+//   the forward's o, rounded to bfloat16 after: the products straight into the total, whose
+//   truncations, 2^-23 of it each, are below the two terms' 2^-17 and o's rounding, 2^-9).
 // A block: one GM x GN tile of C, 4 warps of 32 x 32 (2 x 4 mma tiles each), the inner
 // dimension GK at a time, the next stage's loads in registers while this one is multiplied
 // (docs/perf-notes.md, v20: a ring of cp.async copies, split from shared memory, measured
 // slower). With PLANES an operand pack split comes as its planes (gda_plane_operand), and the
 // scan copies them through a ring of its own (gda_scan_feed, gda_scan_mma: v23).
 #define GM 64                                           // rows of C a block
+#define FRESH (TERMS == 3)                              // fresh sums a k-step (above)
 #define GN 64                                           // columns of C a block
 #define GK 32                                           // inner steps a stage (16 or 32)
 #define NTG 128                                         // threads of the GEMM entries
@@ -598,14 +601,16 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
                         for (int i = 0; i < RT; ++i)
                             #pragma unroll
                             for (int j = 0; j < 4; ++j)
-                                if (i0 + i < mn && j < nn) gda_mma_bf16(d[i][j], fa[i], fb[eb][j]);
+                                if (i0 + i < mn && j < nn)
+                                    gda_mma_bf16(FRESH ? d[i][j] : acc[i0 + i][j], fa[i], fb[eb][j]);
                 }
                 #pragma unroll
                 for (int i = 0; i < RT; ++i)
                     #pragma unroll
                     for (int j = 0; j < 4; ++j)
                         #pragma unroll
-                        for (int r = 0; r < 4; ++r) acc[i0 + i][j][r] += d[i][j][r];
+                        for (int r = 0; r < 4; ++r)
+                            if (FRESH) acc[i0 + i][j][r] += d[i][j][r];
             }
         }
     }
@@ -1767,9 +1772,13 @@ __device__ __forceinline__ void gda_wg_gemm(float (&acc)[8][4], LA& A, LB& B, fl
 // (scale q A)^T S0 + scale W^T v, into dv's place). Block: (b, tile of V).
 // (3 blocks an SM, 168 registers: its GEMMs take a row tile a pass (DV_RT = 1), which keeps
 // their fresh sums to 16 registers; with both tiles a pass ptxas spilled at 168 and 2 blocks an
-// SM took 1.15-1.25x the time, docs/perf-notes.md v26)
+// SM took 1.15-1.25x the time, docs/perf-notes.md v26; TERMS = 2, no fresh sums: 4 an SM, 128
+// registers, v35)
 #define DV_RT 1
-extern "C" __global__ void __launch_bounds__(NTG, WGMMA ? 2 : 3) gda_chunk_bwd_dv(GDA_CHUNK_BWD_PARAMS)
+#ifndef DV_BLOCKS
+#define DV_BLOCKS (WGMMA ? 2 : TERMS == 2 ? 4 : 3)
+#endif
+extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GDA_CHUNK_BWD_PARAMS)
 {
     const long long b = blockIdx.x / GDA_TILES(V_DIM);
     const int n0 = blockIdx.x % GDA_TILES(V_DIM) * GN;

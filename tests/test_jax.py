@@ -449,7 +449,7 @@ if past:
 for name, got, r, e in checks:
     c = compare(name, np.asarray(got), r, e)
     assert c.ok, f"{name}: err {c.err:.3e} > bound {c.bound:.3e}"
-print("ok", len(jax.devices()))
+print("ok", len(jax.devices()), jax.devices()[0].platform)
 """
 
 
@@ -470,4 +470,21 @@ def test_across_devices_in_shard_map(tmp_path, gate):
                JAX_PLATFORMS="cpu")
     r = subprocess.run([sys.executable, str(tmp_path / "sharded.py"), gate], env=env,
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and "ok 4" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "ok 4 cpu" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gate", ["gate_zeros", "past", "past-packed"])
+def test_gpu_across_one_device_in_shard_map(tmp_path, gate):
+    """The same on a mesh of one GPU (the axis of size 1: the kernels through buffer_callback,
+    and the GPU's route of the gates' running products, lax.associative_scan, where the CPU's is
+    a lax.scan): o, the final state and every gradient within the contract."""
+    import os
+    import subprocess
+    import sys
+    _device("gpu")
+    (tmp_path / "sharded.py").write_text(_SHARDED)
+    env = {k: x for k, x in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    r = subprocess.run([sys.executable, str(tmp_path / "sharded.py"), gate], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok 1 gpu" in r.stdout, r.stdout + r.stderr
