@@ -62,6 +62,22 @@ def test_half_input_operand_design_meets_contract(gate):
     assert got["bf16/bf16"][1] > 1, got       # the state needs the split
 
 
+@pytest.mark.parametrize("gate", ["logsig", "grow"])
+def test_half_input_backward_design_meets_contract(gate):
+    """The backward's products for bfloat16 inputs (scripts/chunk_backward_rounding.py,
+    docs/perf-notes.md "v36"): dv's two products with their float32 operands split in two
+    bfloat16 terms, not three, leave every gradient as the shipped split does (dv rounds to
+    bfloat16 after); so do rows' (scale do S0^T, v E^T) within the contract; the shipped split
+    meets it."""
+    from scripts.chunk_backward_rounding import SPECS, run
+    from cupy_gda._verify import Case
+    case = Case(1, 128, 1, 16, 16, dtype="bfloat16", gate=gate, g_dtype="float32")
+    names = ("shipped (x3 x3 x3)", "dv x2", "rows, dv x2")
+    got = run(case, seed=5, specs={n: SPECS[n] for n in names})
+    assert all(max(x) <= 1 for x in got.values()), got
+    assert np.allclose(got["dv x2"], got["shipped (x3 x3 x3)"], rtol=0.02, atol=1e-3), got
+
+
 @pytest.mark.parametrize("gate", list(REGIMES))
 @pytest.mark.parametrize("T, BT", [pytest.param(1, 64, id="T1"), pytest.param(63, 64, id="T63"),
                                    pytest.param(130, 32, id="T130-BT32")])
