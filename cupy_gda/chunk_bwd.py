@@ -48,6 +48,8 @@ SMALL = 12               # arrays of N + 1 int64 at most that chunk_offsets allo
 RING = 3                 # the scan's stages in flight
 SLOWER_AT_3 = 1.19       # a planes scan block's time at 3 blocks an SM over its time at 2 (v23)
 USE_WGMMA = False        # dv's entry by wgmma on Hopper (chunks of 64 steps): off, slower (v28)
+DV_TWO_TERMS = False     # the backward's dv entry in two terms for half inputs (v36: within the
+                         # contract on the CPU; built, not yet measured on a GPU: off)
 DV_SMEM = 98304          # its dynamic shared memory bytes (the kernel's WG_SMEM)
 
 
@@ -60,6 +62,8 @@ class Config(NamedTuple):
     WGMMA: bool = False  # dv's entry by wgmma (sm_90a; chunks of 64 steps)
     TERMS: int = 3       # bfloat16 terms of a float32 operand: 3 (exact to float32), or 2 (a
                          # ForwardPlan that keeps nothing: bfloat16 inputs' contract, v34)
+    DV_TERMS: int = 3    # those of dv's entry: TERMS, or 2 in a backward of half inputs
+                         # (DV_TWO_TERMS; dv's rounding is its error, v36)
 
 
 def config(p, varlen=False, sms=132, wgmma=False):
@@ -78,7 +82,9 @@ def config(p, varlen=False, sms=132, wgmma=False):
     n = chunks(p, bt, varlen)[0] * tiles(p.K) * tiles(p.V)
     planes = (n >= SCAN_FROM and p.dtype == "bfloat16" and p.K % GT == 0 and p.K > GT
               and p.V % GT == 0 and SLOWER_AT_3 * -(-n // (3 * sms)) < -(-n // (2 * sms)))
-    return Config(bt, 32 if p.K <= 32 else 64, n >= SCAN_FROM, planes, wgmma and bt == 64)
+    wg = wgmma and bt == 64
+    dv_terms = 2 if DV_TWO_TERMS and p.dtype != "float32" and not wg else 3
+    return Config(bt, 32 if p.K <= 32 else 64, n >= SCAN_FROM, planes, wg, DV_TERMS=dv_terms)
 
 
 def chunks(p, BT, varlen):
@@ -94,7 +100,8 @@ def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BT=cfg.BT, KT=cfg.KT,
                 SCAN=int(cfg.SCAN), PLANES=int(cfg.PLANES), SMEM_BYTES=smem(cfg), FWD=int(fwd),
-                KEEP=int(keep), WGMMA=int(cfg.WGMMA), TERMS=cfg.TERMS)
+                KEEP=int(keep), WGMMA=int(cfg.WGMMA), TERMS=cfg.TERMS,
+                DV_TERMS=cfg.TERMS if fwd else cfg.DV_TERMS)
 
 
 def planes_config(p, varlen=False, wgmma=False, keep=True):
@@ -102,7 +109,7 @@ def planes_config(p, varlen=False, wgmma=False, keep=True):
     chunk length, the fused scan from the planes; a ForwardPlan that keeps none (not ``keep``)
     splits its operands in two terms, not three (TERMS), and takes no wgmma."""
     cfg = config(p, varlen, wgmma=wgmma)._replace(SCAN=True, PLANES=True)
-    return cfg if keep else cfg._replace(TERMS=2, WGMMA=False)
+    return cfg if keep else cfg._replace(TERMS=2, DV_TERMS=2, WGMMA=False)
 
 
 def use_wgmma():

@@ -62,12 +62,13 @@
 //   (1, built for sm_90a, BT = 64: dv's entry by wgmma, its operands in shared memory), TERMS
 //   (the bfloat16 terms a float32 operand is split into: 3, exact to float32, or 2, the forward
 //   (FWD) that keeps nothing for a backward, as gda_chunk_fwd's bfloat16 path: docs/perf-notes.md
-//   v12 and v34).
+//   v12 and v34), DV_TERMS (those of dv's entry: TERMS, or 2 in the backward where dv is of a
+//   half dtype: its rounding is the error, v36).
 //   Reference: cupy_gda.reference.gated_attention_backward_ref.
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
     || !defined(BT) || !defined(KT) || !defined(SCAN) || !defined(PLANES) || !defined(SMEM_BYTES) \
-    || !defined(FWD) || !defined(KEEP) || !defined(WGMMA) || !defined(TERMS)
-#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA and TERMS are required"
+    || !defined(FWD) || !defined(KEEP) || !defined(WGMMA) || !defined(TERMS) || !defined(DV_TERMS)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA, TERMS and DV_TERMS are required"
 #endif
 static_assert(BT % 16 == 0 && BT >= 16 && BT <= 64, "BT: 16..64, a multiple of 16");
 static_assert(!PLANES || (SCAN && IO_DTYPE == 2), "PLANES: the fused scan's, bfloat16 inputs");
@@ -75,6 +76,8 @@ static_assert(!FWD || PLANES, "FWD: the forward from the planes");
 static_assert(!KEEP || (PLANES && !FWD), "KEEP: the backward from the forward's planes");
 static_assert(KT % 32 == 0 && KT <= 256, "KT: a multiple of 32, at most 256");
 static_assert(TERMS == 3 || (TERMS == 2 && FWD && !WGMMA), "TERMS: 3, or 2 in the forward");
+static_assert(DV_TERMS == TERMS || (DV_TERMS == 2 && IO_DTYPE != 0 && !WGMMA && !FWD),
+              "DV_TERMS: TERMS, or 2 where dv is of a half dtype");
 
 #define GDA_BWD_VAL_MAX 0x1p20f         // the guard: |q|, |k|, |v|, |do| at most this,
 #define GDA_BWD_GATE_MAX 1.09050773f    //   |g| at most 2^(1/8),
@@ -362,16 +365,16 @@ extern "C" __global__ void __launch_bounds__(NTP, 8) gda_chunk_bwd_pack(GDA_CHUN
 //   the pairs of terms e_a + e_b <= TERMS - 1 in either case);
 // - a tensor core adds to its accumulator without rounding to nearest (it truncates), so every
 //   k-step of 16 sums into a fresh accumulator that is then added to the float32 total: the
-//   truncation is once a k-step, of that step's sum, not of the running total (FRESH; TERMS = 2,
-//   the forward's o, rounded to bfloat16 after: the products straight into the total, whose
-//   truncations, 2^-23 of it each, are below the two terms' 2^-17 and o's rounding, 2^-9).
+//   truncation is once a k-step, of that step's sum, not of the running total (with two terms,
+//   where the result is rounded to a half dtype after, the forward's o: the products straight
+//   into the total, whose truncations, 2^-23 of it each, are below the two terms' 2^-17 and the
+//   rounding's 2^-9).
 // A block: one GM x GN tile of C, 4 warps of 32 x 32 (2 x 4 mma tiles each), the inner
 // dimension GK at a time, the next stage's loads in registers while this one is multiplied
 // (docs/perf-notes.md, v20: a ring of cp.async copies, split from shared memory, measured
 // slower). With PLANES an operand pack split comes as its planes (gda_plane_operand), and the
 // scan copies them through a ring of its own (gda_scan_feed, gda_scan_mma: v23).
 #define GM 64                                           // rows of C a block
-#define FRESH (TERMS == 3)                              // fresh sums a k-step (above)
 #define GN 64                                           // columns of C a block
 #define GK 32                                           // inner steps a stage (16 or 32)
 #define NTG 128                                         // threads of the GEMM entries
@@ -412,9 +415,9 @@ struct gda_stage {
 };
 
 // An operand: a row-major ROWS x COLS float32 matrix (gda_stage's); X: exact in bfloat16 (v
-// and do of bfloat16 inputs), one term. A stage is loaded into registers and split into three
-// terms of words.
-template <int ROWS, int COLS, bool KROWS, bool X>
+// and do of bfloat16 inputs), one term. A stage is loaded into registers and split into NT
+// terms of words (3, or 2: h, m).
+template <int ROWS, int COLS, bool KROWS, bool X, int NT = TERMS>
 struct gda_operand : gda_stage<KROWS> {
     typedef float elem;
     typedef gda_stage<KROWS> S;
@@ -437,7 +440,7 @@ struct gda_operand : gda_stage<KROWS> {
             buf[l] = ld4(src, r, c);
         }
     }
-    // the registers, times alpha (1 where X), split into the TERMS terms' words at t[0], t[GW],
+    // the registers, times alpha (1 where X), split into the NT terms' words at t[0], t[GW],
     // t[2 GW] (X: the first only)
     __device__ __forceinline__ void store(unsigned* t, float alpha) const {
         if (KROWS) {
@@ -452,7 +455,7 @@ struct gda_operand : gda_stage<KROWS> {
                 gda_split3<X>(alpha * a.w, alpha * b.w, h.w, m.w, l.w);
                 *reinterpret_cast<uint4*>(t + at) = h;
                 if (!X) *reinterpret_cast<uint4*>(t + GW + at) = m;
-                if (!X && TERMS == 3) *reinterpret_cast<uint4*>(t + 2 * GW + at) = l;
+                if (!X && NT == 3) *reinterpret_cast<uint4*>(t + 2 * GW + at) = l;
             }
         } else {
             #pragma unroll
@@ -463,7 +466,7 @@ struct gda_operand : gda_stage<KROWS> {
                 gda_split3<X>(alpha * buf[u].z, alpha * buf[u].w, h.y, m.y, l.y);
                 *reinterpret_cast<uint2*>(t + at) = h;
                 if (!X) *reinterpret_cast<uint2*>(t + GW + at) = m;
-                if (!X && TERMS == 3) *reinterpret_cast<uint2*>(t + 2 * GW + at) = l;
+                if (!X && NT == 3) *reinterpret_cast<uint2*>(t + 2 * GW + at) = l;
             }
         }
     }
@@ -533,18 +536,21 @@ __device__ __forceinline__ void gda_tile_add(float (&x)[2][4][4], const float (&
             for (int r = 0; r < 4; ++r) x[i][j][r] += d[i][j][r];
 }
 
-template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false>
+template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false,
+          int NT = TERMS>
 struct gda_gemm_ops {                                   // gda_gemm's operand types
-    typedef gda_operand<TA ? KK : M, TA ? M : KK, TA, XA> A;
-    typedef gda_operand<TB ? N : KK, TB ? KK : N, !TB, XB> B;
+    typedef gda_operand<TA ? KK : M, TA ? M : KK, TA, XA, NT> A;
+    typedef gda_operand<TB ? N : KK, TB ? KK : N, !TB, XB, NT> B;
 };
 
 // gda_gemm with the first stage of its operands already in A and B (of types opa, opb: the
 // stored operands of gda_gemm_ops or plane operands of the same layouts); while its last stage
 // is multiplied, the first of the next product's (an, bn: the same shapes, the same tile; none
 // where an is null) is loaded into them, so a chain of products (the scan's chunks) does not
-// wait on its loads
-template <int M, int N, int KK, bool XA, bool XB, typename opa, typename opb, int RT = 2>
+// wait on its loads; NT: the terms of a float32 operand (opa's and opb's), 3 (fresh sums a
+// k-step) or 2 (the products straight into acc)
+template <int M, int N, int KK, bool XA, bool XB, typename opa, typename opb, int RT = 2,
+          int NT = TERMS>
 __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, opb& B,
                                                const typename opa::elem* a,
                                                const typename opb::elem* b, float alpha, int m0,
@@ -574,7 +580,7 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
             const int kp = ks / 2 + t;
             unsigned fb[3][4][2];                       // B's fragments [term h, m, l][tile]
             #pragma unroll
-            for (int e = 0; e < (XB ? 1 : TERMS); ++e)
+            for (int e = 0; e < (XB ? 1 : NT); ++e)
                 #pragma unroll
                 for (int i = 0; i < 4; ++i)
                     #pragma unroll
@@ -582,13 +588,13 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
             // RT row tiles a pass (RT = 1: 16 registers of fresh sums live, not 32), into this
             // k-step's fresh sums d: A's terms l, m, h in turn, each with the B terms down to
             // 2^-16 of the product: l h; m m, m h; h l, h m, h h (last: what the small terms
-            // were added to is 2^-7 of it; TERMS = 2: m h; h m, h h)
+            // were added to is 2^-7 of it; NT = 2: m h; h m, h h)
             #pragma unroll
             for (int i0 = 0; i0 < 2; i0 += RT) {
                 if (i0 >= mn) continue;                 // (the same in the whole warp)
                 float d[RT][4][4] = {};
                 #pragma unroll
-                for (int ea = XA ? 0 : TERMS - 1; ea >= 0; --ea) {
+                for (int ea = XA ? 0 : NT - 1; ea >= 0; --ea) {
                     unsigned fa[RT][4];
                     #pragma unroll
                     for (int i = 0; i < RT; ++i)
@@ -596,13 +602,13 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
                         for (int j = 0; j < 4; ++j)
                             fa[i][j] = sm[ea * GW + opa::at(wm + 16 * (i0 + i) + g + 8 * (j & 1), kp + 4 * (j >> 1))];
                     #pragma unroll
-                    for (int eb = XB ? 0 : TERMS - 1 - ea; eb >= 0; --eb)
+                    for (int eb = XB ? 0 : NT - 1 - ea; eb >= 0; --eb)
                         #pragma unroll
                         for (int i = 0; i < RT; ++i)
                             #pragma unroll
                             for (int j = 0; j < 4; ++j)
                                 if (i0 + i < mn && j < nn)
-                                    gda_mma_bf16(FRESH ? d[i][j] : acc[i0 + i][j], fa[i], fb[eb][j]);
+                                    gda_mma_bf16(NT == 3 ? d[i][j] : acc[i0 + i][j], fa[i], fb[eb][j]);
                 }
                 #pragma unroll
                 for (int i = 0; i < RT; ++i)
@@ -610,7 +616,7 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
                     for (int j = 0; j < 4; ++j)
                         #pragma unroll
                         for (int r = 0; r < 4; ++r)
-                            if (FRESH) acc[i0 + i][j][r] += d[i][j][r];
+                            if (NT == 3) acc[i0 + i][j][r] += d[i][j][r];
             }
         }
     }
@@ -622,7 +628,8 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
 // terms, 0, left out); RT: the row tiles a pass of the k-step's products (1: fewer registers,
 // the same sums). sm: GDA_GEMM_SMEM bytes. Every thread of the block calls it. (gda_gemm_of:
 // with the operand types given, e.g. plane operands.)
-template <int M, int N, int KK, bool XA, bool XB, typename opa, typename opb, int RT = 2>
+template <int M, int N, int KK, bool XA, bool XB, typename opa, typename opb, int RT = 2,
+          int NT = TERMS>
 __device__ __forceinline__ void gda_gemm_of(float (&acc)[2][4][4], const typename opa::elem* a,
                                             const typename opb::elem* b, float alpha, int m0,
                                             int n0, unsigned* sm)
@@ -631,16 +638,17 @@ __device__ __forceinline__ void gda_gemm_of(float (&acc)[2][4][4], const typenam
     opb B;
     A.load(a, m0, 0);
     B.load(b, n0, 0);
-    gda_gemm_chain<M, N, KK, XA, XB, opa, opb, RT>(acc, A, B, a, b, alpha, m0, n0, sm, nullptr,
-                                                  nullptr);
+    gda_gemm_chain<M, N, KK, XA, XB, opa, opb, RT, NT>(acc, A, B, a, b, alpha, m0, n0, sm,
+                                                      nullptr, nullptr);
 }
-template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false, int RT = 2>
+template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false, int RT = 2,
+          int NT = TERMS>
 __device__ __forceinline__ void gda_gemm(float (&acc)[2][4][4], const float* a, const float* b,
                                          float alpha, int m0, int n0, unsigned* sm)
 {
-    typedef gda_gemm_ops<M, N, KK, TA, TB, XA, XB> ops;
-    gda_gemm_of<M, N, KK, XA, XB, typename ops::A, typename ops::B, RT>(acc, a, b, alpha, m0, n0,
-                                                                        sm);
+    typedef gda_gemm_ops<M, N, KK, TA, TB, XA, XB, NT> ops;
+    gda_gemm_of<M, N, KK, XA, XB, typename ops::A, typename ops::B, RT, NT>(acc, a, b, alpha, m0,
+                                                                            n0, sm);
 }
 
 // f(i, j, h, row, col) for each pair of the thread's accumulator elements acc[i][j][2 h],
@@ -1772,11 +1780,11 @@ __device__ __forceinline__ void gda_wg_gemm(float (&acc)[8][4], LA& A, LB& B, fl
 // (scale q A)^T S0 + scale W^T v, into dv's place). Block: (b, tile of V).
 // (3 blocks an SM, 168 registers: its GEMMs take a row tile a pass (DV_RT = 1), which keeps
 // their fresh sums to 16 registers; with both tiles a pass ptxas spilled at 168 and 2 blocks an
-// SM took 1.15-1.25x the time, docs/perf-notes.md v26; TERMS = 2, no fresh sums: 4 an SM, 128
+// SM took 1.15-1.25x the time, docs/perf-notes.md v26; two terms, no fresh sums: 4 an SM, 128
 // registers, v35)
 #define DV_RT 1
 #ifndef DV_BLOCKS
-#define DV_BLOCKS (WGMMA ? 2 : TERMS == 2 ? 4 : 3)
+#define DV_BLOCKS (WGMMA ? 2 : DV_TERMS == 2 && PLANES ? 4 : 3)
 #endif
 extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GDA_CHUNK_BWD_PARAMS)
 {
@@ -1824,30 +1832,30 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
     __shared__ __align__(16) unsigned b_op[GDA_GEMM_SMEM / 4];
     float acc[2][4][4] = {};
     const float* e = et + b * K_DIM * V_DIM;
+    constexpr int NT = DV_TERMS;                        // (the first NT of pack's planes)
     if constexpr (FWD) {                                // o = (scale q A)^T S0 + scale W^T v
         const gda_planes_at pc(pl, NH * NC, b);
-        typedef gda_gemm_ops<BT, V_DIM, K_DIM, false, false> qs;
-        typedef gda_gemm_ops<BT, V_DIM, BT, true, false, false, GDA_VX> wv;
-        gda_gemm_of<BT, V_DIM, K_DIM, false, false, gda_plane_operand<BT, K_DIM, KP, false, PA>,
-                    typename qs::B, DV_RT>(acc, pc.q, st + b * K_DIM * V_DIM, 1.f, 0, n0, b_op);
+        typedef gda_gemm_ops<BT, V_DIM, K_DIM, false, false, false, false, NT> qs;
+        typedef gda_gemm_ops<BT, V_DIM, BT, true, false, false, GDA_VX, NT> wv;
+        gda_gemm_of<BT, V_DIM, K_DIM, false, false, gda_plane_operand<BT, K_DIM, KP, false, NT>,
+                    typename qs::B, DV_RT, NT>(acc, pc.q, st + b * K_DIM * V_DIM, 1.f, 0, n0, b_op);
         gda_gemm_of<BT, V_DIM, BT, false, GDA_VX, typename wv::A,
-                    gda_plane_operand<BT, V_DIM, VP, true, PB>, DV_RT>(acc, ww + b * BT * BT, pc.v,
-                                                                       scale, 0, n0, b_op);
-    } else if constexpr (PLANES) {                      // k D's three terms and do as made
+                    gda_plane_operand<BT, V_DIM, VP, true, PB>, DV_RT, NT>(
+            acc, ww + b * BT * BT, pc.v, scale, 0, n0, b_op);
+    } else if constexpr (PLANES) {                      // k D's terms and do as made
         const gda_planes_at pc(pl, NH * NC, b);
-        typedef gda_gemm_ops<BT, V_DIM, K_DIM, false, false> ke;
-        typedef gda_gemm_ops<BT, V_DIM, BT, false, false, false, GDA_VX> wd;
-        gda_gemm_of<BT, V_DIM, K_DIM, false, false, gda_plane_operand<BT, K_DIM, KP, false, PA>,
-                    typename ke::B, DV_RT>(acc, pc.k, e, 1.f, 0, n0, b_op);
+        typedef gda_gemm_ops<BT, V_DIM, K_DIM, false, false, false, false, NT> ke;
+        typedef gda_gemm_ops<BT, V_DIM, BT, false, false, false, GDA_VX, NT> wd;
+        gda_gemm_of<BT, V_DIM, K_DIM, false, false, gda_plane_operand<BT, K_DIM, KP, false, NT>,
+                    typename ke::B, DV_RT, NT>(acc, pc.k, e, 1.f, 0, n0, b_op);
         gda_gemm_of<BT, V_DIM, BT, false, GDA_VX, typename wd::A,
-                    gda_plane_operand<BT, V_DIM, VP, true, PB>, DV_RT>(acc, ww + b * BT * BT, pc.d,
-                                                                       scale, 0, n0, b_op);
+                    gda_plane_operand<BT, V_DIM, VP, true, PB>, DV_RT, NT>(
+            acc, ww + b * BT * BT, pc.d, scale, 0, n0, b_op);
     } else {
-        gda_gemm<BT, V_DIM, K_DIM, false, false, false, false, DV_RT>(acc, kd + b * BT * K_DIM, e,
-                                                                      1.f, 0, n0, b_op);
-        gda_gemm<BT, V_DIM, BT, false, false, false, GDA_VX, DV_RT>(acc, ww + b * BT * BT,
-                                                                    dp + b * BT * V_DIM, scale, 0,
-                                                                    n0, b_op);
+        gda_gemm<BT, V_DIM, K_DIM, false, false, false, false, DV_RT, NT>(
+            acc, kd + b * BT * K_DIM, e, 1.f, 0, n0, b_op);
+        gda_gemm<BT, V_DIM, BT, false, false, false, GDA_VX, DV_RT, NT>(
+            acc, ww + b * BT * BT, dp + b * BT * V_DIM, scale, 0, n0, b_op);
     }
     gda_gemm_put<BT>(acc, 0, n0, [=](int t, int j, float x0, float x1) {
         if (t < ch.rows) {

@@ -298,6 +298,25 @@ SCANS = {"local-states": (False, False), "scan": (True, False), "planes": (True,
 def test_gpu_chunked_backward_itself_meets_the_contract(case, scan):
     """The chunked form's own gradients (the reverse loop left out), with the guard not hit, with
     each form of the boundary scan (SCANS)."""
+    fused, planes = SCANS[scan]
+    _check_chunked_own(case, SCAN=fused, PLANES=planes)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case, scan", [
+    pytest.param(c, m, id=f"{c.id}-{m}") for c in CHUNK_OWN if c.dtype != "float32"
+    for m in ("scan", "planes") if m != "planes" or c.dtype == "bfloat16"])
+def test_gpu_chunked_backward_dv_in_two_terms_meets_the_contract(case, scan):
+    """dv's entry with its float32 operands in two bfloat16 terms, not three (Config.DV_TERMS = 2,
+    which chunk_bwd.DV_TWO_TERMS turns on; docs/perf-notes.md v36): every gradient within the
+    contract, as the CPU design found (dv's error is its rounding to the half dtype)."""
+    fused, planes = SCANS[scan]
+    _check_chunked_own(case, SCAN=fused, PLANES=planes, DV_TERMS=2)
+
+
+def _check_chunked_own(case, **cfg):
+    """The chunked backward's own gradients (no fall-back) of Case ``case``, its Config (config's)
+    with ``cfg`` replaced, against the references; the guard not hit."""
     import cupy
     from cupy_gda import chunk_bwd
     from cupy_gda._checks import check_backward
@@ -311,9 +330,8 @@ def test_gpu_chunked_backward_itself_meets_the_contract(case, scan):
                        cupy.asarray(do), dev.get("initial_state"), cupy.asarray(dht), cu,
                        cpu=False)
     varlen = cu is not None
-    fused, planes = SCANS[scan]
     plan = chunk_bwd.BackwardPlan(p, varlen, varlen and cu.dtype == np.int64,
-                                  chunk_bwd.config(p, varlen)._replace(SCAN=fused, PLANES=planes))
+                                  chunk_bwd.config(p, varlen)._replace(**cfg))
     grads, flag = plan.run(dev["q"], dev["k"], dev["v"], g, cupy.asarray(do), 1.0,
                            dev.get("initial_state"), cupy.asarray(dht), cu, fallback=False)
     assert int(flag[0]) == 0

@@ -84,7 +84,8 @@ SPILLS = pytest.mark.xfail(reason="known: gda_chunk_fwd spills at 255 registers 
                            strict=False)
 
 
-def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=None, marks=()):
+def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=None, marks=(),
+          dv2=False):
     dt, gdt, log_gate, int64 = variant
     B, H = BH
     p = Problem(B=B, T=64, H=H, K=K, V=V, N=B, dtype=dt, g_dtype=gdt, log_gate=log_gate)
@@ -111,10 +112,12 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=Non
             cfg = cfg._replace(BT=64, SCAN=True, PLANES=True, TERMS=2 if planes == "fwd" else 3)
         if wgmma:
             cfg = cfg._replace(BT=64, WGMMA=True)   # dv's Hopper entry (chunks of 64 steps)
+        if dv2:
+            cfg = cfg._replace(DV_TERMS=2)          # the backward's dv in two terms (half inputs)
         defines = chunk_bwd.defines(p, cfg, int64, fwd=planes in ("fwd", "fwdkeep"),
                                     keep=planes == "keep")
         where = (f"-BT{cfg.BT}-KT{cfg.KT}" + (f"-{planes}" if planes else "")
-                 + ("-wgmma" if wgmma else ""))
+                 + ("-wgmma" if wgmma else "") + ("-dv2" if dv2 else ""))
     else:
         defines = step.defines(p, idx_int64=int64, align=align)
         where = "" if align == 16 else f"-align{align}"
@@ -200,6 +203,13 @@ def _cases():
                   planes=mode), i == 0)
     for i, (K, V) in enumerate(((128, 128), (100, 130), (256, 256))):
         add(_case("gda_chunk_bwd", "sm_90", K, V, VARIANTS[3 * i], MANY, wgmma=True), i == 0)
+    # gda_chunk_bwd's dv in two terms (DV_TERMS = 2, chunk_bwd.DV_TWO_TERMS: half inputs), from
+    # the planes and from float32 rows, on both archs
+    for i, (arch, K, V, planes) in enumerate((("sm_90", 256, 512, "planes"),
+                                              ("sm_80", 100, 72, "planes"),
+                                              ("sm_80", 64, 64, None), ("sm_90", 128, 128, None))):
+        variant = BF16[i % len(BF16)] if planes else VARIANTS[2 + i % 4]
+        add(_case("gda_chunk_bwd", arch, K, V, variant, MANY, planes=planes, dv2=True), False)
     for arch in ARCHS:
         # gda_scan: no shape defines, one build an arch
         add(pytest.param("gda_scan", arch, (("NT", scan.NT),), id=f"gda_scan-{arch}-NT{scan.NT}"),
