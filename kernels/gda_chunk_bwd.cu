@@ -360,9 +360,10 @@ extern "C" __global__ void __launch_bounds__(NTP, 8) gda_chunk_bwd_pack(GDA_CHUN
 //   at most 16 significant bits, x - h - m at most 8), once an element, as it is staged in
 //   shared memory;
 // - a product is summed as the six terms down to 2^-16 of it (l h, m m, m h, h l, h m, h h);
-//   the three left out (m l, l m, l l) are below 2^-23 of it (TERMS = 2, the forward: the three
-//   down to 2^-8, m h, h m, h h, each operand without its l, as gda_chunk_fwd's bfloat16 path;
-//   the pairs of terms e_a + e_b <= TERMS - 1 in either case);
+//   the three left out (m l, l m, l l) are below 2^-23 of it (two terms, NT = 2: the forward of
+//   TERMS = 2, dv's entry of DV_TERMS = 2: the three down to 2^-8, m h, h m, h h, each operand
+//   without its l, as gda_chunk_fwd's bfloat16 path; the pairs of terms e_a + e_b <= NT - 1 in
+//   either case);
 // - a tensor core adds to its accumulator without rounding to nearest (it truncates), so every
 //   k-step of 16 sums into a fresh accumulator that is then added to the float32 total: the
 //   truncation is once a k-step, of that step's sum, not of the running total (with two terms,
@@ -1780,8 +1781,9 @@ __device__ __forceinline__ void gda_wg_gemm(float (&acc)[8][4], LA& A, LB& B, fl
 // (scale q A)^T S0 + scale W^T v, into dv's place). Block: (b, tile of V).
 // (3 blocks an SM, 168 registers: its GEMMs take a row tile a pass (DV_RT = 1), which keeps
 // their fresh sums to 16 registers; with both tiles a pass ptxas spilled at 168 and 2 blocks an
-// SM took 1.15-1.25x the time, docs/perf-notes.md v26; two terms, no fresh sums: 4 an SM, 128
-// registers, v35)
+// SM took 1.15-1.25x the time, docs/perf-notes.md v26; two terms, no fresh sums, from the
+// planes: 4 an SM, 128 registers, v35; from float32 rows at 4 ptxas spilled 24 bytes at K = 64
+// on sm_80, so 3; a DV_BLOCKS given overrides it, as v35's A/B did)
 #define DV_RT 1
 #ifndef DV_BLOCKS
 #define DV_BLOCKS (WGMMA ? 2 : DV_TERMS == 2 && PLANES ? 4 : 3)
