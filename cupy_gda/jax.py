@@ -138,7 +138,8 @@ def _in_turn(m, e, reverse):
     def step(c, x):
         c = _times(c, x)
         return c, c
-    one = (jnp.ones_like(m[:, 0]), jnp.zeros_like(e[:, 0]))
+    rest = m.shape[:1] + m.shape[2:]
+    one = (jnp.ones(rest, m.dtype), jnp.zeros(rest, e.dtype))
     _, (m, e) = lax.scan(step, one, (jnp.moveaxis(m, 1, 0), jnp.moveaxis(e, 1, 0)),
                          reverse=reverse)
     return jnp.moveaxis(m, 0, 1), jnp.moveaxis(e, 0, 1)
