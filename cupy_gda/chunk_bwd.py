@@ -50,6 +50,8 @@ SLOWER_AT_3 = 1.19       # a planes scan block's time at 3 blocks an SM over its
 USE_WGMMA = False        # dv's entry by wgmma on Hopper (chunks of 64 steps): off, slower (v28)
 DV_TWO_TERMS = False     # the backward's dv entry in two terms for half inputs (v36: within the
                          # contract on the CPU; built, not yet measured on a GPU: off)
+ROWS_TWO_TERMS = False   # rows' S0 and E in two terms for half inputs (v36: dgate within a
+                         # quarter of its bound on the CPU; built, not yet measured: off)
 DV_SMEM = 98304          # its dynamic shared memory bytes (the kernel's WG_SMEM)
 
 
@@ -64,6 +66,8 @@ class Config(NamedTuple):
                          # ForwardPlan that keeps nothing: bfloat16 inputs' contract, v34)
     DV_TERMS: int = 3    # those of dv's entry: TERMS, or 2 in a backward of half inputs
                          # (DV_TWO_TERMS; dv's rounding is its error, v36)
+    ROWS_TERMS: int = 3  # those of S0 and E in rows' products: TERMS, or 2 in a backward of half
+                         # inputs (ROWS_TWO_TERMS, v36)
 
 
 def config(p, varlen=False, sms=132, wgmma=False):
@@ -83,8 +87,10 @@ def config(p, varlen=False, sms=132, wgmma=False):
     planes = (n >= SCAN_FROM and p.dtype == "bfloat16" and p.K % GT == 0 and p.K > GT
               and p.V % GT == 0 and SLOWER_AT_3 * -(-n // (3 * sms)) < -(-n // (2 * sms)))
     wg = wgmma and bt == 64
-    dv_terms = 2 if DV_TWO_TERMS and p.dtype != "float32" and not wg else 3
-    return Config(bt, 32 if p.K <= 32 else 64, n >= SCAN_FROM, planes, wg, DV_TERMS=dv_terms)
+    half = p.dtype != "float32"
+    return Config(bt, 32 if p.K <= 32 else 64, n >= SCAN_FROM, planes, wg,
+                  DV_TERMS=2 if DV_TWO_TERMS and half and not wg else 3,
+                  ROWS_TERMS=2 if ROWS_TWO_TERMS and half else 3)
 
 
 def chunks(p, BT, varlen):
@@ -101,7 +107,8 @@ def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BT=cfg.BT, KT=cfg.KT,
                 SCAN=int(cfg.SCAN), PLANES=int(cfg.PLANES), SMEM_BYTES=smem(cfg), FWD=int(fwd),
                 KEEP=int(keep), WGMMA=int(cfg.WGMMA), TERMS=cfg.TERMS,
-                DV_TERMS=cfg.TERMS if fwd else cfg.DV_TERMS)
+                DV_TERMS=cfg.TERMS if fwd else cfg.DV_TERMS,
+                ROWS_TERMS=cfg.TERMS if fwd else cfg.ROWS_TERMS)
 
 
 def planes_config(p, varlen=False, wgmma=False, keep=True):

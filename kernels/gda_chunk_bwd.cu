@@ -63,12 +63,14 @@
 //   (the bfloat16 terms a float32 operand is split into: 3, exact to float32, or 2, the forward
 //   (FWD) that keeps nothing for a backward, as gda_chunk_fwd's bfloat16 path: docs/perf-notes.md
 //   v12 and v34), DV_TERMS (those of dv's entry: TERMS, or 2 in the backward where dv is of a
-//   half dtype: its rounding is the error, v36).
+//   half dtype: its rounding is the error, v36), ROWS_TERMS (those of S0 and E in rows' sd and
+//   ev: TERMS, or 2 in the backward of half inputs, with fresh sums: v36).
 //   Reference: cupy_gda.reference.gated_attention_backward_ref.
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
     || !defined(BT) || !defined(KT) || !defined(SCAN) || !defined(PLANES) || !defined(SMEM_BYTES) \
-    || !defined(FWD) || !defined(KEEP) || !defined(WGMMA) || !defined(TERMS) || !defined(DV_TERMS)
-#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA, TERMS and DV_TERMS are required"
+    || !defined(FWD) || !defined(KEEP) || !defined(WGMMA) || !defined(TERMS) || !defined(DV_TERMS) \
+    || !defined(ROWS_TERMS)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA, TERMS, DV_TERMS and ROWS_TERMS are required"
 #endif
 static_assert(BT % 16 == 0 && BT >= 16 && BT <= 64, "BT: 16..64, a multiple of 16");
 static_assert(!PLANES || (SCAN && IO_DTYPE == 2), "PLANES: the fused scan's, bfloat16 inputs");
@@ -78,6 +80,8 @@ static_assert(KT % 32 == 0 && KT <= 256, "KT: a multiple of 32, at most 256");
 static_assert(TERMS == 3 || (TERMS == 2 && FWD && !WGMMA), "TERMS: 3, or 2 in the forward");
 static_assert(DV_TERMS == TERMS || (DV_TERMS == 2 && IO_DTYPE != 0 && !WGMMA && !FWD),
               "DV_TERMS: TERMS, or 2 where dv is of a half dtype");
+static_assert(ROWS_TERMS == TERMS || (ROWS_TERMS == 2 && IO_DTYPE != 0 && !FWD),
+              "ROWS_TERMS: TERMS, or 2 where v and do are of a half dtype");
 
 #define GDA_BWD_VAL_MAX 0x1p20f         // the guard: |q|, |k|, |v|, |do| at most this,
 #define GDA_BWD_GATE_MAX 1.09050773f    //   |g| at most 2^(1/8),
@@ -548,10 +552,11 @@ struct gda_gemm_ops {                                   // gda_gemm's operand ty
 // stored operands of gda_gemm_ops or plane operands of the same layouts); while its last stage
 // is multiplied, the first of the next product's (an, bn: the same shapes, the same tile; none
 // where an is null) is loaded into them, so a chain of products (the scan's chunks) does not
-// wait on its loads; NT: the terms of a float32 operand (opa's and opb's), 3 (fresh sums a
-// k-step) or 2 (the products straight into acc)
+// wait on its loads; NT: the terms of a float32 operand (opa's and opb's), 3 or 2; FR: fresh
+// sums a k-step (else the products straight into acc: two terms, a result rounded to a half
+// dtype after)
 template <int M, int N, int KK, bool XA, bool XB, typename opa, typename opb, int RT = 2,
-          int NT = TERMS>
+          int NT = TERMS, bool FR = NT == 3>
 __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, opb& B,
                                                const typename opa::elem* a,
                                                const typename opb::elem* b, float alpha, int m0,
@@ -609,7 +614,7 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
                             #pragma unroll
                             for (int j = 0; j < 4; ++j)
                                 if (i0 + i < mn && j < nn)
-                                    gda_mma_bf16(NT == 3 ? d[i][j] : acc[i0 + i][j], fa[i], fb[eb][j]);
+                                    gda_mma_bf16(FR ? d[i][j] : acc[i0 + i][j], fa[i], fb[eb][j]);
                 }
                 #pragma unroll
                 for (int i = 0; i < RT; ++i)
@@ -617,7 +622,7 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
                     for (int j = 0; j < 4; ++j)
                         #pragma unroll
                         for (int r = 0; r < 4; ++r)
-                            if (NT == 3) acc[i0 + i][j][r] += d[i][j][r];
+                            if (FR) acc[i0 + i][j][r] += d[i][j][r];
             }
         }
     }
@@ -630,7 +635,7 @@ __device__ __forceinline__ void gda_gemm_chain(float (&acc)[2][4][4], opa& A, op
 // the same sums). sm: GDA_GEMM_SMEM bytes. Every thread of the block calls it. (gda_gemm_of:
 // with the operand types given, e.g. plane operands.)
 template <int M, int N, int KK, bool XA, bool XB, typename opa, typename opb, int RT = 2,
-          int NT = TERMS>
+          int NT = TERMS, bool FR = NT == 3>
 __device__ __forceinline__ void gda_gemm_of(float (&acc)[2][4][4], const typename opa::elem* a,
                                             const typename opb::elem* b, float alpha, int m0,
                                             int n0, unsigned* sm)
@@ -639,8 +644,8 @@ __device__ __forceinline__ void gda_gemm_of(float (&acc)[2][4][4], const typenam
     opb B;
     A.load(a, m0, 0);
     B.load(b, n0, 0);
-    gda_gemm_chain<M, N, KK, XA, XB, opa, opb, RT, NT>(acc, A, B, a, b, alpha, m0, n0, sm,
-                                                      nullptr, nullptr);
+    gda_gemm_chain<M, N, KK, XA, XB, opa, opb, RT, NT, FR>(acc, A, B, a, b, alpha, m0, n0, sm,
+                                                          nullptr, nullptr);
 }
 template <int M, int N, int KK, bool TA, bool TB, bool XA = false, bool XB = false, int RT = 2,
           int NT = TERMS>
@@ -1142,9 +1147,10 @@ __device__ __forceinline__ void gda_rows_of(int z, long long b, int n0, const ty
         gda_gemm_of<BT, BT, V_DIM, GDA_VX, GDA_VX, RO, RO>(acc, rv, rd, GDA_VX ? 1.f : scale, 0, n0,
                                                            sm);
         gda_gemm_store<BT, BT>(mm + b * BT * BT, acc, 0, n0, GDA_VX ? scale : 1.f);
-    } else {
-        typedef typename gda_gemm_ops<BT, K_DIM, V_DIM, false, true, GDA_VX>::B SO;   // S0 or E
-        gda_gemm_of<BT, K_DIM, V_DIM, GDA_VX, false, RO, SO>(
+    } else {                                            // (ROWS_TERMS of S0 or E, fresh sums)
+        typedef typename gda_gemm_ops<BT, K_DIM, V_DIM, false, true, GDA_VX, false,
+                                      ROWS_TERMS>::B SO;                        // S0 or E
+        gda_gemm_of<BT, K_DIM, V_DIM, GDA_VX, false, RO, SO, 2, ROWS_TERMS, true>(
             acc, z == 1 ? rd : rv, (z == 1 ? st : et) + b * K_DIM * V_DIM,
             GDA_VX || z == 2 ? 1.f : scale, 0, n0, sm);
         gda_gemm_store<BT, K_DIM>((z == 1 ? sd : ev) + b * BT * K_DIM, acc, 0, n0,

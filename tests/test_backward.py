@@ -303,15 +303,16 @@ def test_gpu_chunked_backward_itself_meets_the_contract(case, scan):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("what", ["DV_TERMS", "ROWS_TERMS"])
 @pytest.mark.parametrize("case, scan", [
     pytest.param(c, m, id=f"{c.id}-{m}") for c in CHUNK_OWN if c.dtype != "float32"
     for m in ("scan", "planes") if m != "planes" or c.dtype == "bfloat16"])
-def test_gpu_chunked_backward_dv_in_two_terms_meets_the_contract(case, scan):
-    """dv's entry with its float32 operands in two bfloat16 terms, not three (Config.DV_TERMS = 2,
-    which chunk_bwd.DV_TWO_TERMS turns on; docs/perf-notes.md v36): every gradient within the
-    contract, as the CPU design found (dv's error is its rounding to the half dtype)."""
+def test_gpu_chunked_backward_in_two_terms_meets_the_contract(case, scan, what):
+    """dv's entry, or rows' S0 and E, with their float32 operands in two bfloat16 terms, not
+    three (Config.DV_TERMS or ROWS_TERMS = 2, which chunk_bwd.DV_TWO_TERMS, ROWS_TWO_TERMS turn
+    on; docs/perf-notes.md v36): every gradient within the contract, as the CPU design found."""
     fused, planes = SCANS[scan]
-    _check_chunked_own(case, SCAN=fused, PLANES=planes, DV_TERMS=2)
+    _check_chunked_own(case, SCAN=fused, PLANES=planes, **{what: 2})
 
 
 def _check_chunked_own(case, **cfg):

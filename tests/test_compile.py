@@ -112,8 +112,8 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=Non
             cfg = cfg._replace(BT=64, SCAN=True, PLANES=True, TERMS=2 if planes == "fwd" else 3)
         if wgmma:
             cfg = cfg._replace(BT=64, WGMMA=True)   # dv's Hopper entry (chunks of 64 steps)
-        if dv2:
-            cfg = cfg._replace(DV_TERMS=2)          # the backward's dv in two terms (half inputs)
+        if dv2:                                     # the backward's dv and rows' S0, E in two
+            cfg = cfg._replace(DV_TERMS=2, ROWS_TERMS=2)    # terms (half inputs)
         defines = chunk_bwd.defines(p, cfg, int64, fwd=planes in ("fwd", "fwdkeep"),
                                     keep=planes == "keep")
         where = (f"-BT{cfg.BT}-KT{cfg.KT}" + (f"-{planes}" if planes else "")
@@ -203,8 +203,8 @@ def _cases():
                   planes=mode), i == 0)
     for i, (K, V) in enumerate(((128, 128), (100, 130), (256, 256))):
         add(_case("gda_chunk_bwd", "sm_90", K, V, VARIANTS[3 * i], MANY, wgmma=True), i == 0)
-    # gda_chunk_bwd's dv in two terms (DV_TERMS = 2, chunk_bwd.DV_TWO_TERMS: half inputs), from
-    # the planes and from float32 rows, on both archs
+    # gda_chunk_bwd's dv and rows' S0, E in two terms (DV_TERMS, ROWS_TERMS = 2: half inputs),
+    # from the planes and from float32 rows, on both archs
     for i, (arch, K, V, planes) in enumerate((("sm_90", 256, 512, "planes"),
                                               ("sm_80", 100, 72, "planes"),
                                               ("sm_80", 64, 64, None), ("sm_90", 128, 128, None))):
