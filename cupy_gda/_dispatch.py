@@ -51,8 +51,11 @@ CHUNK_FROM = (
 # block for every SM (a block a state tile, running a sequence-head's chunks in turn; fewer
 # leave the GPU idle while each runs its chain). docs/perf-notes.md, v24 (scripts/
 # sweep_planes_forward.py): of 30 shapes with K 128..256 it picks 6, five at 0.44-0.83x
-# gda_chunk_fwd's time and one at 1.06x; the others measured 0.57-2.54x. Its workspace holds every chunk's
-# state (1.7 GiB at GLA-1.3B, O(T H K V / 64)): above PLANES_FORWARD_MAX_BYTES the call keeps to
+# gda_chunk_fwd's time and one at 1.06x; the others measured 0.57-2.54x. Since v34 (two terms
+# an operand where the forward keeps nothing) the 6 it picks run at 0.57-0.81x, and it leaves
+# 0.62-0.91x at K = 128 with V = 512 and at one or two sequence-heads with V = 512 (35 shapes).
+# Its workspace holds every chunk's state (1.5 GiB at GLA-1.3B, 1.7 where it keeps them for the
+# backward; O(T H K V / 64)): above PLANES_FORWARD_MAX_BYTES (counted as kept) the call keeps to
 # gda_chunk_fwd, whose workspace stays within q's size (a million-token prefill fits).
 PLANES_FORWARD_FROM = 2048
 PLANES_FORWARD_MAX_BYTES = 4 << 30
