@@ -1210,6 +1210,9 @@ __device__ __forceinline__ void gda_score_tiles(int warp, const F& f)
                 if (tile % 4 == warp) f(tile / 4, tau, sg, jn);
 }
 
+// W's terms: the forward's (o), or in the backward dv's, the only stage that reads W
+#define WT (FWD ? TERMS : DV_TERMS)
+
 // 5. Block (chunk b): W[b][s][u] = sum_i k_s[i] P(s+1..u)[i] q_u[i] for s <= u, 0 below, in
 // 16-step blocks. s in a block sigma before u's block tau: P(s+1..u) = P(s+1..16 tau - 1)
 // P(16 tau..u), so the tile is (keys anchored at tau) (q P(16 tau..u))^T, on the tensor cores
@@ -1225,9 +1228,9 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
     __shared__ float b_sp[BT][KI + 1];                  // P(s+1..end of s's block)
     __shared__ float b_pr[BT][KI + 1];                  // P(start of u's block..u)
     __shared__ float b_gb[NBK][KI];                     // P(the whole block)
-    __shared__ unsigned b_ka[TERMS][KAR > 0 ? KAR : 1][KW];  // anchored keys, tau = 1.. from
+    __shared__ unsigned b_ka[WT][KAR > 0 ? KAR : 1][KW];  // anchored keys, tau = 1.. from
                                                         //   row 8 tau (tau - 1), terms h, m, l
-    __shared__ unsigned b_qa[TERMS][BT > 16 ? BT - 16 : 1][KW];  // q P(16 tau..u), row u - 16
+    __shared__ unsigned b_qa[WT][BT > 16 ? BT - 16 : 1][KW];  // q P(16 tau..u), row u - 16
     const long long b = blockIdx.x;
     GDA_CHUNK;
     if (ch.rows == 0) return;                           // (dv skips the chunk too)
@@ -1284,7 +1287,7 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
                     gda_split3<false>(k0, k1, h, m, l);
                     b_ka[0][row][ip] = h;
                     b_ka[1][row][ip] = m;
-                    if (TERMS == 3) b_ka[TERMS - 1][row][ip] = l;
+                    if (WT == 3) b_ka[WT - 1][row][ip] = l;
                     k0 *= b_gb[tau][ii];
                     k1 *= b_gb[tau][ii + 1];
                 }
@@ -1295,27 +1298,27 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
                 gda_split3<false>(q0, q1, h, m, l);
                 b_qa[0][t - 16][ip] = h;
                 b_qa[1][t - 16][ip] = m;
-                if (TERMS == 3) b_qa[TERMS - 1][t - 16][ip] = l;
+                if (WT == 3) b_qa[WT - 1][t - 16][ip] = l;
             }
         }
         __syncthreads();
         // this warp's tiles: one m16n8k16 k-step, A's terms l, m, h each with B's down to 2^-16
-        // of the product (TERMS = 2: m, h, to 2^-8)
+        // of the product (WT = 2: m, h, to 2^-8)
         gda_score_tiles(warp, [&](int slot, int tau, int sg, int jn) {
             const int ra = 8 * tau * (tau - 1) + 16 * sg + g8, rb = 16 * (tau - 1) + 8 * jn + g8;
-            unsigned fb[TERMS][2];
+            unsigned fb[WT][2];
             #pragma unroll
-            for (int e = 0; e < TERMS; ++e) {
+            for (int e = 0; e < WT; ++e) {
                 fb[e][0] = b_qa[e][rb][t4];
                 fb[e][1] = b_qa[e][rb][t4 + 4];
             }
             float d[4] = {};
             #pragma unroll
-            for (int ea = TERMS - 1; ea >= 0; --ea) {
+            for (int ea = WT - 1; ea >= 0; --ea) {
                 const unsigned fa[4] = {b_ka[ea][ra][t4], b_ka[ea][ra + 8][t4],
                                         b_ka[ea][ra][t4 + 4], b_ka[ea][ra + 8][t4 + 4]};
                 #pragma unroll
-                for (int eb = TERMS - 1 - ea; eb >= 0; --eb) gda_mma_bf16(d, fa, fb[eb]);
+                for (int eb = WT - 1 - ea; eb >= 0; --eb) gda_mma_bf16(d, fa, fb[eb]);
             }
             #pragma unroll
             for (int r = 0; r < 4; ++r) acc[slot][r] += d[r];
