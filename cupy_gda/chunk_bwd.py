@@ -114,9 +114,10 @@ def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
 def planes_config(p, varlen=False, wgmma=False, keep=True):
     """The Config of ForwardPlan, and of a BackwardPlan that takes its kept stages: config's
     chunk length, the fused scan from the planes; a ForwardPlan that keeps none (not ``keep``)
-    splits its operands in two terms, not three (TERMS), and takes no wgmma."""
+    splits its operands in two terms, not three (TERMS; a forward's dv and rows entries take
+    TERMS in defines), and takes no wgmma."""
     cfg = config(p, varlen, wgmma=wgmma)._replace(SCAN=True, PLANES=True)
-    return cfg if keep else cfg._replace(TERMS=2, DV_TERMS=2, WGMMA=False)
+    return cfg if keep else cfg._replace(TERMS=2, WGMMA=False)
 
 
 def use_wgmma():

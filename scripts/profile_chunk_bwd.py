@@ -144,14 +144,13 @@ def shape_line(name, stages):
             for what, pl in (("two terms", fp), ("three terms", fk)):
                 for entry, ms in stage_times(lambda: pl(*x)).items():
                     print(f"    forward from the planes, {what:11s}  {entry:40s} {ms:8.3f} ms")
-        # the backward from the forward's kept stages
-        fp = fk
+        # the backward from the (three-term) forward's kept stages
         bk = chunk_bwd.plan(p, False, False, keep=True)
-        kept = fp.run(*x, keep=True)[2]
+        kept = fk.run(*x, keep=True)[2]
         b_args = (q, k, v, g, do, 1.0, None, None)
 
         def both():                                         # the forward keeping, its backward
-            bk.run(*b_args, kept=fp.run(*x, keep=True)[2])
+            bk.run(*b_args, kept=fk.run(*x, keep=True)[2])
         print(f"{name:13s} bwd from the kept forward {median_ms(lambda: bk.run(*b_args, kept=kept)):8.3f}"
               f"  fwd (keeping) + it {median_ms(both, n):8.3f} ms  kept ws "
               f"{kept.ws.nbytes / 2**20:.0f} MiB  {differences(backward('chunk'), bk.run(*b_args, kept=kept)[0])}",
