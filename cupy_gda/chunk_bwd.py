@@ -48,10 +48,10 @@ SMALL = 12               # arrays of N + 1 int64 at most that chunk_offsets allo
 RING = 3                 # the scan's stages in flight
 SLOWER_AT_3 = 1.19       # a planes scan block's time at 3 blocks an SM over its time at 2 (v23)
 USE_WGMMA = False        # dv's entry by wgmma on Hopper (chunks of 64 steps): off, slower (v28)
-DV_TWO_TERMS = False     # the backward's dv entry in two terms for half inputs (v36: within the
-                         # contract on the CPU; built, not yet measured on a GPU: off)
-ROWS_TWO_TERMS = False   # rows' S0 and E in two terms for half inputs (v36: dgate within a
-                         # quarter of its bound on the CPU; built, not yet measured: off)
+DV_TWO_TERMS = True      # the backward's dv entry in two terms for half inputs (v36: within the
+                         # contract; v37: GLA-1.3B bf16's dv 1.06 -> 0.68 ms)
+ROWS_TWO_TERMS = True    # rows' S0 and E in two terms for half inputs (v36: dgate within a
+                         # quarter of its bound; v37: rows 1.35 -> 1.13 ms)
 DV_SMEM = 98304          # its dynamic shared memory bytes (the kernel's WG_SMEM)
 
 

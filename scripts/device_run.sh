@@ -29,9 +29,9 @@
 #            call's first 530 s (a run cut off says so in its rc, 124; one not begun, "skipped")
 #   bwd:     install, the backward's GPU tests, then `python -m scripts.profile_chunk_bwd
 #            [NAMES] --stages` (the chunked backward's launches timed, against the reverse loop)
-#   two-terms: install, the GPU tests of the backward's products in two terms, then the stages
-#            without and with them (profile_chunk_bwd [NAMES (gla1.3b-bf16,big128-bf16)]
-#            --stages [--two-terms])
+#   terms:   install, the GPU tests of the backward's products in two bfloat16 terms and in
+#            three, then the stages with two (the default) and three (profile_chunk_bwd [NAMES
+#            (gla1.3b-bf16,big128-bf16)] --stages [--three-terms])
 #   compare: `cupy-gda bench --shapes SHAPES --impl ours` of an older tree (its files in .old/,
 #            e.g. `git archive <commit> | tar -x -C .old`) and of this one, in one run, ROUNDS
 #            times each, interleaved (old, new, old, new, ...), and the ratios of the best times
@@ -42,7 +42,7 @@
 # for compare):
 #   bash scripts/device_run.sh <commit> suite|suite-a|suite-b|sanitize|sanitize-bwd|sanitize-dist|bench|fla|dist2
 #   bash scripts/device_run.sh <commit> bwd [NAMES (all)]
-#   bash scripts/device_run.sh <commit> two-terms [NAMES (gla1.3b-bf16,big128-bf16)]
+#   bash scripts/device_run.sh <commit> terms [NAMES (gla1.3b-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
 commit="${1:-unknown}"
@@ -225,15 +225,15 @@ if [ "$phase" = "bwd" ]; then
     cat "$out/bwd-stages.txt"
     exit 0
 fi
-if [ "$phase" = "two-terms" ]; then
-    # the backward's products in two terms (chunk_bwd.DV_TWO_TERMS, ROWS_TWO_TERMS: off until
-    # measured; perf-notes v36): their GPU tests, then the stages without and with them
+if [ "$phase" = "terms" ]; then
+    # the backward's products in two terms (chunk_bwd.DV_TWO_TERMS, ROWS_TWO_TERMS; perf-notes
+    # v36, v37) or three: their GPU tests, then the stages with and without them
     xd=()
     python3 -c "import xdist" 2>/dev/null && xd=(-n 8)
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py -k two_terms \
-        "${xd[@]}" > "$out/pytest-two-terms.txt" 2>&1
-    tail -3 "$out/pytest-two-terms.txt"
-    for flag in "" --two-terms; do
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py -k terms_meet \
+        "${xd[@]}" > "$out/pytest-terms.txt" 2>&1
+    tail -3 "$out/pytest-terms.txt"
+    for flag in "" --three-terms; do
         timeout $(((560 - SECONDS) / 2)) python3 -m scripts.profile_chunk_bwd \
             "${3:-gla1.3b-bf16,big128-bf16}" --stages $flag > "$out/bwd-stages$flag.txt" 2>&1
         cat "$out/bwd-stages$flag.txt"

@@ -9,9 +9,9 @@
         methods relative to its largest element (and between the two ways of the scan).
         --stages: then each launch of the chunked backward, both ways of the scan and at the
         other chunk length, its median ms over 3 calls (CUDA events around it).
-        --two-terms: with chunk_bwd.DV_TWO_TERMS and ROWS_TWO_TERMS on (dv's entry, the scores'
-        W and rows' S0, E in two bfloat16 terms for half inputs; perf-notes v36), in a process
-        of its own (the plans are memoised without the options).
+        --three-terms: with chunk_bwd.DV_TWO_TERMS and ROWS_TWO_TERMS off (dv's entry, the
+        scores' W and rows' S0, E in three bfloat16 terms for half inputs, not two; perf-notes
+        v36, v37), in a process of its own (the plans are memoised with the defaults).
     python -m scripts.profile_chunk_bwd --varlen
         the packed batches of VARLEN instead (cu_seqlens, initial states): chunk against loop.
 """
@@ -187,10 +187,10 @@ def varlen_line(name, lens, H, K, V, dtype):
 
 
 def main(argv):
-    if "--two-terms" in argv:
+    if "--three-terms" in argv:
         from cupy_gda import chunk_bwd
-        chunk_bwd.DV_TWO_TERMS = chunk_bwd.ROWS_TWO_TERMS = True
-        print("(chunk_bwd.DV_TWO_TERMS and ROWS_TWO_TERMS on)", flush=True)
+        chunk_bwd.DV_TWO_TERMS = chunk_bwd.ROWS_TWO_TERMS = False
+        print("(chunk_bwd.DV_TWO_TERMS and ROWS_TWO_TERMS off)", flush=True)
     if "--varlen" in argv:
         for case in VARLEN:
             varlen_line(*case)

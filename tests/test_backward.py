@@ -307,12 +307,13 @@ def test_gpu_chunked_backward_itself_meets_the_contract(case, scan):
 @pytest.mark.parametrize("case, scan", [
     pytest.param(c, m, id=f"{c.id}-{m}") for c in CHUNK_OWN if c.dtype != "float32"
     for m in ("scan", "planes") if m != "planes" or c.dtype == "bfloat16"])
-def test_gpu_chunked_backward_in_two_terms_meets_the_contract(case, scan, what):
-    """dv's entry, or rows' S0 and E, with their float32 operands in two bfloat16 terms, not
-    three (Config.DV_TERMS or ROWS_TERMS = 2, which chunk_bwd.DV_TWO_TERMS, ROWS_TWO_TERMS turn
-    on; docs/perf-notes.md v36): every gradient within the contract, as the CPU design found."""
+def test_gpu_chunked_backward_in_three_terms_meets_the_contract(case, scan, what):
+    """dv's entry, or rows' S0 and E, with their float32 operands in three bfloat16 terms, not
+    the two of half inputs' default (Config.DV_TERMS or ROWS_TERMS = 3, as with
+    chunk_bwd.DV_TWO_TERMS or ROWS_TWO_TERMS off; docs/perf-notes.md v36, v37), the other in two:
+    every gradient within the contract (the defaults, both in two, are every other test's)."""
     fused, planes = SCANS[scan]
-    _check_chunked_own(case, SCAN=fused, PLANES=planes, **{what: 2})
+    _check_chunked_own(case, SCAN=fused, PLANES=planes, **{what: 3})
 
 
 def _check_chunked_own(case, **cfg):

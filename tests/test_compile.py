@@ -85,7 +85,7 @@ SPILLS = pytest.mark.xfail(reason="known: gda_chunk_fwd spills at 255 registers 
 
 
 def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=None, marks=(),
-          dv2=False):
+          terms3=False):
     dt, gdt, log_gate, int64 = variant
     B, H = BH
     p = Problem(B=B, T=64, H=H, K=K, V=V, N=B, dtype=dt, g_dtype=gdt, log_gate=log_gate)
@@ -110,14 +110,14 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=Non
             # forward's stages (fwd: two terms an operand; fwdkeep: three, as kept) or the
             # backward from them (keep)
             cfg = cfg._replace(BT=64, SCAN=True, PLANES=True, TERMS=2 if planes == "fwd" else 3)
-        if wgmma:
-            cfg = cfg._replace(BT=64, WGMMA=True)   # dv's Hopper entry (chunks of 64 steps)
-        if dv2:                                     # the backward's dv and rows' S0, E in two
-            cfg = cfg._replace(DV_TERMS=2, ROWS_TERMS=2)    # terms (half inputs)
+        if wgmma:       # dv's Hopper entry (chunks of 64 steps; three terms, as config's)
+            cfg = cfg._replace(BT=64, WGMMA=True, DV_TERMS=3)
+        if terms3:      # the backward's dv and rows' S0, E in three terms, not half inputs'
+            cfg = cfg._replace(DV_TERMS=3, ROWS_TERMS=3)    # two (DV_TWO_TERMS etc. off)
         defines = chunk_bwd.defines(p, cfg, int64, fwd=planes in ("fwd", "fwdkeep"),
                                     keep=planes == "keep")
         where = (f"-BT{cfg.BT}-KT{cfg.KT}" + (f"-{planes}" if planes else "")
-                 + ("-wgmma" if wgmma else "") + ("-dv2" if dv2 else ""))
+                 + ("-wgmma" if wgmma else "") + ("-t3" if terms3 else ""))
     else:
         defines = step.defines(p, idx_int64=int64, align=align)
         where = "" if align == 16 else f"-align{align}"
@@ -203,13 +203,13 @@ def _cases():
                   planes=mode), i == 0)
     for i, (K, V) in enumerate(((128, 128), (100, 130), (256, 256))):
         add(_case("gda_chunk_bwd", "sm_90", K, V, VARIANTS[3 * i], MANY, wgmma=True), i == 0)
-    # gda_chunk_bwd's dv and rows' S0, E in two terms (DV_TERMS, ROWS_TERMS = 2: half inputs),
-    # from the planes and from float32 rows, on both archs
+    # gda_chunk_bwd's dv and rows' S0, E in three terms for half inputs (DV_TERMS, ROWS_TERMS =
+    # 3: DV_TWO_TERMS, ROWS_TWO_TERMS off), from the planes and from float32 rows, on both archs
     for i, (arch, K, V, planes) in enumerate((("sm_90", 256, 512, "planes"),
                                               ("sm_80", 100, 72, "planes"),
                                               ("sm_80", 64, 64, None), ("sm_90", 128, 128, None))):
         variant = BF16[i % len(BF16)] if planes else VARIANTS[2 + i % 4]
-        add(_case("gda_chunk_bwd", arch, K, V, variant, MANY, planes=planes, dv2=True), False)
+        add(_case("gda_chunk_bwd", arch, K, V, variant, MANY, planes=planes, terms3=True), False)
     for arch in ARCHS:
         # gda_scan: no shape defines, one build an arch
         add(pytest.param("gda_scan", arch, (("NT", scan.NT),), id=f"gda_scan-{arch}-NT{scan.NT}"),

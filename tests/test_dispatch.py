@@ -641,9 +641,12 @@ def test_forward_from_the_planes_where_the_rule_says(p, varlen, want):
     pytest.param(_p(T=4096, K=48, B=8, H=16), (32, 64, False, False), id="K48"),
 ])
 def test_chunk_backward_config(p, want):
-    assert tuple(chunk_bwd.config(p)) == want + (False, 3, 3, 3)
-    # on a Hopper GPU dv's wgmma entry, where the chunks are of 64 steps (wgmma's m64)
-    assert tuple(chunk_bwd.config(p, wgmma=True)) == want + (want[0] == 64, 3, 3, 3)
+    # dv's entry and rows' S0 and E in two terms for half inputs, three for float32 ones
+    t = 2 if p.dtype == "bfloat16" else 3
+    assert tuple(chunk_bwd.config(p)) == want + (False, 3, t, t)
+    # on a Hopper GPU dv's wgmma entry (three terms), where the chunks are of 64 steps (m64)
+    wg = want[0] == 64
+    assert tuple(chunk_bwd.config(p, wgmma=True)) == want + (wg, 3, 3 if wg else t, t)
     # the forward from the planes: three terms where it keeps them for the backward, else two
     # and no wgmma
     keep, lean = (chunk_bwd.planes_config(p, wgmma=True, keep=x) for x in (True, False))
@@ -652,19 +655,19 @@ def test_chunk_backward_config(p, want):
     assert chunk_bwd.defines(p, lean, fwd=True)["DV_TERMS"] == 2
 
 
-def test_chunk_backward_two_terms_are_opt_in(monkeypatch):
-    """dv's entry (DV_TERMS) and rows' S0 and E (ROWS_TERMS) in two terms only where
-    DV_TWO_TERMS, ROWS_TWO_TERMS are set, for half inputs (dv's not with wgmma); the forward's
-    plans as they were."""
+def test_chunk_backward_two_terms_for_half_inputs(monkeypatch):
+    """dv's entry (DV_TERMS) and rows' S0 and E (ROWS_TERMS) in two terms for half inputs (dv's
+    not with wgmma), three for float32 ones and wherever DV_TWO_TERMS, ROWS_TWO_TERMS are off;
+    the forward's plans take TERMS, not these."""
     half, f32 = (_p(T=4096, K=128, B=8, H=16)._replace(**kw) for kw in (_BF16, {}))
-    assert (chunk_bwd.config(half).DV_TERMS, chunk_bwd.config(half).ROWS_TERMS) == (3, 3)
-    monkeypatch.setattr(chunk_bwd, "DV_TWO_TERMS", True)
-    monkeypatch.setattr(chunk_bwd, "ROWS_TWO_TERMS", True)
     assert chunk_bwd.config(half)[-2:] == (2, 2) and chunk_bwd.config(f32)[-2:] == (3, 3)
     assert chunk_bwd.config(half, wgmma=True)[-2:] == (3, 2)
     assert chunk_bwd.planes_config(half)[-2:] == (2, 2)     # (a backward taking kept stages)
     d = chunk_bwd.defines(half, chunk_bwd.planes_config(half), fwd=True)
     assert (d["DV_TERMS"], d["ROWS_TERMS"]) == (3, 3)
+    monkeypatch.setattr(chunk_bwd, "DV_TWO_TERMS", False)
+    monkeypatch.setattr(chunk_bwd, "ROWS_TWO_TERMS", False)
+    assert (chunk_bwd.config(half).DV_TERMS, chunk_bwd.config(half).ROWS_TERMS) == (3, 3)
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
