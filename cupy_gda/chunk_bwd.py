@@ -107,15 +107,16 @@ def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BT=cfg.BT, KT=cfg.KT,
                 SCAN=int(cfg.SCAN), PLANES=int(cfg.PLANES), SMEM_BYTES=smem(cfg), FWD=int(fwd),
                 KEEP=int(keep), WGMMA=int(cfg.WGMMA), TERMS=cfg.TERMS,
-                DV_TERMS=cfg.TERMS if fwd else cfg.DV_TERMS,
+                DV_TERMS=min(cfg.TERMS, cfg.DV_TERMS) if fwd else cfg.DV_TERMS,
                 ROWS_TERMS=cfg.TERMS if fwd else cfg.ROWS_TERMS)
 
 
 def planes_config(p, varlen=False, wgmma=False, keep=True):
     """The Config of ForwardPlan, and of a BackwardPlan that takes its kept stages: config's
     chunk length, the fused scan from the planes; a ForwardPlan that keeps none (not ``keep``)
-    splits its operands in two terms, not three (TERMS; a forward's dv and rows entries take
-    TERMS in defines), and takes no wgmma."""
+    splits its operands in two terms, not three (TERMS), and takes no wgmma. In defines a
+    forward's rows entry takes TERMS and its dv entry (o) and scores (W) the fewer of TERMS and
+    DV_TERMS: so the W a forward keeps is the one its backward would make (v37)."""
     cfg = config(p, varlen, wgmma=wgmma)._replace(SCAN=True, PLANES=True)
     return cfg if keep else cfg._replace(TERMS=2, WGMMA=False)
 

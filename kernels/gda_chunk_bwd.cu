@@ -62,8 +62,10 @@
 //   (1, built for sm_90a, BT = 64: dv's entry by wgmma, its operands in shared memory), TERMS
 //   (the bfloat16 terms a float32 operand is split into: 3, exact to float32, or 2, the forward
 //   (FWD) that keeps nothing for a backward, as gda_chunk_fwd's bfloat16 path: docs/perf-notes.md
-//   v12 and v34), DV_TERMS (those of dv's entry: TERMS, or 2 in the backward where dv is of a
-//   half dtype: its rounding is the error, v36), ROWS_TERMS (those of S0 and E in rows' sd and
+//   v12 and v34), DV_TERMS (those of W, made by scores, and of dv's entry, the only stage that
+//   reads it: TERMS, or 2 for half inputs, where dv's rounding is its error, v36, and o's in a
+//   forward that keeps three for the backward, so that the W it keeps is the backward's own,
+//   v37), ROWS_TERMS (those of S0 and E in rows' sd and
 //   ev: TERMS, or 2 in the backward of half inputs, with fresh sums: v36).
 //   Reference: cupy_gda.reference.gated_attention_backward_ref.
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
@@ -78,8 +80,8 @@ static_assert(!FWD || PLANES, "FWD: the forward from the planes");
 static_assert(!KEEP || (PLANES && !FWD), "KEEP: the backward from the forward's planes");
 static_assert(KT % 32 == 0 && KT <= 256, "KT: a multiple of 32, at most 256");
 static_assert(TERMS == 3 || (TERMS == 2 && FWD && !WGMMA), "TERMS: 3, or 2 in the forward");
-static_assert(DV_TERMS == TERMS || (DV_TERMS == 2 && IO_DTYPE != 0 && !WGMMA && !FWD),
-              "DV_TERMS: TERMS, or 2 where dv is of a half dtype");
+static_assert(DV_TERMS == TERMS || (DV_TERMS == 2 && IO_DTYPE != 0 && !WGMMA),
+              "DV_TERMS: TERMS, or 2 for half inputs");
 static_assert(ROWS_TERMS == TERMS || (ROWS_TERMS == 2 && IO_DTYPE != 0 && !FWD),
               "ROWS_TERMS: TERMS, or 2 where v and do are of a half dtype");
 
@@ -1210,8 +1212,8 @@ __device__ __forceinline__ void gda_score_tiles(int warp, const F& f)
                 if (tile % 4 == warp) f(tile / 4, tau, sg, jn);
 }
 
-// W's terms: the forward's (o), or in the backward dv's, the only stage that reads W
-#define WT (FWD ? TERMS : DV_TERMS)
+// W's terms: those of dv's entry, the only stage that reads W (o in the forward)
+#define WT DV_TERMS
 
 // 5. Block (chunk b): W[b][s][u] = sum_i k_s[i] P(s+1..u)[i] q_u[i] for s <= u, 0 below, in
 // 16-step blocks. s in a block sigma before u's block tau: P(s+1..u) = P(s+1..16 tau - 1)

@@ -727,7 +727,7 @@ WGMMA_DV = [(1, 300, 2, 256, 512, "bfloat16", True), (2, 129, 2, 128, 192, "bflo
     for c in WGMMA_DV])
 def test_gpu_dv_by_wgmma_is_bit_for_bit_mma_sync(B, T, H, K, V, dtype, planes, monkeypatch):
     """dv's wgmma entry (Hopper) gives every output of its stage bit for bit as the mma.sync
-    entry: the same split terms summed in the same order into fresh sums a k-step, then into the
+    entry in three terms: the same split terms summed in the same order into fresh sums a k-step, then into the
     total; so it meets the contract wherever that entry does (the tests above). Poisoned
     outputs, chunks of 64 steps at any size (the wgmma entry's m64)."""
     import cupy
@@ -736,6 +736,7 @@ def test_gpu_dv_by_wgmma_is_bit_for_bit_mma_sync(B, T, H, K, V, dtype, planes, m
     if not _launch.hopper():
         pytest.skip("dv's wgmma entry needs a Hopper GPU (compute capability 9.0)")
     monkeypatch.setattr(chunk_bwd, "CHUNKS_64", 0)
+    monkeypatch.setattr(chunk_bwd, "DV_TWO_TERMS", False)  # (the wgmma entry's three terms)
     rng = np.random.default_rng(21)
     p = Problem(B, T, H, K, V, B, dtype, "float32", False)
     x = {n: cupy.asarray(rng.standard_normal((B, T, H, d)), np.float32).astype(dtype)

@@ -663,8 +663,12 @@ def test_chunk_backward_two_terms_for_half_inputs(monkeypatch):
     assert chunk_bwd.config(half)[-2:] == (2, 2) and chunk_bwd.config(f32)[-2:] == (3, 3)
     assert chunk_bwd.config(half, wgmma=True)[-2:] == (3, 2)
     assert chunk_bwd.planes_config(half)[-2:] == (2, 2)     # (a backward taking kept stages)
+    # a forward keeping three terms makes W (scores) and o (dv's entry) in the backward's two,
+    # so that the W it keeps is the backward's; rows' entry, not launched, takes TERMS
     d = chunk_bwd.defines(half, chunk_bwd.planes_config(half), fwd=True)
-    assert (d["DV_TERMS"], d["ROWS_TERMS"]) == (3, 3)
+    assert (d["TERMS"], d["DV_TERMS"], d["ROWS_TERMS"]) == (3, 2, 3)
+    d = chunk_bwd.defines(half, chunk_bwd.planes_config(half, wgmma=True), fwd=True)
+    assert (d["TERMS"], d["DV_TERMS"], d["WGMMA"]) == (3, 3, 1)
     monkeypatch.setattr(chunk_bwd, "DV_TWO_TERMS", False)
     monkeypatch.setattr(chunk_bwd, "ROWS_TWO_TERMS", False)
     assert (chunk_bwd.config(half).DV_TERMS, chunk_bwd.config(half).ROWS_TERMS) == (3, 3)
