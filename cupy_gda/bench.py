@@ -196,8 +196,8 @@ class Baseline(NamedTuple):
     textbook kernel and fla): ``family`` its name or name prefix, ``names`` the implementations
     it provides, ``applies(shape, name)`` whether that row exists at a shape, ``rows(units, job)``
     the rows of its (Shape, name) units after ours (``job``: a dict of reps, budget_s, seed,
-    l2_bytes, clock, floors and refs by shape name, notes, on_step), and ``available()`` (True,
-    '') or (False, why not)."""
+    l2_bytes, clock, floors and refs by shape name, notes, on_step, on_row: run()'s), and
+    ``available()`` (True, '') or (False, why not)."""
     family: str
     names: tuple
     applies: Callable
@@ -801,7 +801,8 @@ def rel_rms_device(a, b):
     a, b = a.astype(cp.float64), b.astype(cp.float64)
     return float(cp.linalg.norm(a - b) / max(float(cp.linalg.norm(b)), 1e-300))
 
-def _run_shape(shape, impls, floor_ms, clock, l2, reps, budget_s, seed, on_step, backward):
+def _run_shape(shape, impls, floor_ms, clock, l2, reps, budget_s, seed, on_step, on_row,
+               backward):
     """Rows of one shape (ours, host rows, and its floor) and its reference slices (with
     ``backward``, a fwd+bwd row of some family at the shape: the gradients' too)."""
     count = n_sets(input_set_bytes(shape), l2)
@@ -854,6 +855,7 @@ def _run_shape(shape, impls, floor_ms, clock, l2, reps, budget_s, seed, on_step,
             r = new_row(shape, impl, kind=kind, status="failed",
                         floor_ms=floor_for(shape, impl, floor_ms), note=_err(e))
         rows.append(r)
+        on_row(r)
     info = dict(shape=shape.name, legend=shape.legend, B=shape.B, T=shape.T, H=shape.H,
                 K=shape.K, V=shape.V, dtype=shape.dtype, api="step" if shape.step else "forward",
                 bytes=must_move_bytes(shape), floor_ms=floor_ms, n_sets=count,
@@ -861,11 +863,15 @@ def _run_shape(shape, impls, floor_ms, clock, l2, reps, budget_s, seed, on_step,
     return rows, info, refs
 
 
-def run(units, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, seed=0, on_step=None):
+def run(units, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, seed=0, on_step=None,
+        on_row=None):
     """Time every (shape, impl) unit of plan(): ours shape by shape, then each registered
-    baseline's units. Returns dict(header, copy, shapes, rows, notes)."""
+    baseline's units. ``on_step(label)`` as a unit starts, ``on_row(row)`` as its row is done
+    (a baseline's: at least shape, impl, status, ms, note), so a run cut short still shows what
+    it measured. Returns dict(header, copy, shapes, rows, notes)."""
     cp = _cupy()
     on_step = on_step or (lambda label: None)
+    on_row = on_row or (lambda row: None)
     header = header_info()
     clock = CupyClock()
     copy = measure_copy(clock, seed=seed)
@@ -881,14 +887,14 @@ def run(units, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, seed=0, on_step=Non
         backward = any(is_fwd_bwd(i) for s, i in units if s == shape)
         floor_ms = must_move_bytes(shape) / (copy["gbps"] * 1e9) * 1e3
         r, info, refs[shape.name] = _run_shape(shape, impls, floor_ms, clock, header["l2_bytes"],
-                                               reps, budget_s, seed, on_step, backward)
+                                               reps, budget_s, seed, on_step, on_row, backward)
         rows += r
         infos.append(info)
         gc.collect()
         pool.free_all_blocks()          # this shape's input sets went with _run_shape
     job = dict(reps=reps, budget_s=budget_s, seed=seed, l2_bytes=header["l2_bytes"], clock=clock,
                floors={i["shape"]: i["floor_ms"] for i in infos}, refs=refs, notes=notes,
-               on_step=on_step)
+               on_step=on_step, on_row=on_row)
     for b in BASELINES.values():
         mine = [(s, i) for s, i in units if theirs.get(i) is b]
         if mine:
@@ -924,14 +930,16 @@ def cpu_header_line(h):
 
 
 def run_cpu(shapes, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, seed=0, t_max=CPU_T_MAX,
-            on_step=None):
+            on_step=None, on_row=None):
     """The CPU rows (NumPy inputs, the public API): per forward shape cpu-auto, cpu-recurrent
     and cpu-chunk (``method=``) and the same three as forward+backward rows (a forward call
     then a backward call by that method, with a random gradient of o; the gradients checked),
     for decode cpu-step; T cut to ``t_max``. ms: the median of host wall times per call (at
     least MIN_REPS calls, at most ``reps`` or ``budget_s`` seconds); accuracy as the device
-    rows'. Returns dict(header, copy (None), shapes ([]), rows, notes), as run()."""
+    rows'; ``on_step``, ``on_row`` as run()'s. Returns dict(header, copy (None), shapes ([]),
+    rows, notes), as run()."""
     on_step = on_step or (lambda label: None)
+    on_row = on_row or (lambda row: None)
     rows = []
     for shape in shapes:
         s = shape if shape.step else shape._replace(T=min(shape.T, t_max))
@@ -970,6 +978,7 @@ def run_cpu(shapes, reps=DEFAULT_REPS, budget_s=DEFAULT_BUDGET_S, seed=0, t_max=
             except Exception as e:  # noqa: BLE001 - a failing row is reported, the run goes on
                 r = new_row(s, impl, kind="host", status="failed", note=_err(e))
             rows.append(r)
+            on_row(r)
     rows = sort_rows(finish_rows(rows), [s.name for s in shapes])
     return dict(header=cpu_header_info(), copy=None, shapes=[], rows=rows,
                 notes=[f"CPU rows: host wall time per call of the public API on NumPy inputs "

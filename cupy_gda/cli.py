@@ -234,8 +234,8 @@ def bench(shapes_text, impl_text, reps, budget, json_path, plot_path, quick, see
         reps = _bench.QUICK_REPS if quick else _bench.DEFAULT_REPS
     if cpu:
         n = sum(len(_bench.cpu_impls(s)) for s in shapes)
-        result = _with_progress("bench --cpu", n, lambda on_step: _bench.run_cpu(
-            shapes, reps, budget, seed, on_step=on_step))
+        result = _with_progress("bench --cpu", n, lambda on_step, on_row: _bench.run_cpu(
+            shapes, reps, budget, seed, on_step=on_step, on_row=on_row))
         _report(result, [_bench.cpu_header_line(result["header"])],
                 _bench.format_table(result["rows"]), [f"# {n}" for n in result["notes"]], json_path)
         _exit_on_failures(result["rows"])
@@ -264,8 +264,8 @@ def bench(shapes_text, impl_text, reps, budget, json_path, plot_path, quick, see
         raise click.ClickException(f"nothing to run: no implementation in --impl "
                                    f"{impl_text or 'all'} applies to --shapes "
                                    f"{shapes_text or 'all'}{why}")
-    result = _with_progress("bench", len(units), lambda on_step: _bench.run(
-        units, reps=reps, budget_s=budget, seed=seed, on_step=on_step))
+    result = _with_progress("bench", len(units), lambda on_step, on_row: _bench.run(
+        units, reps=reps, budget_s=budget, seed=seed, on_step=on_step, on_row=on_row))
     result["notes"] += notes
     _report(result, [_bench.header_line(result["header"])], _bench.format_table(result["rows"]),
             _bench.summary_lines(result), json_path)
@@ -275,13 +275,24 @@ def bench(shapes_text, impl_text, reps, budget, json_path, plot_path, quick, see
 
 
 def _with_progress(label, n, run):
-    """run(on_step) with a progress bar of n steps on a terminal, else (a log, e.g. a remote run)
-    one stderr line per step as it starts, so a cut-off run shows where."""
+    """run(on_step, on_row) with a progress bar of n steps on a terminal, else (a log, e.g. a
+    remote run) one stderr line per step as it starts and one per row as it is done (its median
+    ms, or why none), so a run cut off shows where and keeps what it measured."""
     if sys.stderr.isatty():
         with click.progressbar(length=n, label=label, file=sys.stderr,
                                item_show_func=lambda s: s) as bar:
-            return run(lambda step: bar.update(1, step))
-    return run(lambda step: click.echo(f"bench: {step}", err=True))
+            return run(lambda step: bar.update(1, step), lambda row: None)
+    return run(lambda step: click.echo(f"bench: {step}", err=True),
+               lambda row: click.echo(f"bench: {_row_line(row)}", err=True))
+
+
+def _row_line(row):
+    """'shape impl: 1.234 ms' of a done row, or its status and note where it has no time."""
+    head = f"{row['shape']} {row['impl']}: "
+    if row.get("status", "ok") == "ok" and row.get("ms") is not None:
+        return head + f"{row['ms']:.4g} ms"
+    note = f" ({row['note']})" if row.get("note") else ""
+    return head + (row.get("status") or "failed") + note
 
 
 def _report(result, head, table, tail, json_path):

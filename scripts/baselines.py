@@ -113,6 +113,7 @@ def textbook_rows(units, job):
         except Exception as e:  # noqa: BLE001 - a failing row is reported, the run goes on
             rows.append(new_row(shape, impl, status="failed", floor_ms=job["floors"][shape.name],
                                 note=bench._err(e)))
+        job.get("on_row", _ignore)(rows[-1])
     return rows
 
 
@@ -120,6 +121,10 @@ TEXTBOOK = Baseline("textbook", ("textbook",), lambda shape, name: not shape.ste
 
 
 # ----------------------------------------------------------------- fla, in a child process
+
+def _ignore(row):
+    """on_row where a job has none (the tests' jobs)."""
+
 
 def fla_available():
     """(True, '') when torch and fla can be found (not imported here), else (False, why)."""
@@ -161,7 +166,7 @@ def fla_rows(units, job, timeout=FLA_TIMEOUT):
     is reported and a new child takes the rest."""
     pending = [(s.name, impl) for s, impl in units]
     shapes = {s.name: s for s, _ in units}
-    results, on_step = {}, job["on_step"]
+    results, on_step, on_row = {}, job["on_step"], job.get("on_row", _ignore)
     unavailable = None
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
@@ -190,6 +195,7 @@ def fla_rows(units, job, timeout=FLA_TIMEOUT):
                             key = (msg.get("shape"), msg.get("impl"))
                             results[key] = msg
                             on_step(f"{key[0]} {key[1]}")
+                            on_row(dict(msg, status=msg.get("status", "failed")))
                 finally:
                     rc = proc.wait()
                     killer.cancel()
@@ -203,6 +209,7 @@ def fla_rows(units, job, timeout=FLA_TIMEOUT):
                 why = f"fla worker exited with code {rc}" + (f": {tail[-1][:200]}" if tail else "")
                 results[first] = dict(shape=first[0], impl=first[1], status="failed", note=why)
                 on_step(f"{first[0]} {first[1]}")
+                on_row(results[first])
         if unavailable is not None:
             job["notes"].append(f"fla: not importable in the worker ({unavailable}); no fla rows")
             return []

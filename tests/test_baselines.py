@@ -4,6 +4,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -205,6 +206,10 @@ def test_whole_run_on_a_stand_in_cupy(monkeypatch, tmp_path):
                "--impl", "ours,textbook", "--json", str(path), "--plot", str(tmp_path / "t.png"))
     assert r.exit_code == 0, r.output
     assert "# GPU Stand-in GPU (cc 9.0), CUDA runtime 13.2, driver 13.0, CuPy stand-in" in r.output
+    # a log line per row as it is done (stderr, not a terminal): a run cut off keeps its rows
+    assert re.search(r"^bench: seed ours-auto: [0-9.e+-]+ ms$", r.stderr, re.M), r.stderr
+    assert re.search(r"^bench: seed textbook: [0-9.e+-]+ ms$", r.stderr, re.M), r.stderr
+    assert re.search(r"^bench: big128-bf16 textbook: skipped \(.+\)$", r.stderr, re.M), r.stderr
     data = json.loads(path.read_text())
     rows = {(x["shape"], x["impl"]): x for x in data["rows"]}
     for key in (("seed", "ours-auto"), ("seed", "ours-recurrent"), ("seed", "textbook"),
