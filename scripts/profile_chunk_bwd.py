@@ -137,14 +137,14 @@ def shape_line(name, stages):
         def dmax(a, b):
             return float(abs(a.astype("float32") - b.astype("float32")).max())
         print(f"{name:13s} gda_chunk_fwd {median_ms(lambda: cf(*x)):8.3f}  from the planes "
-              f"{median_ms(lambda: fp(*x)):8.3f} (three terms {median_ms(lambda: fk(*x)):8.3f}) "
-              f"ms  flag {int(flag[0])}  max |o - o_chunk| {dmax(o_fp, o_cf):.1e} (three terms "
-              f"{dmax(o_fk, o_cf):.1e})", flush=True)
+              f"{median_ms(lambda: fp(*x)):8.3f} (the kept form {median_ms(lambda: fk(*x)):8.3f}) "
+              f"ms  flag {int(flag[0])}  max |o - o_chunk| {dmax(o_fp, o_cf):.1e} (the kept "
+              f"form {dmax(o_fk, o_cf):.1e})", flush=True)
         if stages:
-            for what, pl in (("two terms", fp), ("three terms", fk)):
+            for what, pl in (("two terms", fp), ("kept form", fk)):
                 for entry, ms in stage_times(lambda: pl(*x)).items():
                     print(f"    forward from the planes, {what:11s}  {entry:40s} {ms:8.3f} ms")
-        # the backward from the (three-term) forward's kept stages
+        # the backward from the kept form's stages (three terms; W and o in DV_TERMS, v37)
         bk = chunk_bwd.plan(p, False, False, keep=True)
         kept = fk.run(*x, keep=True)[2]
         b_args = (q, k, v, g, do, 1.0, None, None)
