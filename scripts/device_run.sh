@@ -32,6 +32,8 @@
 #   terms:   install, the GPU tests of the backward's products in two bfloat16 terms and in
 #            three, then the stages with two (the default) and three (profile_chunk_bwd [NAMES
 #            (gla1.3b-bf16,big128-bf16)] --stages [--three-terms])
+#   fwdbwd-fla: (carry [".baselines"]) install, ours and fla's forward + backward rows at one
+#            shape in one run (SHAPE, default gla1.3b-bf16), fla's autotune given 480 s
 #   compare: `cupy-gda bench --shapes SHAPES --impl ours` of an older tree (its files in .old/,
 #            e.g. `git archive <commit> | tar -x -C .old`) and of this one, in one run, ROUNDS
 #            times each, interleaved (old, new, old, new, ...), and the ratios of the best times
@@ -43,6 +45,7 @@
 #   bash scripts/device_run.sh <commit> suite|suite-a|suite-b|sanitize|sanitize-bwd|sanitize-dist|bench|fla|dist2
 #   bash scripts/device_run.sh <commit> bwd [NAMES (all)]
 #   bash scripts/device_run.sh <commit> terms [NAMES (gla1.3b-bf16,big128-bf16)]
+#   bash scripts/device_run.sh <commit> fwdbwd-fla [SHAPE (gla1.3b-bf16)]
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
 commit="${1:-unknown}"
@@ -254,6 +257,16 @@ if [ "$phase" = "dist2" ]; then
             grep -E "^rank|fwd|ratio" "$out/dist-$front-$dt.txt"
         done
     done
+    exit 0
+fi
+if [ "$phase" = "fwdbwd-fla" ]; then
+    # ours and fla's forward + backward at one shape (SHAPE, default gla1.3b-bf16) in one run:
+    # fla's autotune takes minutes a shape on a fresh machine (perf-notes v37), so one a call;
+    # each row is logged as it is done, so a run cut off keeps the rows it has
+    PYTHONPATH=.baselines timeout 560 python3 -m scripts.baselines --budget 2 --fla-timeout 480 \
+        --impl ours-auto,ours-auto-fwd+bwd,ours-keep-fwd+bwd,fla-chunk_gla-fwd+bwd \
+        --shapes "${3:-gla1.3b-bf16}" --json "$out/fwdbwd-fla.json" > "$out/fwdbwd-fla.txt" 2>&1
+    grep -v "^bench: [^:]*$" "$out/fwdbwd-fla.txt" | head -40
     exit 0
 fi
 if [ "$phase" = "fla" ]; then
