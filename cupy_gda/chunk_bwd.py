@@ -336,9 +336,10 @@ class ForwardPlan:
     them and run only where the guard was hit (only_if): it overwrites o and the final state, so
     every input is exact, without a host sync. The same call as chunk.ChunkPlan's. A plan made
     with ``keep`` can keep its stages for the backward (run(keep=True)), and splits each float32
-    operand in three bfloat16 terms (exact to float32, as the backward needs); one without keeps
-    none and splits them in two (the contract of bfloat16 inputs, as gda_chunk_fwd's bfloat16
-    path; docs/perf-notes.md, v34)."""
+    operand in three bfloat16 terms (exact to float32, as the backward needs), but makes W and o
+    in DV_TERMS, as the backward makes W (v37); one without keeps none and splits them in two
+    (the contract of bfloat16 inputs, as gda_chunk_fwd's bfloat16 path; docs/perf-notes.md,
+    v34)."""
 
     def __init__(self, p, varlen=False, seq_int64=False, keep=False):
         self.p, self.varlen = p, varlen

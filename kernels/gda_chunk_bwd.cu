@@ -65,8 +65,8 @@
 //   v12 and v34), DV_TERMS (those of W, made by scores, and of dv's entry, the only stage that
 //   reads it: TERMS, or 2 for half inputs, where dv's rounding is its error, v36, and o's in a
 //   forward that keeps three for the backward, so that the W it keeps is the backward's own,
-//   v37), ROWS_TERMS (those of S0 and E in rows' sd and
-//   ev: TERMS, or 2 in the backward of half inputs, with fresh sums: v36).
+//   v37), ROWS_TERMS (those of S0 and E in rows' sd and ev: TERMS, or 2 in the backward of
+//   half inputs, with fresh sums: v36).
 //   Reference: cupy_gda.reference.gated_attention_backward_ref.
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
     || !defined(BT) || !defined(KT) || !defined(SCAN) || !defined(PLANES) || !defined(SMEM_BYTES) \
@@ -1212,9 +1212,6 @@ __device__ __forceinline__ void gda_score_tiles(int warp, const F& f)
                 if (tile % 4 == warp) f(tile / 4, tau, sg, jn);
 }
 
-// W's terms: those of dv's entry, the only stage that reads W (o in the forward)
-#define WT DV_TERMS
-
 // 5. Block (chunk b): W[b][s][u] = sum_i k_s[i] P(s+1..u)[i] q_u[i] for s <= u, 0 below, in
 // 16-step blocks. s in a block sigma before u's block tau: P(s+1..u) = P(s+1..16 tau - 1)
 // P(16 tau..u), so the tile is (keys anchored at tau) (q P(16 tau..u))^T, on the tensor cores
@@ -1230,9 +1227,10 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
     __shared__ float b_sp[BT][KI + 1];                  // P(s+1..end of s's block)
     __shared__ float b_pr[BT][KI + 1];                  // P(start of u's block..u)
     __shared__ float b_gb[NBK][KI];                     // P(the whole block)
-    __shared__ unsigned b_ka[WT][KAR > 0 ? KAR : 1][KW];  // anchored keys, tau = 1.. from
-                                                        //   row 8 tau (tau - 1), terms h, m, l
-    __shared__ unsigned b_qa[WT][BT > 16 ? BT - 16 : 1][KW];  // q P(16 tau..u), row u - 16
+    // (W's terms are DV_TERMS: dv's entry, the only stage that reads W, o in the forward)
+    __shared__ unsigned b_ka[DV_TERMS][KAR > 0 ? KAR : 1][KW];  // anchored keys, tau = 1..
+                                                        //   from row 8 tau (tau - 1), terms h, m, l
+    __shared__ unsigned b_qa[DV_TERMS][BT > 16 ? BT - 16 : 1][KW];  // q P(16 tau..u), row u - 16
     const long long b = blockIdx.x;
     GDA_CHUNK;
     if (ch.rows == 0) return;                           // (dv skips the chunk too)
@@ -1289,7 +1287,7 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
                     gda_split3<false>(k0, k1, h, m, l);
                     b_ka[0][row][ip] = h;
                     b_ka[1][row][ip] = m;
-                    if (WT == 3) b_ka[WT - 1][row][ip] = l;
+                    if (DV_TERMS == 3) b_ka[DV_TERMS - 1][row][ip] = l;
                     k0 *= b_gb[tau][ii];
                     k1 *= b_gb[tau][ii + 1];
                 }
@@ -1300,27 +1298,27 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
                 gda_split3<false>(q0, q1, h, m, l);
                 b_qa[0][t - 16][ip] = h;
                 b_qa[1][t - 16][ip] = m;
-                if (WT == 3) b_qa[WT - 1][t - 16][ip] = l;
+                if (DV_TERMS == 3) b_qa[DV_TERMS - 1][t - 16][ip] = l;
             }
         }
         __syncthreads();
         // this warp's tiles: one m16n8k16 k-step, A's terms l, m, h each with B's down to 2^-16
-        // of the product (WT = 2: m, h, to 2^-8)
+        // of the product (DV_TERMS = 2: m, h, to 2^-8)
         gda_score_tiles(warp, [&](int slot, int tau, int sg, int jn) {
             const int ra = 8 * tau * (tau - 1) + 16 * sg + g8, rb = 16 * (tau - 1) + 8 * jn + g8;
-            unsigned fb[WT][2];
+            unsigned fb[DV_TERMS][2];
             #pragma unroll
-            for (int e = 0; e < WT; ++e) {
+            for (int e = 0; e < DV_TERMS; ++e) {
                 fb[e][0] = b_qa[e][rb][t4];
                 fb[e][1] = b_qa[e][rb][t4 + 4];
             }
             float d[4] = {};
             #pragma unroll
-            for (int ea = WT - 1; ea >= 0; --ea) {
+            for (int ea = DV_TERMS - 1; ea >= 0; --ea) {
                 const unsigned fa[4] = {b_ka[ea][ra][t4], b_ka[ea][ra + 8][t4],
                                         b_ka[ea][ra][t4 + 4], b_ka[ea][ra + 8][t4 + 4]};
                 #pragma unroll
-                for (int eb = WT - 1 - ea; eb >= 0; --eb) gda_mma_bf16(d, fa, fb[eb]);
+                for (int eb = DV_TERMS - 1 - ea; eb >= 0; --eb) gda_mma_bf16(d, fa, fb[eb]);
             }
             #pragma unroll
             for (int r = 0; r < 4; ++r) acc[slot][r] += d[r];

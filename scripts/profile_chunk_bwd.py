@@ -126,8 +126,8 @@ def shape_line(name, stages):
           f"ws {plan.ws_floats * 4 / 2**20:.0f} MiB  flag {int(flag[0])}  "
           f"{differences(backward('recurrent'), backward('chunk'))}  {form(flip.cfg)}: "
           f"{differences(backward('chunk'), by(flip))}", flush=True)
-    if dtype == "bfloat16":     # the forward from the planes (two terms; three where it
-        # keeps its stages) against gda_chunk_fwd
+    if dtype == "bfloat16":     # the forward from the planes (two terms; the kept form's
+        # planes in three, its W and o in DV_TERMS) against gda_chunk_fwd
         fp, cf = chunk_bwd.ForwardPlan(p), chunk.plan(p, False)
         fk = chunk_bwd.ForwardPlan(p, keep=True)
         flag = cupy.zeros((1,), np.int32)
