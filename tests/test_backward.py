@@ -727,9 +727,9 @@ WGMMA_DV = [(1, 300, 2, 256, 512, "bfloat16", True), (2, 129, 2, 128, 192, "bflo
     for c in WGMMA_DV])
 def test_gpu_dv_by_wgmma_is_bit_for_bit_mma_sync(B, T, H, K, V, dtype, planes, monkeypatch):
     """dv's wgmma entry (Hopper) gives every output of its stage bit for bit as the mma.sync
-    entry in three terms: the same split terms summed in the same order into fresh sums a k-step, then into the
-    total; so it meets the contract wherever that entry does (the tests above). Poisoned
-    outputs, chunks of 64 steps at any size (the wgmma entry's m64)."""
+    entry in three terms: the same split terms summed in the same order into fresh sums a
+    k-step, then into the total; so it meets the contract wherever that entry does (the tests
+    above). Poisoned outputs, chunks of 64 steps at any size (the wgmma entry's m64)."""
     import cupy
     from cupy_gda import _launch, chunk_bwd
     from cupy_gda._checks import Problem

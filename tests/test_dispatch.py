@@ -658,7 +658,7 @@ def test_chunk_backward_config(p, want):
 def test_chunk_backward_two_terms_for_half_inputs(monkeypatch):
     """dv's entry (DV_TERMS) and rows' S0 and E (ROWS_TERMS) in two terms for half inputs (dv's
     not with wgmma), three for float32 ones and wherever DV_TWO_TERMS, ROWS_TWO_TERMS are off;
-    the forward's plans take TERMS, not these."""
+    a forward's rows entry takes TERMS, its W and o the fewer of TERMS and DV_TERMS."""
     half, f32 = (_p(T=4096, K=128, B=8, H=16)._replace(**kw) for kw in (_BF16, {}))
     assert chunk_bwd.config(half)[-2:] == (2, 2) and chunk_bwd.config(f32)[-2:] == (3, 3)
     assert chunk_bwd.config(half, wgmma=True)[-2:] == (3, 2)
