@@ -33,7 +33,7 @@ from cupy_gda._launch import (CHUNK_BACKWARD, DTYPE_CODE, PTR, Family, Launch, a
 
 ENTRIES = ("gda_chunk_bwd_pack", "gda_chunk_bwd_local", "gda_chunk_bwd_states",
            "gda_chunk_bwd_scan", "gda_chunk_bwd_rows", "gda_chunk_bwd_scores",
-           "gda_chunk_bwd_intra", "gda_chunk_bwd_dv")
+           "gda_chunk_bwd_intra", "gda_chunk_bwd_dv", "gda_chunk_bwd_scan_o")
 FAMILY = Family("gda_chunk_bwd", ("common.cuh", "mma.cuh", "wgmma.cuh"),
                 {e: CHUNK_BACKWARD for e in ENTRIES})
 
@@ -53,6 +53,9 @@ DV_TWO_TERMS = True      # the backward's dv entry in two terms for half inputs 
 ROWS_TWO_TERMS = True    # rows' S0 and E in two terms for half inputs (v36: dgate within a
                          # quarter of its bound; v37: rows 1.35 -> 1.13 ms)
 DV_SMEM = 98304          # its dynamic shared memory bytes (the kernel's WG_SMEM)
+USE_SCAN_O = True        # a ForwardPlan that keeps nothing runs the scan and o as one kernel
+                         # (gda_chunk_bwd_scan_o) where it fits (scan_o_fits; v38)
+NTF, FV = 256, 64        # scan_o's threads and value columns a block
 
 
 class Config(NamedTuple):
@@ -142,20 +145,38 @@ def smem(cfg):
     return RING * 2 * (cfg.TERMS + 1) * sk * (GT + 8)
 
 
+def scan_o_smem(p, cfg):
+    """scan_o's dynamic shared memory bytes (the kernel's FO_BYTES, which it checks): two slots
+    of a chunk's operands (scale q A's and k D's two planes of BT rows of KP + 8 bfloat16, v's
+    plane of FV + 8 columns, W's BT x BT + 4 floats, A_end's KP) and o^T's two key halves (FV
+    rows of BT + 4 floats each)."""
+    kp, bt = planes(p)[0], cfg.BT
+    return 2 * (4 * bt * (kp + 8) + bt * (FV + 8)) + 4 * (bt * (bt + 4) + kp + 2 * FV * (bt + 4))
+
+
+def scan_o_fits(p, cfg):
+    """Whether a ForwardPlan of Config ``cfg`` runs scan_o: USE_SCAN_O, one that keeps nothing
+    (two terms), at most 256 keys (its state is KP / 2 registers a thread) and its shared memory
+    within the device's opt-in limit (at K = 256 and chunks of 64, 193 KiB: a Hopper GPU's 227,
+    not an A100's 163)."""
+    return (USE_SCAN_O and cfg.TERMS == 2 and planes(p)[0] <= 256
+            and scan_o_smem(p, cfg) <= device_limits()[1])
+
+
 def dv_smem(cfg):
     """dv's dynamic shared memory bytes: DV_SMEM with WGMMA, else 0 (static)."""
     return DV_SMEM if cfg.WGMMA else 0
 
 
-def workspace(p, cfg, varlen=False, fwd=False, keep=False):
+def workspace(p, cfg, varlen=False, fwd=False, keep=False, scan_o=False):
     """{name: floats} of the float32 workspaces, in order (the kernel's parameter names); qa's
     room is reused by sd, written after qa's last read (the planes scan reads no qa: its room is
     sd's only). es holds rowsum(E S0) in one part a state tile's columns where the scan is fused
     (intra adds them). With PLANES pl holds the bfloat16 planes (TERMS of scale q A, TERMS of
     k D, 1 of v, 1 of do a chunk, planes()) that every GEMM stage reads instead of kd, vp and dp
     (none).
-    ``fwd`` (ForwardPlan): st, ae, ww and the planes only; ``keep`` (a backward from them): all
-    but those (KEPT)."""
+    ``fwd`` (ForwardPlan): st, ae, ww and the planes only (with ``scan_o`` no st: no chunk's S0
+    goes through memory); ``keep`` (a backward from them): all but those (KEPT)."""
     NH, NC = chunks(p, cfg.BT, varlen)
     NB = NH * NC
     C, K, V = cfg.BT, p.K, p.V
@@ -164,7 +185,7 @@ def workspace(p, cfg, varlen=False, fwd=False, keep=False):
     rows = 0 if cfg.PLANES else 1                  # kd, vp, dp: the planes instead
     bwd = 0 if fwd else 1                          # the backward's own
     fw = 0 if keep else 1                          # the forward's (KEPT)
-    return dict(st=fw * NB * K * V, et=bwd * NB * K * V, qa=bwd * NB * C * K,
+    return dict(st=(0 if scan_o else fw) * NB * K * V, et=bwd * NB * K * V, qa=bwd * NB * C * K,
                 kd=rows * NB * C * K, vp=rows * NB * C * V, dp=rows * NB * C * V, ae=fw * NB * K,
                 es=bwd * parts * NB * K, mm=bwd * NB * C * C, ww=fw * NB * C * C,
                 ev=bwd * NB * C * K, ar=bwd * 2 * NB * C * K,
@@ -352,12 +373,18 @@ class ForwardPlan:
             return Launch(FAMILY.function(entry, d, smem), CHUNK_BACKWARD, grid, block, smem,
                           T=p.T, NH=NH, N=p.N, H=p.H, NC=self.NC)
 
-        self.stages = [launch("gda_chunk_bwd_pack", self.NB, NTP),
-                       launch("gda_chunk_bwd_scan", NH * tiles(p.K) * tiles(p.V), NTG,
-                              d["SMEM_BYTES"]),
-                       launch("gda_chunk_bwd_scores", self.NB, NTS),
-                       launch("gda_chunk_bwd_dv", self.NB * tiles(p.V), NTG, dv_smem(self.cfg))]
-        self.sizes = workspace(p, self.cfg, varlen, fwd=True)
+        self.scan_o = scan_o_fits(p, self.cfg)
+        pack, scores = (launch("gda_chunk_bwd_pack", self.NB, NTP),
+                        launch("gda_chunk_bwd_scores", self.NB, NTS))
+        if self.scan_o:                         # the scan and o as one kernel, after W
+            self.stages = [pack, scores, launch("gda_chunk_bwd_scan_o", NH * tiles(p.V), NTF,
+                                                scan_o_smem(p, self.cfg))]
+        else:
+            self.stages = [pack, launch("gda_chunk_bwd_scan", NH * tiles(p.K) * tiles(p.V), NTG,
+                                        d["SMEM_BYTES"]),
+                           scores,
+                           launch("gda_chunk_bwd_dv", self.NB * tiles(p.V), NTG, dv_smem(self.cfg))]
+        self.sizes = workspace(p, self.cfg, varlen, fwd=True, scan_o=self.scan_o)
         self.at, self.ws_floats = layout(self.sizes)
         self.fallback = chunk.plan(p, seq_int64)
 

@@ -1876,3 +1876,239 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
     });
 #endif
 }
+
+// 8. FWD with TERMS = 2 (a forward that keeps nothing): the scan's forward half and o (dv's
+// entry) as one kernel, so no chunk's S0 goes through memory (docs/perf-notes.md, v38). Block:
+// (sequence-head nh, FV value columns at n0), 8 warps holding the tile's state S^T (FV value
+// rows x KP keys, float32) as mma accumulators: warp w its rows 16 (w % 4).., keys KH (w / 4)..,
+// KH / 8 tiles, KH / 2 registers a thread. A chunk's operands come in two slots copied by
+// cp.async, each while the other's products run (A: scale q A's two planes, v's plane of the
+// block's columns, W; B: k D's two planes, A_end):
+//   o^T = scale W^T v + S^T (scale q A)^T: W split here (scale W's h, m) against v's exact
+//         plane, the key halves taking half of W's k-steps each; S^T split into h + m a k-step
+//         at a time, an A fragment straight from the accumulators (the C layout is the A
+//         layout), against q A's planes by ldmatrix (m h, h m, h h, as gda_gemm_chain's two
+//         terms); the two key halves' sums meet in shared memory, and o goes out transposed, 8
+//         value columns (16 bytes) a thread;
+//   S^T = S^T diag(A_end) + v^T (k D): the guard on S0 first (as the scan's), then v exact
+//         against k D's two planes, into fresh sums of 4 tiles added after.
+// Launched (chunk_bwd.ForwardPlan) in place of the scan and dv where USE_SCAN_O and its shared
+// memory (scan_o_smem, checked here) fit the device; elsewhere its body is empty.
+#define FV 64                                           // value columns a block
+#define NTF 256                                         // threads: 4 row groups x 2 key halves
+#define KH (KP / 2)                                     // key columns a warp
+#define FQL (KP + 8)                                    // halves a staged row of q A, k D
+#define FVL (FV + 8)                                    //   of v (padded: ldmatrix's 8 rows
+#define FWL (BT + 4)                                    //   in distinct banks), floats of W
+#define FOL (BT + 4)                                    //   and of o^T's halves
+#define FO_BYTES (2 * (4 * BT * FQL + BT * FVL) + 4 * (BT * FWL + KP + 2 * FV * FOL))
+
+__device__ __forceinline__ void gda_cp4_at(unsigned dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(dst), "l"(src) : "memory");
+}
+
+// f(j, r, key, col) for each of a thread's elements of S^T in scan_o, element r of tile j: S's
+// (key, col) in [K][V] (key0, col0: the thread's first)
+template <typename F>
+__device__ __forceinline__ void gda_so_each(int key0, int col0, const F& f) {
+    #pragma unroll
+    for (int j = 0; j < KH / 8; ++j)
+        #pragma unroll
+        for (int r = 0; r < 4; ++r) f(j, r, key0 + 8 * j + (r & 1), col0 + 8 * (r >> 1));
+}
+
+extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
+{
+#if FWD && TERMS == 2
+    static_assert(KH % 16 == 0 && KP <= 256, "scan_o: at most 256 keys, halves of whole k-steps");
+    static_assert(FV == PT, "scan_o: a block a tile of v's plane");
+    extern __shared__ __align__(16) unsigned char f_sm[];
+    unsigned short* const sq = reinterpret_cast<unsigned short*>(f_sm);  // scale q A [2][BT][FQL]
+    unsigned short* const sk = sq + 2 * BT * FQL;                        // k D [2][BT][FQL]
+    unsigned short* const sv = sk + 2 * BT * FQL;                        // v [BT][FVL]
+    float* const sw = reinterpret_cast<float*>(sv + BT * FVL);           // W [BT][FWL]
+    float* const sa = sw + BT * FWL;                                     // A_end [KP]
+    float* const so = sa + KP;                                           // o^T's halves [2][FV][FOL]
+    unsigned dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (dyn < FO_BYTES) __trap();                       // (the launcher's scan_o_smem is wrong)
+    constexpr int TN = VP / FV;
+    const long long nh = blockIdx.x / TN, NB = NH * NC;
+    const int n0 = blockIdx.x % TN * FV;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4, tq = lane % 4;
+    const int vr = warp % 4 * 16, kh = warp / 4, kb = kh * KH;
+    const long long cend = coff ? coff[N] : NC;        // the sequence-head's chunks with rows
+    for (int i = K_DIM + threadIdx.x; i < KP; i += NTF) sa[i] = 1.f;   // (keys past K: 0 stays 0)
+
+    const auto issue_a = [&](long long c) {             // slot A of chunk c (none past the last)
+        if (c < cend) {
+            const long long b = nh * NC + c;
+            const gda_planes_at pc(pl, NB, b);
+            for (int x = threadIdx.x; x < 2 * BT * KP / 8; x += NTF) {
+                const int r = x / (KP / 8), c8 = x % (KP / 8) * 8;      // r: plane * BT + step
+                gda_cp16_at(gda_shared_at(sq + r * FQL + c8), pc.q + (long long)r * KP + c8);
+            }
+            for (int x = threadIdx.x; x < BT * FV / 8; x += NTF) {
+                const int r = x / (FV / 8), c8 = x % (FV / 8) * 8;
+                gda_cp16_at(gda_shared_at(sv + r * FVL + c8), pc.v + (long long)r * VP + n0 + c8);
+            }
+            for (int x = threadIdx.x; x < BT * BT / 4; x += NTF) {
+                const int r = x / (BT / 4), c4 = x % (BT / 4) * 4;
+                gda_cp16_at(gda_shared_at(sw + r * FWL + c4), ww + (b * BT + r) * BT + c4);
+            }
+        }
+        gda_cp_commit();
+    };
+    const auto issue_b = [&](long long c) {             // slot B of chunk c
+        if (c < cend) {
+            const long long b = nh * NC + c;
+            const gda_planes_at pc(pl, NB, b);
+            for (int x = threadIdx.x; x < 2 * BT * KP / 8; x += NTF) {
+                const int r = x / (KP / 8), c8 = x % (KP / 8) * 8;
+                gda_cp16_at(gda_shared_at(sk + r * FQL + c8), pc.k + (long long)r * KP + c8);
+            }
+            for (int i = threadIdx.x; i < K_DIM; i += NTF)
+                gda_cp4_at(gda_shared_at(sa + i), ae + b * K_DIM + i);
+        }
+        gda_cp_commit();
+    };
+    float s[KH / 8][4];                                 // S^T: [key tile][C fragment]
+    const int key0 = kb + 2 * tq, col0 = n0 + vr + g8;  // (gda_so_each's)
+    long long n = coff ? 0 : nh / H;                    // the sequence, its chunks' end
+    long long j1 = coff ? coff[1] : NC;
+    const long long hh = coff ? nh : nh % H;
+    const auto get_state = [&]() {                      // S^T of sequence n from h0 (0 without)
+        const float* src = h0 ? h0 + (n * H + hh) * K_DIM * V_DIM : nullptr;
+        gda_so_each(key0, col0, [&](int j, int r, int key, int col) {
+            s[j][r] = src && key < K_DIM && col < V_DIM ? src[(long long)key * V_DIM + col] : 0.f;
+        });
+    };
+    get_state();
+    issue_a(0);
+    issue_b(0);
+    bool ok = true;
+    for (long long c = 0; c < cend; ++c) {
+        const long long b = nh * NC + c;
+        GDA_CHUNK;
+        gda_cp_wait<1>();                               // slot A's copies (B's may be in flight)
+        __syncthreads();
+        unsigned fv[NBK][4];                           // v^T's A fragments, a k-step of steps each
+        #pragma unroll
+        for (int sg = 0; sg < NBK; ++sg)
+            gda_ldsm4_t(fv[sg], gda_shared_at(sv + (16 * sg + lane / 16 * 8 + lane % 8) * FVL
+                                              + vr + lane / 8 % 2 * 8));
+        float o[BT / 8][4] = {};                        // o^T: [step tile][C fragment]
+        #pragma unroll
+        for (int sg = 0; sg < NBK; ++sg) {             // scale W^T v: this half's k-steps
+            if (2 * sg / NBK != kh) continue;
+            #pragma unroll
+            for (int j = 0; j < BT / 8; ++j) {
+                if (8 * j + 7 < 16 * sg) continue;      // (W[s][u] = 0 for s > u)
+                const float* w = sw + (16 * sg + 2 * tq) * FWL + 8 * j + g8;
+                unsigned bh[2], bm[2];
+                gda_split2<false>(scale * w[0], scale * w[FWL], bh[0], bm[0]);
+                gda_split2<false>(scale * w[8 * FWL], scale * w[9 * FWL], bh[1], bm[1]);
+                gda_mma_bf16(o[j], fv[sg], bm);
+                gda_mma_bf16(o[j], fv[sg], bh);
+            }
+        }
+        #pragma unroll
+        for (int kk = 0; kk < KH / 16; ++kk) {          // S^T (scale q A)^T, this half's keys
+            unsigned ah[4], am[4];
+            #pragma unroll
+            for (int x = 0; x < 4; ++x)                 // a_x: rows g (x even) or g + 8, keys
+                gda_split2<false>(s[2 * kk + x / 2][2 * (x % 2)],        //  16 kk + 8 (x / 2)..
+                                  s[2 * kk + x / 2][2 * (x % 2) + 1], ah[x], am[x]);
+            unsigned bh[BT / 8][2], bm[BT / 8][2];      // every step tile's B fragments,
+            #pragma unroll                              //  then each product over every tile
+            for (int jp = 0; jp < BT / 16; ++jp) {      //  (no two dependent products in a row)
+                const int row = 16 * jp + lane / 16 * 8 + lane % 8, col = kb + 16 * kk + lane / 8 % 2 * 8;
+                unsigned r[4];
+                gda_ldsm4(r, gda_shared_at(sq + row * FQL + col));
+                bh[2 * jp][0] = r[0], bh[2 * jp][1] = r[1], bh[2 * jp + 1][0] = r[2], bh[2 * jp + 1][1] = r[3];
+                gda_ldsm4(r, gda_shared_at(sq + (BT + row) * FQL + col));
+                bm[2 * jp][0] = r[0], bm[2 * jp][1] = r[1], bm[2 * jp + 1][0] = r[2], bm[2 * jp + 1][1] = r[3];
+            }
+            #pragma unroll
+            for (int j = 0; j < BT / 8; ++j) gda_mma_bf16(o[j], am, bh[j]);
+            #pragma unroll
+            for (int j = 0; j < BT / 8; ++j) gda_mma_bf16(o[j], ah, bm[j]);
+            #pragma unroll
+            for (int j = 0; j < BT / 8; ++j) gda_mma_bf16(o[j], ah, bh[j]);
+        }
+        #pragma unroll
+        for (int j = 0; j < BT / 8; ++j) {              // this half's o^T into shared memory
+            float* p = so + (kh * FV + vr + g8) * FOL + 8 * j + 2 * tq;
+            *reinterpret_cast<float2*>(p) = make_float2(o[j][0], o[j][1]);
+            *reinterpret_cast<float2*>(p + 8 * FOL) = make_float2(o[j][2], o[j][3]);
+        }
+        __syncthreads();                                // (slot A read: the next chunk's copies)
+        issue_a(c + 1);
+        for (int x = threadIdx.x; x < BT * FV / 8; x += NTF) {   // o: 8 value columns of step t
+            const int t = x % BT, v8 = x / BT * 8;                //  a thread, a warp's steps
+            if (t >= ch.rows || n0 + v8 >= V_DIM) continue;       //  consecutive
+            unsigned short y[8];
+            #pragma unroll
+            for (int i = 0; i < 8; ++i)
+                y[i] = io::store(so[(v8 + i) * FOL + t] + so[(FV + v8 + i) * FOL + t]);
+            io::t* dst = dv + ch.at(t, V_DIM, n0 + v8);
+            if (V_DIM % 8 == 0) {
+                *reinterpret_cast<uint4*>(dst) = make_uint4(y[0] | (unsigned)y[1] << 16,
+                    y[2] | (unsigned)y[3] << 16, y[4] | (unsigned)y[5] << 16, y[6] | (unsigned)y[7] << 16);
+            } else {
+                #pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    if (n0 + v8 + i < V_DIM) reinterpret_cast<unsigned short*>(dst)[i] = y[i];
+            }
+        }
+        gda_cp_wait<1>();                               // slot B's copies (A's next in flight)
+        __syncthreads();
+        gda_so_each(key0, col0, [&](int j, int r, int key, int) {          // the guard on S0, then S0 diag(A_end)
+            ok &= gda_bwd_in(s[j][r], GDA_BWD_STATE_MAX);
+            s[j][r] *= sa[key];
+        });
+        #pragma unroll
+        for (int j0 = 0; j0 < KH / 8; j0 += 4) {        // + v^T (k D), 4 tiles at a time
+            float d[4][4] = {};
+            #pragma unroll
+            for (int sg = 0; sg < NBK; ++sg) {
+                unsigned fh[4][2], fm[4][2];            // the 4 tiles' B fragments, then each
+                #pragma unroll                          //  term over the 4
+                for (int p = 0; p < 2; ++p) {
+                    const int row = 16 * sg + lane / 8 % 2 * 8 + lane % 8;
+                    const int col = kb + 8 * j0 + 16 * p + lane / 16 * 8;
+                    unsigned r[4];
+                    gda_ldsm4_t(r, gda_shared_at(sk + row * FQL + col));
+                    fh[2 * p][0] = r[0], fh[2 * p][1] = r[1], fh[2 * p + 1][0] = r[2], fh[2 * p + 1][1] = r[3];
+                    gda_ldsm4_t(r, gda_shared_at(sk + (BT + row) * FQL + col));
+                    fm[2 * p][0] = r[0], fm[2 * p][1] = r[1], fm[2 * p + 1][0] = r[2], fm[2 * p + 1][1] = r[3];
+                }
+                #pragma unroll
+                for (int i = 0; i < 4; ++i) gda_mma_bf16(d[i], fv[sg], fm[i]);
+                #pragma unroll
+                for (int i = 0; i < 4; ++i) gda_mma_bf16(d[i], fv[sg], fh[i]);
+            }
+            #pragma unroll
+            for (int i = 0; i < 4; ++i)
+                #pragma unroll
+                for (int r = 0; r < 4; ++r) s[j0 + i][r] += d[i][r];
+        }
+        __syncthreads();                                // (slot B read: the next chunk's copies)
+        issue_b(c + 1);
+        if (c == j1 - 1) {                              // sequence n's last chunk: its final
+            if (dh0) {                                  //  state, then the next one's first
+                float* dst = dh0 + (n * H + hh) * K_DIM * V_DIM;
+                gda_so_each(key0, col0, [&](int j, int r, int key, int col) {
+                    if (key < K_DIM && col < V_DIM) dst[(long long)key * V_DIM + col] = s[j][r];
+                });
+            }
+            if (coff && ++n < N) {
+                j1 = coff[n + 1];
+                get_state();
+            }
+        }
+    }
+    gda_cp_wait<0>();
+    if (!ok) *flag = 1;
+#endif
+}

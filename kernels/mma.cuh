@@ -69,6 +69,13 @@ __device__ __forceinline__ void gda_ldsm4_t(unsigned (&r)[4], unsigned at) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(at));
 }
 
+// The same, not transposed (ldmatrix): r[i] gets elements (L / 4, 2 (L % 4)) and (L / 4, 2 (L %
+// 4) + 1) of matrix i: an mma fragment's pair of consecutive k from a matrix stored k-minor
+__device__ __forceinline__ void gda_ldsm4(unsigned (&r)[4], unsigned at) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(at));
+}
+
 // d += a b over one k-step
 __device__ __forceinline__ void gda_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
 #if GDA_BF16

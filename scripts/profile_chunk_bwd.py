@@ -12,6 +12,8 @@
         --three-terms: with chunk_bwd.DV_TWO_TERMS and ROWS_TWO_TERMS off (dv's entry, the
         scores' W and rows' S0, E in three bfloat16 terms for half inputs, not two; perf-notes
         v36, v37), in a process of its own (the plans are memoised with the defaults).
+        --no-scan-o: with chunk_bwd.USE_SCAN_O off (the forward that keeps nothing from the
+        scan and dv's entry, not gda_chunk_bwd_scan_o: v38), likewise.
     python -m scripts.profile_chunk_bwd --varlen
         the packed batches of VARLEN instead (cu_seqlens, initial states): chunk against loop.
 """
@@ -191,6 +193,10 @@ def main(argv):
         from cupy_gda import chunk_bwd
         chunk_bwd.DV_TWO_TERMS = chunk_bwd.ROWS_TWO_TERMS = False
         print("(chunk_bwd.DV_TWO_TERMS and ROWS_TWO_TERMS off)", flush=True)
+    if "--no-scan-o" in argv:
+        from cupy_gda import chunk_bwd
+        chunk_bwd.USE_SCAN_O = False
+        print("(chunk_bwd.USE_SCAN_O off)", flush=True)
     if "--varlen" in argv:
         for case in VARLEN:
             varlen_line(*case)

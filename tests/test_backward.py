@@ -374,19 +374,49 @@ def _forward_plan_inputs(case, seed=0):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("keep", [False, True], ids=["terms2", "keep-terms3"])
+@pytest.mark.parametrize("keep, scan_o", [(False, True), (False, False), (True, False)],
+                         ids=["terms2-scan_o", "terms2", "keep-terms3"])
 @pytest.mark.parametrize("case", FORWARD_FROM_PLANES, ids=lambda c: c.id)
-def test_gpu_forward_from_the_backward_stages(case, keep):
-    """chunk_bwd.ForwardPlan, the one that keeps none (operands in two bfloat16 terms) and the
-    one that can keep its stages (three): o and the final state within the contract (poisoned
-    outputs: the plan allocates them unwritten), the guard not hit (its fall-back not run)."""
+def test_gpu_forward_from_the_backward_stages(case, keep, scan_o, monkeypatch):
+    """chunk_bwd.ForwardPlan, the one that keeps none (operands in two bfloat16 terms), by
+    scan_o (the scan and o as one kernel, where it fits: every case here on a Hopper GPU) and by
+    the scan and dv's entry (USE_SCAN_O off), and the one that can keep its stages (three): o
+    and the final state within the contract (poisoned outputs: the plan allocates them
+    unwritten), the guard not hit (its fall-back not run)."""
     import cupy
-    from cupy_gda import chunk_bwd
+    from cupy_gda import _launch, chunk_bwd
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_O", scan_o)
     p, call, ref, emu = _forward_plan_inputs(case)
     flag = cupy.full((1,), 7, np.int32)
     plan = chunk_bwd.ForwardPlan(p, call[6] is not None, False, keep)
     assert plan.cfg.TERMS == (3 if keep else 2)
+    if scan_o and _launch.device_limits()[1] >= chunk_bwd.scan_o_smem(p, plan.cfg):
+        assert plan.scan_o
+    assert plan.scan_o == (scan_o and chunk_bwd.scan_o_fits(p, plan.cfg))
     o, ht = plan(*call, flag=flag)
+    assert int(flag[0]) == 0
+    for name, x, r, e in zip(("o", "state"), (o, ht), ref, emu):
+        res = compare(name, cupy.asnumpy(x.astype(np.float32) if name == "o" else x), r, e)
+        assert res.ok, res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FORWARD_FROM_PLANES[:2], ids=lambda c: c.id)
+def test_gpu_forward_from_planes_takes_the_scale(case):
+    """The forward that keeps nothing (scan_o where it fits) at a scale other than 1, which pack
+    bakes into q A's planes and scan_o into W as it splits it: o and the final state within the
+    contract against the references at that scale."""
+    import cupy
+    from cupy_gda import chunk_bwd
+    p, call, _, _ = _forward_plan_inputs(case)
+    args = _verify.make_inputs(case, 0)
+    scale = 0.37
+    ref, emu = (R.gated_attention_ref(**args, scale=scale, output_final_state=True, dtype=dt)
+                for dt in (np.float64, np.float32))
+    emu = (emu[0].astype(args["q"].dtype), emu[1])
+    flag = cupy.zeros((1,), np.int32)
+    o, ht = chunk_bwd.ForwardPlan(p, call[6] is not None, False)(*call[:4], scale, *call[5:],
+                                                                flag=flag)
     assert int(flag[0]) == 0
     for name, x, r, e in zip(("o", "state"), (o, ht), ref, emu):
         res = compare(name, cupy.asnumpy(x.astype(np.float32) if name == "o" else x), r, e)

@@ -694,6 +694,10 @@ def test_chunk_backward_workspace_sizes(varlen):
     # one that keeps none: two planes of q A and of k D (TERMS), the same otherwise
     lean = chunk_bwd.workspace(p, chunk_bwd.Config(32, 32, True, True, TERMS=2), varlen, fwd=True)
     assert lean == dict(fw, pl=NB * 32 * (2 * kp + vp))
+    # and with scan_o (the scan and o as one kernel): no chunk's S0
+    so = chunk_bwd.workspace(p, chunk_bwd.Config(32, 32, True, True, TERMS=2), varlen, fwd=True,
+                             scan_o=True)
+    assert so == dict(lean, st=0)
     assert (chunk_bwd.smem(chunk_bwd.Config(64, 64, True, True, TERMS=2)) * 4
             == chunk_bwd.smem(chunk_bwd.Config(64, 64, True, True)) * 3)
     # the backward from them (keep): the backward's own, the forward's (KEPT) none
@@ -735,3 +739,22 @@ def test_chunk_backward_launcher_sizes_are_the_kernels():
     assert (defined["RING"], defined["PT"], defined["GM"]) == (chunk_bwd.RING, chunk_bwd.GT,
                                                                chunk_bwd.GT)
     assert defined["GM"] == defined["GN"] == chunk_bwd.GT
+
+
+def test_scan_o_fits_where_its_shared_memory_does(monkeypatch):
+    """A ForwardPlan runs scan_o (the scan and o as one kernel) where it keeps nothing (two
+    terms), K is at most 256 and its two slots of a chunk's operands fit the device's opt-in
+    shared memory: at GLA-1.3B's K = 256 with chunks of 64, 193 KiB, within a Hopper GPU's 227
+    KiB and not an A100's 163 (the kernel's FO_BYTES, which it checks when it runs)."""
+    p = P._replace(K=256, V=512, dtype="bfloat16")
+    lean = chunk_bwd.planes_config(p, keep=False)._replace(BT=64)
+    assert chunk_bwd.scan_o_smem(p, lean) == 197632
+    assert chunk_bwd.scan_o_smem(p, lean._replace(BT=32)) == 96256
+    assert chunk_bwd.scan_o_smem(p._replace(K=100), lean) == 131584     # K rounded up to 128
+    for smem, K, cfg, want in [(232448, 256, lean, True), (232448, 256, lean._replace(TERMS=3), False),
+                               (232448, 320, lean, False), (166912, 256, lean, False),
+                               (166912, 256, lean._replace(BT=32), True), (166912, 128, lean, True)]:
+        monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, smem))
+        assert chunk_bwd.scan_o_fits(p._replace(K=K), cfg) == want, (smem, K, cfg)
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_O", False)
+    assert not chunk_bwd.scan_o_fits(p, lean)
