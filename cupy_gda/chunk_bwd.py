@@ -21,7 +21,9 @@ The pipeline of one call, all on the current stream, no host sync (NB chunks, ch
 
 ForwardPlan is the forward from stages 1, 2-3 (the scan's forward half), 5 and 7 (o in dv's
 place), built with FWD for bfloat16 inputs, its fall-back gda_chunk_fwd (chunk.ChunkPlan) run
-only where the guard was hit; _dispatch.planes_forward says where it runs.
+only where the guard was hit; _dispatch.planes_forward says where it runs. One that keeps
+nothing runs 2-3 and 7 as one kernel where it fits (8. scan_o: the state in registers, no
+chunk's S0 through memory).
 """
 from typing import NamedTuple
 
@@ -353,7 +355,8 @@ class ForwardPlan:
     """The forward from this family's stages (FWD; bfloat16 inputs, PLANES; docs/perf-notes.md,
     v24): pack (scale q A, k D and v as planes), the scan's forward half (each chunk's S0, and
     the final state in dh0's place), scores (W) and dv's entry computing o = (scale q A)^T S0 +
-    scale W^T v. The guard's fall-back is the chunk forward (chunk.ChunkPlan), launched after
+    scale W^T v; in one that keeps nothing, where scan_o_fits, pack, scores and scan_o, which
+    does the scan's and dv's work with the state on chip (v38). The guard's fall-back is the chunk forward (chunk.ChunkPlan), launched after
     them and run only where the guard was hit (only_if): it overwrites o and the final state, so
     every input is exact, without a host sync. The same call as chunk.ChunkPlan's. A plan made
     with ``keep`` can keep its stages for the backward (run(keep=True)), and splits each float32

@@ -36,6 +36,8 @@
 //                            reverse (X_t in registers, the chunk's k and g in shared memory).
 //   7. gda_chunk_bwd_dv:     dv = (k D) E + scale W do (GEMMs; PLANES: k D, do from the planes),
 //                            into [B, T, H, V].
+//   8. gda_chunk_bwd_scan_o: (FWD, two terms) the scan's forward half and o as one kernel, the
+//                            state on chip: in place of 2-3 and 7 in a forward that keeps nothing.
 // The GEMMs run on the tensor cores with split operands, exact to float32 (never plain TF32).
 // The guard: the chunked form's products are bounded while |q|, |k|, |v|, |do| <= 2^20, |g| <=
 //   2^(1/8) (a chunk's gate products within 2^8) and |S0|, |E| <= 2^40 (no sum above 2^120:
