@@ -12,6 +12,8 @@
         --three-terms: with chunk_bwd.DV_TWO_TERMS and ROWS_TWO_TERMS off (dv's entry, the
         scores' W and rows' S0, E in three bfloat16 terms for half inputs, not two; perf-notes
         v36, v37), in a process of its own (the plans are memoised with the defaults).
+        --forward: only the forward's lines (the plans from the planes against gda_chunk_fwd,
+        bfloat16 shapes), with --stages their launches.
         --no-scan-o: with chunk_bwd.USE_SCAN_O off (the forward that keeps nothing from the
         scan and dv's entry, not gda_chunk_bwd_scan_o: v38), likewise.
     python -m scripts.profile_chunk_bwd --varlen
@@ -93,10 +95,39 @@ def stage_times(call, rounds=3):
             for name, evs in events.items()}
 
 
-def shape_line(name, stages):
+def forward_lines(name, stages):
+    """The forward's lines of shape_line: ForwardPlan (two terms, and the kept form) against
+    gda_chunk_fwd, with their launches where ``stages``."""
     import cupy
-    import cupy_gda
     from cupy_gda import chunk, chunk_bwd
+    from cupy_gda._checks import Problem
+    B, T, H, K, V, dtype = SHAPES[name]
+    args, _ = inputs(_verify.Case(B, T, H, K, V, dtype=dtype, init=False))
+    q, k, v, g = (args[n] for n in ("q", "k", "v", "gate"))
+    p = Problem(B, T, H, K, V, B, dtype, "float32", False)
+    fp, cf = chunk_bwd.ForwardPlan(p), chunk.plan(p, False)
+    fk = chunk_bwd.ForwardPlan(p, keep=True)
+    flag = cupy.zeros((1,), np.int32)
+    x = (q, k, v, g, 1.0, None, None, False, None)
+    o_fp, o_cf, o_fk = fp(*x, flag=flag)[0], cf(*x)[0], fk(*x)[0]
+
+    def dmax(a, b):
+        return float(abs(a.astype("float32") - b.astype("float32")).max())
+    print(f"{name:13s} gda_chunk_fwd {median_ms(lambda: cf(*x)):8.3f}  from the planes "
+          f"{median_ms(lambda: fp(*x)):8.3f} (scan_o {int(fp.scan_o)}; the kept form "
+          f"{median_ms(lambda: fk(*x)):8.3f}) ms  flag {int(flag[0])}  max |o - o_chunk| "
+          f"{dmax(o_fp, o_cf):.1e} (the kept form {dmax(o_fk, o_cf):.1e})  ws "
+          f"{fp.ws_floats * 4 / 2**20:.0f} MiB (kept {fk.ws_floats * 4 / 2**20:.0f})", flush=True)
+    if stages:
+        for what, pl in (("two terms", fp), ("kept form", fk)):
+            for entry, ms in stage_times(lambda: pl(*x)).items():
+                print(f"    forward from the planes, {what:11s}  {entry:40s} {ms:8.3f} ms")
+    return p, x, fp, fk
+
+
+def shape_line(name, stages):
+    import cupy_gda
+    from cupy_gda import chunk_bwd
     from cupy_gda._checks import Problem
     B, T, H, K, V, dtype = SHAPES[name]
     args, do = inputs(_verify.Case(B, T, H, K, V, dtype=dtype, init=False))
@@ -130,22 +161,7 @@ def shape_line(name, stages):
           f"{differences(backward('chunk'), by(flip))}", flush=True)
     if dtype == "bfloat16":     # the forward from the planes (two terms; the kept form's
         # planes in three, its W and o in DV_TERMS) against gda_chunk_fwd
-        fp, cf = chunk_bwd.ForwardPlan(p), chunk.plan(p, False)
-        fk = chunk_bwd.ForwardPlan(p, keep=True)
-        flag = cupy.zeros((1,), np.int32)
-        x = (q, k, v, g, 1.0, None, None, False, None)
-        o_fp, o_cf, o_fk = fp(*x, flag=flag)[0], cf(*x)[0], fk(*x)[0]
-
-        def dmax(a, b):
-            return float(abs(a.astype("float32") - b.astype("float32")).max())
-        print(f"{name:13s} gda_chunk_fwd {median_ms(lambda: cf(*x)):8.3f}  from the planes "
-              f"{median_ms(lambda: fp(*x)):8.3f} (the kept form {median_ms(lambda: fk(*x)):8.3f}) "
-              f"ms  flag {int(flag[0])}  max |o - o_chunk| {dmax(o_fp, o_cf):.1e} (the kept "
-              f"form {dmax(o_fk, o_cf):.1e})", flush=True)
-        if stages:
-            for what, pl in (("two terms", fp), ("kept form", fk)):
-                for entry, ms in stage_times(lambda: pl(*x)).items():
-                    print(f"    forward from the planes, {what:11s}  {entry:40s} {ms:8.3f} ms")
+        _, x, fp, fk = forward_lines(name, stages)
         # the backward from the kept form's stages (three terms; W and o in DV_TERMS, v37)
         bk = chunk_bwd.plan(p, False, False, keep=True)
         kept = fk.run(*x, keep=True)[2]
@@ -207,7 +223,10 @@ def main(argv):
     if unknown:
         raise SystemExit(f"profile_chunk_bwd: unknown shapes {unknown}; known: {', '.join(SHAPES)}")
     for name in names:
-        shape_line(name, "--stages" in argv)
+        if "--forward" in argv:
+            forward_lines(name, "--stages" in argv)
+        else:
+            shape_line(name, "--stages" in argv)
 
 
 if __name__ == "__main__":
