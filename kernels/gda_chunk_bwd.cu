@@ -1793,11 +1793,12 @@ __device__ __forceinline__ void gda_wg_gemm(float (&acc)[8][4], LA& A, LB& B, fl
 // (3 blocks an SM, 168 registers: its GEMMs take a row tile a pass (DV_RT = 1), which keeps
 // their fresh sums to 16 registers; with both tiles a pass ptxas spilled at 168 and 2 blocks an
 // SM took 1.15-1.25x the time, docs/perf-notes.md v26; two terms, no fresh sums, from the
-// planes: 4 an SM, 128 registers, v35; from float32 rows at 4 ptxas spilled 24 bytes at K = 64
-// on sm_80, so 3; a DV_BLOCKS given overrides it, as v35's A/B did)
+// planes: 4 an SM, 128 registers, v35; from float32 rows too on sm_90, where it took big128
+// bf16's dv from 0.506 to 0.459 ms (v38), but not on sm_80, where ptxas spilled 24 bytes at K =
+// 64; a DV_BLOCKS given overrides it, as v35's A/B did)
 #define DV_RT 1
 #ifndef DV_BLOCKS
-#define DV_BLOCKS (WGMMA ? 2 : DV_TERMS == 2 && PLANES ? 4 : 3)
+#define DV_BLOCKS (WGMMA ? 2 : DV_TERMS == 2 && (PLANES || __CUDA_ARCH__ >= 900) ? 4 : 3)
 #endif
 extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GDA_CHUNK_BWD_PARAMS)
 {
