@@ -58,6 +58,12 @@ DV_SMEM = 98304          # its dynamic shared memory bytes (the kernel's WG_SMEM
 USE_SCAN_O = True        # a ForwardPlan that keeps nothing runs the scan and o as one kernel
                          # (gda_chunk_bwd_scan_o) where it fits (scan_o_fits; v38)
 NTF, FV = 256, 64        # scan_o's threads and value columns a block
+SCAN_O_FROM = 1.0        # scan_o's blocks (sequence-heads x tiles of FV value columns) an SM
+                         # from which it runs: each runs a sequence-head's chunks in turn, so
+                         # fewer leave SMs idle, where the scan's 4x as many blocks (at K = 256)
+                         # and dv's entry's do not (v38: 1.18 ms at GLA-1.3B's 256 blocks on 132
+                         # SMs against the pair's 1.44; at about 0.7 an SM the pair would win,
+                         # an estimate from those times, not measured)
 
 
 class Config(NamedTuple):
@@ -156,13 +162,14 @@ def scan_o_smem(p, cfg):
     return 2 * (4 * bt * (kp + 8) + bt * (FV + 8)) + 4 * (bt * (bt + 4) + kp + 2 * FV * (bt + 4))
 
 
-def scan_o_fits(p, cfg):
-    """Whether a ForwardPlan of Config ``cfg`` runs scan_o: USE_SCAN_O, one that keeps nothing
-    (two terms), at most 256 keys (its state is KP / 2 registers a thread) and its shared memory
-    within the device's opt-in limit (at K = 256 and chunks of 64, 193 KiB: a Hopper GPU's 227,
-    not an A100's 163)."""
-    return (USE_SCAN_O and cfg.TERMS == 2 and planes(p)[0] <= 256
-            and scan_o_smem(p, cfg) <= device_limits()[1])
+def scan_o_fits(p, cfg, varlen=False):
+    """Whether a ForwardPlan of Config ``cfg`` (for Problem ``p``, packed where ``varlen``) runs
+    scan_o: USE_SCAN_O, one that keeps nothing (two terms), at most 256 keys (its state is KP / 2
+    registers a thread), its shared memory within the device's opt-in limit (at K = 256 and
+    chunks of 64, 193 KiB: a Hopper GPU's 227, not an A100's 163) and SCAN_O_FROM blocks an SM."""
+    sms, smem = device_limits()
+    return (USE_SCAN_O and cfg.TERMS == 2 and planes(p)[0] <= 256 and scan_o_smem(p, cfg) <= smem
+            and chunks(p, cfg.BT, varlen)[0] * tiles(p.V) >= SCAN_O_FROM * sms)
 
 
 def dv_smem(cfg):
@@ -376,7 +383,7 @@ class ForwardPlan:
             return Launch(FAMILY.function(entry, d, smem), CHUNK_BACKWARD, grid, block, smem,
                           T=p.T, NH=NH, N=p.N, H=p.H, NC=self.NC)
 
-        self.scan_o = scan_o_fits(p, self.cfg)
+        self.scan_o = scan_o_fits(p, self.cfg, varlen)
         pack, scores = (launch("gda_chunk_bwd_pack", self.NB, NTP),
                         launch("gda_chunk_bwd_scores", self.NB, NTS))
         if self.scan_o:                         # the scan and o as one kernel, after W

@@ -379,20 +379,21 @@ def _forward_plan_inputs(case, seed=0):
 @pytest.mark.parametrize("case", FORWARD_FROM_PLANES, ids=lambda c: c.id)
 def test_gpu_forward_from_the_backward_stages(case, keep, scan_o, monkeypatch):
     """chunk_bwd.ForwardPlan, the one that keeps none (operands in two bfloat16 terms), by
-    scan_o (the scan and o as one kernel, where it fits: every case here on a Hopper GPU) and by
-    the scan and dv's entry (USE_SCAN_O off), and the one that can keep its stages (three): o
-    and the final state within the contract (poisoned outputs: the plan allocates them
-    unwritten), the guard not hit (its fall-back not run)."""
+    scan_o (the scan and o as one kernel, where it fits: every case here on a Hopper GPU, its
+    rule's minimum of blocks set aside) and by the scan and dv's entry (USE_SCAN_O off), and the
+    one that can keep its stages (three): o and the final state within the contract (poisoned
+    outputs: the plan allocates them unwritten), the guard not hit (its fall-back not run)."""
     import cupy
     from cupy_gda import _launch, chunk_bwd
     monkeypatch.setattr(chunk_bwd, "USE_SCAN_O", scan_o)
+    monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)
     p, call, ref, emu = _forward_plan_inputs(case)
     flag = cupy.full((1,), 7, np.int32)
     plan = chunk_bwd.ForwardPlan(p, call[6] is not None, False, keep)
     assert plan.cfg.TERMS == (3 if keep else 2)
     if scan_o and _launch.device_limits()[1] >= chunk_bwd.scan_o_smem(p, plan.cfg):
         assert plan.scan_o
-    assert plan.scan_o == (scan_o and chunk_bwd.scan_o_fits(p, plan.cfg))
+    assert plan.scan_o == (scan_o and chunk_bwd.scan_o_fits(p, plan.cfg, call[6] is not None))
     o, ht = plan(*call, flag=flag)
     assert int(flag[0]) == 0
     for name, x, r, e in zip(("o", "state"), (o, ht), ref, emu):
@@ -402,12 +403,14 @@ def test_gpu_forward_from_the_backward_stages(case, keep, scan_o, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", FORWARD_FROM_PLANES[:2], ids=lambda c: c.id)
-def test_gpu_forward_from_planes_takes_the_scale(case):
-    """The forward that keeps nothing (scan_o where it fits) at a scale other than 1, which pack
-    bakes into q A's planes and scan_o into W as it splits it: o and the final state within the
-    contract against the references at that scale."""
+def test_gpu_forward_from_planes_takes_the_scale(case, monkeypatch):
+    """The forward that keeps nothing (scan_o where it fits, its rule's minimum of blocks set
+    aside) at a scale other than 1, which pack bakes into q A's planes and scan_o into W as it
+    splits it: o and the final state within the contract against the references at that
+    scale."""
     import cupy
     from cupy_gda import chunk_bwd
+    monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)
     p, call, _, _ = _forward_plan_inputs(case)
     args = _verify.make_inputs(case, 0)
     scale = 0.37
@@ -426,12 +429,14 @@ def test_gpu_forward_from_planes_takes_the_scale(case):
 @pytest.mark.gpu
 @pytest.mark.parametrize("what", ["big-gate", "grow-gate", "nan-q", "large-v", "large-state",
                                   "varlen-big-gate"])
-def test_gpu_forward_from_planes_guard_falls_back(what):
+def test_gpu_forward_from_planes_guard_falls_back(what, monkeypatch):
     """Inputs or states outside the range the planes are exact in set the flag, and the chunk
     forward (the fall-back) then overwrites o and the final state: bit for bit its own result
-    (NaN where it has NaN), within the contract where the inputs are finite."""
+    (NaN where it has NaN), within the contract where the inputs are finite. (scan_o's guard:
+    its rule's minimum of blocks set aside.)"""
     import cupy
     from cupy_gda import chunk, chunk_bwd
+    monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)
     gate = {"big-gate": "big", "grow-gate": "grow", "varlen-big-gate": "big"}.get(what, "unif")
     case = (_verify.varlen_case((130, 0, 70), K=192, V=64, dtype="bfloat16", gate=gate)
             if what.startswith("varlen") else

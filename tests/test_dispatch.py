@@ -741,12 +741,13 @@ def test_chunk_backward_launcher_sizes_are_the_kernels():
     assert defined["GM"] == defined["GN"] == chunk_bwd.GT
 
 
-def test_scan_o_fits_where_its_shared_memory_does(monkeypatch):
+def test_scan_o_fits_where_its_shared_memory_and_blocks_do(monkeypatch):
     """A ForwardPlan runs scan_o (the scan and o as one kernel) where it keeps nothing (two
-    terms), K is at most 256 and its two slots of a chunk's operands fit the device's opt-in
-    shared memory: at GLA-1.3B's K = 256 with chunks of 64, 193 KiB, within a Hopper GPU's 227
-    KiB and not an A100's 163 (the kernel's FO_BYTES, which it checks when it runs)."""
-    p = P._replace(K=256, V=512, dtype="bfloat16")
+    terms), K is at most 256, its two slots of a chunk's operands fit the device's opt-in
+    shared memory (at GLA-1.3B's K = 256 with chunks of 64, 193 KiB, within a Hopper GPU's 227
+    KiB and not an A100's 163: the kernel's FO_BYTES, which it checks when it runs) and its
+    blocks, a sequence-head's 64 value columns each, number SCAN_O_FROM an SM."""
+    p = P._replace(B=8, N=8, T=4096, H=4, K=256, V=512, dtype="bfloat16")     # GLA-1.3B
     lean = chunk_bwd.planes_config(p, keep=False)._replace(BT=64)
     assert chunk_bwd.scan_o_smem(p, lean) == 197632
     assert chunk_bwd.scan_o_smem(p, lean._replace(BT=32)) == 96256
@@ -756,5 +757,12 @@ def test_scan_o_fits_where_its_shared_memory_does(monkeypatch):
                                (166912, 256, lean._replace(BT=32), True), (166912, 128, lean, True)]:
         monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, smem))
         assert chunk_bwd.scan_o_fits(p._replace(K=K), cfg) == want, (smem, K, cfg)
+    monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, 232448))
+    assert chunk_bwd.scan_o_fits(p, lean)                   # 32 sequence-heads x 8: 256 blocks
+    assert not chunk_bwd.scan_o_fits(p._replace(H=2), lean)             # 128 blocks
+    assert chunk_bwd.scan_o_fits(p._replace(H=2, V=1024), lean)          # 256 again
+    assert not chunk_bwd.scan_o_fits(p._replace(B=1, N=5), lean, True)   # packed: H of them
+    monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0.5)
+    assert chunk_bwd.scan_o_fits(p._replace(H=2), lean)
     monkeypatch.setattr(chunk_bwd, "USE_SCAN_O", False)
     assert not chunk_bwd.scan_o_fits(p, lean)
