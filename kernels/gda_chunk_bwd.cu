@@ -2066,8 +2066,8 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
         }
         gda_cp_wait<1>();                               // slot B's copies (A's next in flight)
         __syncthreads();
-        gda_so_each(key0, col0, [&](int j, int r, int key, int) {          // the guard on S0, then S0 diag(A_end)
-            ok &= gda_bwd_in(s[j][r], GDA_BWD_STATE_MAX);
+        gda_so_each(key0, col0, [&](int j, int r, int key, int) {   // the guard on S0, then
+            ok &= gda_bwd_in(s[j][r], GDA_BWD_STATE_MAX);                   //  S0 diag(A_end)
             s[j][r] *= sa[key];
         });
         #pragma unroll
