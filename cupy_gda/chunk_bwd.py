@@ -363,14 +363,14 @@ class ForwardPlan:
     v24): pack (scale q A, k D and v as planes), the scan's forward half (each chunk's S0, and
     the final state in dh0's place), scores (W) and dv's entry computing o = (scale q A)^T S0 +
     scale W^T v; in one that keeps nothing, where scan_o_fits, pack, scores and scan_o, which
-    does the scan's and dv's work with the state on chip (v38). The guard's fall-back is the chunk forward (chunk.ChunkPlan), launched after
-    them and run only where the guard was hit (only_if): it overwrites o and the final state, so
-    every input is exact, without a host sync. The same call as chunk.ChunkPlan's. A plan made
-    with ``keep`` can keep its stages for the backward (run(keep=True)), and splits each float32
-    operand in three bfloat16 terms (exact to float32, as the backward needs), but makes W and o
-    in DV_TERMS, as the backward makes W (v37); one without keeps none and splits them in two
-    (the contract of bfloat16 inputs, as gda_chunk_fwd's bfloat16 path; docs/perf-notes.md,
-    v34)."""
+    does the scan's and dv's work with the state on chip (v38). The guard's fall-back is the
+    chunk forward (chunk.ChunkPlan), launched after them and run only where the guard was hit
+    (only_if): it overwrites o and the final state, so every input is exact, without a host
+    sync. The same call as chunk.ChunkPlan's. A plan made with ``keep`` can keep its stages for
+    the backward (run(keep=True)), and splits each float32 operand in three bfloat16 terms (exact
+    to float32, as the backward needs), but makes W and o in DV_TERMS, as the backward makes W
+    (v37); one without keeps none and splits them in two (the contract of bfloat16 inputs, as
+    gda_chunk_fwd's bfloat16 path; docs/perf-notes.md, v34)."""
 
     def __init__(self, p, varlen=False, seq_int64=False, keep=False):
         self.p, self.varlen = p, varlen

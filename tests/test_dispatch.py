@@ -752,12 +752,13 @@ def test_scan_o_fits_where_its_shared_memory_and_blocks_do(monkeypatch):
     assert chunk_bwd.scan_o_smem(p, lean) == 197632
     assert chunk_bwd.scan_o_smem(p, lean._replace(BT=32)) == 96256
     assert chunk_bwd.scan_o_smem(p._replace(K=100), lean) == 131584     # K rounded up to 128
-    for smem, K, cfg, want in [(232448, 256, lean, True), (232448, 256, lean._replace(TERMS=3), False),
-                               (232448, 320, lean, False), (166912, 256, lean, False),
-                               (166912, 256, lean._replace(BT=32), True), (166912, 128, lean, True)]:
+    hopper, a100 = 232448, 166912                           # their opt-in bytes a block
+    for smem, K, cfg, want in [(hopper, 256, lean, True), (hopper, 256, lean._replace(TERMS=3), False),
+                               (hopper, 320, lean, False), (a100, 256, lean, False),
+                               (a100, 256, lean._replace(BT=32), True), (a100, 128, lean, True)]:
         monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, smem))
         assert chunk_bwd.scan_o_fits(p._replace(K=K), cfg) == want, (smem, K, cfg)
-    monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, 232448))
+    monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, hopper))
     assert chunk_bwd.scan_o_fits(p, lean)                   # 32 sequence-heads x 8: 256 blocks
     assert not chunk_bwd.scan_o_fits(p._replace(H=2), lean)             # 128 blocks
     assert chunk_bwd.scan_o_fits(p._replace(H=2, V=1024), lean)          # 256 again
