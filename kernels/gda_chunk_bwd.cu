@@ -1895,8 +1895,9 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 //         value columns (16 bytes) a thread;
 //   S^T = S^T diag(A_end) + v^T (k D): the guard on S0 first (as the scan's), then v exact
 //         against k D's two planes, into fresh sums of 4 tiles added after.
-// Launched (chunk_bwd.ForwardPlan) in place of the scan and dv where USE_SCAN_O and its shared
-// memory (scan_o_smem, checked here) fit the device; elsewhere its body is empty.
+// Launched (chunk_bwd.ForwardPlan) in place of the scan and dv where chunk_bwd.scan_o_fits:
+// USE_SCAN_O, its shared memory (scan_o_smem, checked here) and its blocks fill the device;
+// in every other build its body is empty.
 #define FV 64                                           // value columns a block
 #define NTF 256                                         // threads: 4 row groups x 2 key halves
 #define KH (KP / 2)                                     // key columns a warp
@@ -1943,14 +1944,18 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
     const long long cend = coff ? coff[N] : NC;        // the sequence-head's chunks with rows
     for (int i = K_DIM + threadIdx.x; i < KP; i += NTF) sa[i] = 1.f;   // (keys past K: 0 stays 0)
 
+    // the two planes of q A or k D of a chunk at src into dst (rows r: plane * BT + step)
+    const auto stage_planes = [&](unsigned short* dst, const unsigned short* src) {
+        for (int x = threadIdx.x; x < 2 * BT * KP / 8; x += NTF) {
+            const int r = x / (KP / 8), c8 = x % (KP / 8) * 8;
+            gda_cp16_at(gda_shared_at(dst + r * FQL + c8), src + (long long)r * KP + c8);
+        }
+    };
     const auto issue_a = [&](long long c) {             // slot A of chunk c (none past the last)
         if (c < cend) {
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
-            for (int x = threadIdx.x; x < 2 * BT * KP / 8; x += NTF) {
-                const int r = x / (KP / 8), c8 = x % (KP / 8) * 8;      // r: plane * BT + step
-                gda_cp16_at(gda_shared_at(sq + r * FQL + c8), pc.q + (long long)r * KP + c8);
-            }
+            stage_planes(sq, pc.q);
             for (int x = threadIdx.x; x < BT * FV / 8; x += NTF) {
                 const int r = x / (FV / 8), c8 = x % (FV / 8) * 8;
                 gda_cp16_at(gda_shared_at(sv + r * FVL + c8), pc.v + (long long)r * VP + n0 + c8);
@@ -1966,10 +1971,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
         if (c < cend) {
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
-            for (int x = threadIdx.x; x < 2 * BT * KP / 8; x += NTF) {
-                const int r = x / (KP / 8), c8 = x % (KP / 8) * 8;
-                gda_cp16_at(gda_shared_at(sk + r * FQL + c8), pc.k + (long long)r * KP + c8);
-            }
+            stage_planes(sk, pc.k);
             for (int i = threadIdx.x; i < K_DIM; i += NTF)
                 gda_cp4_at(gda_shared_at(sa + i), ae + b * K_DIM + i);
         }
