@@ -16,6 +16,9 @@
         bfloat16 shapes), with --stages their launches.
         --no-scan-o: with chunk_bwd.USE_SCAN_O off (the forward that keeps nothing from the
         scan and dv's entry, not gda_chunk_bwd_scan_o: v38), likewise.
+    python -m scripts.profile_chunk_bwd --scan-o-sweep
+        the forward that keeps nothing with scan_o (SCAN_O_FROM 0) and with the scan and dv's
+        entry, over SWEEP's bfloat16 shapes (few blocks to many), to place SCAN_O_FROM.
     python -m scripts.profile_chunk_bwd --varlen
         the packed batches of VARLEN instead (cu_seqlens, initial states): chunk against loop.
 """
@@ -35,6 +38,13 @@ SHAPES = {"seed": (2, 128, 4, 24, 24, "float32"), "gla64": (4, 2048, 8, 64, 64, 
           "big64": (8, 4096, 16, 64, 64, "float32"), "big96": (8, 4096, 16, 96, 96, "float32"),
           "T256-64": (4, 256, 8, 64, 64, "float32"), "T512-24": (2, 512, 4, 24, 24, "float32"),
           "T1024-128": (2, 1024, 4, 128, 128, "float32")}
+# (B, T, H, K, V) of --scan-o-sweep: scan_o's blocks (B H tiles of 64 value columns) from 0.24
+# to 3.9 an SM of 132
+SWEEP = [(1, 4096, 4, 256, 512), (2, 4096, 4, 256, 512), (3, 4096, 4, 256, 512),
+         (4, 4096, 4, 256, 512), (6, 4096, 4, 256, 512), (8, 4096, 4, 256, 512),
+         (16, 4096, 4, 256, 512), (2, 8192, 8, 256, 256), (4, 4096, 8, 192, 384),
+         (8, 4096, 8, 192, 384), (4, 4096, 4, 128, 256), (8, 4096, 4, 128, 256),
+         (8, 4096, 8, 128, 256), (8, 4096, 16, 128, 128)]
 # (name, sequence lengths, H, K, V, dtype): one packed batch each, with initial states
 VARLEN = [("varlen-big128", (4096,) * 8, 16, 128, 128, "float32"),
           ("varlen-mixed-gla1.3b", (3000, 0, 5000, 17, 8000, 2367, 1, 4000), 4, 256, 512, "bfloat16"),
@@ -204,6 +214,30 @@ def varlen_line(name, lens, H, K, V, dtype):
           f"flag {int(flag[0])}  {differences(backward('recurrent'), backward('chunk'))}", flush=True)
 
 
+def scan_o_sweep():
+    """A line a SWEEP shape: the forward that keeps nothing by scan_o and by the scan and dv's
+    entry (plans built apart, SCAN_O_FROM 0), median ms, their ratio and scan_o's blocks an SM."""
+    from cupy_gda import chunk_bwd
+    from cupy_gda._checks import Problem
+    chunk_bwd.SCAN_O_FROM = 0.0
+    sms = chunk_bwd.device_limits()[0]
+    for B, T, H, K, V in SWEEP:
+        args, _ = inputs(_verify.Case(B, T, H, K, V, dtype="bfloat16", init=False))
+        x = tuple(args[n] for n in ("q", "k", "v", "gate")) + (1.0, None, None, False, None)
+        p = Problem(B, T, H, K, V, B, "bfloat16", "float32", False)
+        ms = {}
+        for use in (True, False):
+            chunk_bwd.USE_SCAN_O = use
+            fp = chunk_bwd.ForwardPlan(p)
+            assert fp.scan_o == use
+            ms[use] = median_ms(lambda: fp(*x))
+        chunk_bwd.USE_SCAN_O = True
+        blocks = B * H * chunk_bwd.tiles(V) / sms
+        print(f"B {B:2d} T {T:5d} H {H:2d} K {K:3d} V {V:3d}  blocks/SM {blocks:5.2f}  scan_o "
+              f"{ms[True]:8.3f}  scan + dv {ms[False]:8.3f} ms  ratio {ms[True] / ms[False]:.3f}",
+              flush=True)
+
+
 def main(argv):
     if "--three-terms" in argv:
         from cupy_gda import chunk_bwd
@@ -213,6 +247,9 @@ def main(argv):
         from cupy_gda import chunk_bwd
         chunk_bwd.USE_SCAN_O = False
         print("(chunk_bwd.USE_SCAN_O off)", flush=True)
+    if "--scan-o-sweep" in argv:
+        scan_o_sweep()
+        return
     if "--varlen" in argv:
         for case in VARLEN:
             varlen_line(*case)
