@@ -55,7 +55,8 @@ STEP = (("q", PTR), ("k", PTR), ("v", PTR), ("g", PTR), ("o", PTR), ("state", PT
 
 
 # a define that makes a variant for one architecture's own instructions -> the NVRTC target
-ARCH_DEFINES = {"WGMMA": "--gpu-architecture=sm_90a"}     # Hopper's warpgroup MMA
+ARCH_DEFINES = {"WGMMA": "--gpu-architecture=sm_90a",     # Hopper's warpgroup MMA
+                "SCAN_O_WG": "--gpu-architecture=sm_90a"}
 
 
 class Family(NamedTuple):

@@ -23,7 +23,7 @@ ForwardPlan is the forward from stages 1, 2-3 (the scan's forward half), 5 and 7
 place), built with FWD for bfloat16 inputs, its fall-back gda_chunk_fwd (chunk.ChunkPlan) run
 only where the guard was hit; _dispatch.planes_forward says where it runs. One that keeps
 nothing runs 2-3 and 7 as one kernel where it fits (8. scan_o: the state in registers, no
-chunk's S0 through memory).
+chunk's S0 through memory; its products by wgmma on a Hopper GPU with USE_SCAN_O_WG, v39).
 """
 from typing import NamedTuple
 
@@ -58,6 +58,8 @@ DV_SMEM = 98304          # its dynamic shared memory bytes (the kernel's WG_SMEM
 USE_SCAN_O = True        # a ForwardPlan that keeps nothing runs the scan and o as one kernel
                          # (gda_chunk_bwd_scan_o) where it fits (scan_o_fits; v38)
 NTF, FV = 256, 64        # scan_o's threads and value columns a block
+USE_SCAN_O_WG = False    # scan_o's products by wgmma on a Hopper GPU (Config.SCAN_O_WG; v39):
+                         # off until a GPU has run it (built and compile-checked, not yet run)
 SCAN_O_FROM = 1.0        # scan_o's blocks (sequence-heads x tiles of FV value columns) an SM
                          # from which it runs: each runs a sequence-head's chunks in turn, so
                          # fewer leave SMs idle, where the scan's 4x as many blocks (at K = 256)
@@ -79,6 +81,8 @@ class Config(NamedTuple):
                          # (DV_TWO_TERMS; dv's rounding is its error, v36)
     ROWS_TERMS: int = 3  # those of S0 and E in rows' products: TERMS, or 2 in a backward of half
                          # inputs (ROWS_TWO_TERMS, v36)
+    SCAN_O_WG: bool = False  # scan_o's products by wgmma (sm_90a; a forward that keeps nothing,
+                             # chunks of 64, planes of 128 or 256 keys: planes_config)
 
 
 def config(p, varlen=False, sms=132, wgmma=False):
@@ -119,22 +123,30 @@ def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
                 SCAN=int(cfg.SCAN), PLANES=int(cfg.PLANES), SMEM_BYTES=smem(cfg), FWD=int(fwd),
                 KEEP=int(keep), WGMMA=int(cfg.WGMMA), TERMS=cfg.TERMS,
                 DV_TERMS=min(cfg.TERMS, cfg.DV_TERMS) if fwd else cfg.DV_TERMS,
-                ROWS_TERMS=cfg.TERMS if fwd else cfg.ROWS_TERMS)
+                ROWS_TERMS=cfg.TERMS if fwd else cfg.ROWS_TERMS, SCAN_O_WG=int(cfg.SCAN_O_WG))
 
 
-def planes_config(p, varlen=False, wgmma=False, keep=True):
+def planes_config(p, varlen=False, wgmma=False, keep=True, scan_o_wg=False):
     """The Config of ForwardPlan, and of a BackwardPlan that takes its kept stages: config's
     chunk length, the fused scan from the planes; a ForwardPlan that keeps none (not ``keep``)
-    splits its operands in two terms, not three (TERMS), and takes no wgmma. In defines a
-    forward's rows entry takes TERMS and its dv entry (o) and scores (W) the fewer of TERMS and
-    DV_TERMS: so the W a forward keeps is the one its backward would make (v37)."""
+    splits its operands in two terms, not three (TERMS), and takes no wgmma in dv's entry, but
+    with ``scan_o_wg`` (a Hopper GPU) in scan_o's products where its chunks are of 64 steps
+    and its planes of 128 or 256 keys (SCAN_O_WG: a warpgroup a key half, of 64 or 128). In
+    defines a forward's rows entry takes TERMS and its dv entry (o) and scores (W) the fewer
+    of TERMS and DV_TERMS: so the W a forward keeps is the one its backward would make (v37)."""
     cfg = config(p, varlen, wgmma=wgmma)._replace(SCAN=True, PLANES=True)
-    return cfg if keep else cfg._replace(TERMS=2, WGMMA=False)
+    wg = scan_o_wg and cfg.BT == 64 and planes(p)[0] in (128, 256)
+    return cfg if keep else cfg._replace(TERMS=2, WGMMA=False, SCAN_O_WG=wg)
 
 
 def use_wgmma():
     """Whether the plans take dv's wgmma entry: USE_WGMMA, on a Hopper GPU."""
     return USE_WGMMA and hopper()
+
+
+def use_scan_o_wg():
+    """Whether a ForwardPlan's scan_o takes wgmma where it can: USE_SCAN_O_WG, on a Hopper GPU."""
+    return USE_SCAN_O_WG and hopper()
 
 
 def planes(p):
@@ -157,9 +169,13 @@ def scan_o_smem(p, cfg):
     """scan_o's dynamic shared memory bytes (the kernel's FO_BYTES, which it checks): two slots
     of a chunk's operands (scale q A's and k D's two planes of BT rows of KP + 8 bfloat16, v's
     plane of FV + 8 columns, W's BT x BT + 4 floats, A_end's KP) and o^T's two key halves (FV
-    rows of BT + 4 floats each)."""
+    rows of BT + 4 floats each); with SCAN_O_WG the planes of q A, k D unpadded (wgmma's
+    layouts) and W's h, m planes (BT x BT bfloat16 each)."""
     kp, bt = planes(p)[0], cfg.BT
-    return 2 * (4 * bt * (kp + 8) + bt * (FV + 8)) + 4 * (bt * (bt + 4) + kp + 2 * FV * (bt + 4))
+    f32 = 4 * (bt * (bt + 4) + kp + 2 * FV * (bt + 4)) + 2 * bt * (FV + 8)
+    if cfg.SCAN_O_WG:
+        return 8 * bt * kp + 4 * bt * bt + f32
+    return 8 * bt * (kp + 8) + f32
 
 
 def scan_o_fits(p, cfg, varlen=False):
@@ -374,7 +390,7 @@ class ForwardPlan:
 
     def __init__(self, p, varlen=False, seq_int64=False, keep=False):
         self.p, self.varlen = p, varlen
-        self.cfg = planes_config(p, varlen, use_wgmma(), keep)
+        self.cfg = planes_config(p, varlen, use_wgmma(), keep, use_scan_o_wg())
         NH, self.NC = chunks(p, self.cfg.BT, varlen)
         self.NB = NH * self.NC if p.N else 0
         d = defines(p, self.cfg, seq_int64, fwd=True)

@@ -68,13 +68,14 @@
 //   reads it: TERMS, or 2 for half inputs, where dv's rounding is its error, v36, and o's in a
 //   forward that keeps three for the backward, so that the W it keeps is the backward's own,
 //   v37), ROWS_TERMS (those of S0 and E in rows' sd and ev: TERMS, or 2 in the backward of
-//   half inputs, with fresh sums: v36).
+//   half inputs, with fresh sums: v36), SCAN_O_WG (1, built for sm_90a: scan_o's products by
+//   wgmma, v39).
 //   Reference: cupy_gda.reference.gated_attention_backward_ref.
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
     || !defined(BT) || !defined(KT) || !defined(SCAN) || !defined(PLANES) || !defined(SMEM_BYTES) \
     || !defined(FWD) || !defined(KEEP) || !defined(WGMMA) || !defined(TERMS) || !defined(DV_TERMS) \
-    || !defined(ROWS_TERMS)
-#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA, TERMS, DV_TERMS and ROWS_TERMS are required"
+    || !defined(ROWS_TERMS) || !defined(SCAN_O_WG)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA, TERMS, DV_TERMS, ROWS_TERMS and SCAN_O_WG are required"
 #endif
 static_assert(BT % 16 == 0 && BT >= 16 && BT <= 64, "BT: 16..64, a multiple of 16");
 static_assert(!PLANES || (SCAN && IO_DTYPE == 2), "PLANES: the fused scan's, bfloat16 inputs");
@@ -86,6 +87,8 @@ static_assert(DV_TERMS == TERMS || (DV_TERMS == 2 && IO_DTYPE != 0 && !WGMMA),
               "DV_TERMS: TERMS, or 2 for half inputs");
 static_assert(ROWS_TERMS == TERMS || (ROWS_TERMS == 2 && IO_DTYPE != 0 && !FWD),
               "ROWS_TERMS: TERMS, or 2 where v and do are of a half dtype");
+static_assert(!SCAN_O_WG || (FWD && TERMS == 2 && BT == 64),
+              "SCAN_O_WG: scan_o by wgmma, in a forward of two terms, chunks of 64 steps");
 
 #define GDA_BWD_VAL_MAX 0x1p20f         // the guard: |q|, |k|, |v|, |do| at most this,
 #define GDA_BWD_GATE_MAX 1.09050773f    //   |g| at most 2^(1/8),
@@ -1895,17 +1898,30 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 //         value columns (16 bytes) a thread;
 //   S^T = S^T diag(A_end) + v^T (k D): the guard on S0 first (as the scan's), then v exact
 //         against k D's two planes, into fresh sums of 4 tiles added after.
+// With SCAN_O_WG (sm_90a, v39) the same work, each key half a warpgroup, runs its products by
+// wgmma: A (S^T's split, v^T) from registers as above, B from shared memory, where q A's and
+// k D's planes land in wgmma's layouts without swizzle (core matrices of 8 rows of 16 bytes,
+// 128 contiguous bytes; q A K-major: n the step, k the key; k D MN-major: n the key, k the
+// step) and W is split into its h, m planes there (gda_wg_split_b) once a chunk: o^T's
+// products are one chain of m64n64k16 a warpgroup, v^T (k D) two of fresh sums (64 keys each).
 // Launched (chunk_bwd.ForwardPlan) in place of the scan and dv where chunk_bwd.scan_o_fits:
 // USE_SCAN_O, its shared memory (scan_o_smem, checked here) and its blocks fill the device;
 // in every other build its body is empty.
 #define FV 64                                           // value columns a block
 #define NTF 256                                         // threads: 4 row groups x 2 key halves
 #define KH (KP / 2)                                     // key columns a warp
+#define FVL (FV + 8)                                    // halves a staged row of v (padded:
+#define FWL (BT + 4)                                    //   ldmatrix's 8 rows in distinct
+#define FOL (BT + 4)                                    //   banks), floats of W, o^T's halves
+#if SCAN_O_WG
+#define FQS (KP * 16)                                   // bytes between 8 steps' cores of q A
+#define FKS (BT * 16)                                   //   between 8 keys' cores of k D
+#define FPB (BT * KP * 2)                               //   of a plane of either
+#define FO_BYTES (4 * FPB + 4 * BT * BT + 2 * BT * FVL + 4 * (BT * FWL + KP + 2 * FV * FOL))
+#else
 #define FQL (KP + 8)                                    // halves a staged row of q A, k D
-#define FVL (FV + 8)                                    //   of v (padded: ldmatrix's 8 rows
-#define FWL (BT + 4)                                    //   in distinct banks), floats of W
-#define FOL (BT + 4)                                    //   and of o^T's halves
 #define FO_BYTES (2 * (4 * BT * FQL + BT * FVL) + 4 * (BT * FWL + KP + 2 * FV * FOL))
+#endif
 
 __device__ __forceinline__ void gda_cp4_at(unsigned dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(dst), "l"(src) : "memory");
@@ -1927,9 +1943,26 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
     static_assert(KH % 16 == 0 && KP <= 256, "scan_o: at most 256 keys, halves of whole k-steps");
     static_assert(FV == PT, "scan_o: a block a tile of v's plane");
     extern __shared__ __align__(16) unsigned char f_sm[];
+#if SCAN_O_WG
+    static_assert(KH % 64 == 0, "SCAN_O_WG: v^T (k D) in fresh sums of 64 keys");
+    unsigned char* const sq = f_sm;                                      // scale q A [2][FPB]
+    unsigned char* const sk = sq + 2 * FPB;                              // k D [2][FPB]
+    unsigned char* const sp = sk + 2 * FPB;                              // scale W's h, m
+    unsigned short* const sv = reinterpret_cast<unsigned short*>(sp + 4 * BT * BT);  // v [BT][FVL]
+    // (plane, step) r and 8 keys from c8 of q A, k D: their 16 bytes in wgmma's layouts
+    const auto at_q = [&](int r, int c8) {
+        return gda_shared_at(sq + r / BT * FPB + r % BT / 8 * FQS + c8 / 8 * 128 + r % 8 * 16);
+    };
+    const auto at_k = [&](int r, int c8) {
+        return gda_shared_at(sk + r / BT * FPB + c8 / 8 * FKS + r % BT / 8 * 128 + r % 8 * 16);
+    };
+#else
     unsigned short* const sq = reinterpret_cast<unsigned short*>(f_sm);  // scale q A [2][BT][FQL]
     unsigned short* const sk = sq + 2 * BT * FQL;                        // k D [2][BT][FQL]
     unsigned short* const sv = sk + 2 * BT * FQL;                        // v [BT][FVL]
+    const auto at_q = [&](int r, int c8) { return gda_shared_at(sq + r * FQL + c8); };
+    const auto at_k = [&](int r, int c8) { return gda_shared_at(sk + r * FQL + c8); };
+#endif
     float* const sw = reinterpret_cast<float*>(sv + BT * FVL);           // W [BT][FWL]
     float* const sa = sw + BT * FWL;                                     // A_end [KP]
     float* const so = sa + KP;                                           // o^T's halves [2][FV][FOL]
@@ -1944,18 +1977,24 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
     const long long cend = coff ? coff[N] : NC;        // the sequence-head's chunks with rows
     for (int i = K_DIM + threadIdx.x; i < KP; i += NTF) sa[i] = 1.f;   // (keys past K: 0 stays 0)
 
-    // the two planes of q A or k D of a chunk at src into dst (rows r: plane * BT + step)
-    const auto stage_planes = [&](unsigned short* dst, const unsigned short* src) {
+    // the two planes of q A (kd false) or k D of a chunk at src, to at_q or at_k (rows r:
+    // plane * BT + step; with SCAN_O_WG 8 rows of 4 x 16 bytes a warp: whole sectors and
+    // core matrices)
+    const auto stage_planes = [&](bool kd, const unsigned short* src) {
         for (int x = threadIdx.x; x < 2 * BT * KP / 8; x += NTF) {
+#if SCAN_O_WG
+            const int r = x / KP * 8 + x % 8, c8 = x / 8 % (KP / 8) * 8;
+#else
             const int r = x / (KP / 8), c8 = x % (KP / 8) * 8;
-            gda_cp16_at(gda_shared_at(dst + r * FQL + c8), src + (long long)r * KP + c8);
+#endif
+            gda_cp16_at(kd ? at_k(r, c8) : at_q(r, c8), src + (long long)r * KP + c8);
         }
     };
     const auto issue_a = [&](long long c) {             // slot A of chunk c (none past the last)
         if (c < cend) {
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
-            stage_planes(sq, pc.q);
+            stage_planes(false, pc.q);
             for (int x = threadIdx.x; x < BT * FV / 8; x += NTF) {
                 const int r = x / (FV / 8), c8 = x % (FV / 8) * 8;
                 gda_cp16_at(gda_shared_at(sv + r * FVL + c8), pc.v + (long long)r * VP + n0 + c8);
@@ -1971,7 +2010,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
         if (c < cend) {
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
-            stage_planes(sk, pc.k);
+            stage_planes(true, pc.k);
             for (int i = threadIdx.x; i < K_DIM; i += NTF)
                 gda_cp4_at(gda_shared_at(sa + i), ae + b * K_DIM + i);
         }
@@ -1996,6 +2035,14 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
         const long long b = nh * NC + c;
         GDA_CHUNK;
         gda_cp_wait<1>();                               // slot A's copies (B's may be in flight)
+#if SCAN_O_WG
+        gda_proxy_fence();                              // (read by wgmma)
+        __syncthreads();
+        gda_wg_split_b<BT, BT, NTF, false>([&](int u, int t) { return scale * sw[t * FWL + u]; },
+                                           reinterpret_cast<unsigned*>(sp),
+                                           reinterpret_cast<unsigned*>(sp + 2 * BT * BT), threadIdx.x);
+        gda_proxy_fence();
+#endif
         __syncthreads();
         unsigned fv[NBK][4];                           // v^T's A fragments, a k-step of steps each
         #pragma unroll
@@ -2003,6 +2050,39 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
             gda_ldsm4_t(fv[sg], gda_shared_at(sv + (16 * sg + lane / 16 * 8 + lane % 8) * FVL
                                               + vr + lane / 8 % 2 * 8));
         float o[BT / 8][4] = {};                        // o^T: [step tile][C fragment]
+#if SCAN_O_WG
+        {
+            unsigned ah[KH / 16][4], am[KH / 16][4];    // S^T's A fragments, every k-step
+            #pragma unroll
+            for (int kk = 0; kk < KH / 16; ++kk)
+                #pragma unroll
+                for (int x = 0; x < 4; ++x)
+                    gda_split2<false>(s[2 * kk + x / 2][2 * (x % 2)], s[2 * kk + x / 2][2 * (x % 2) + 1],
+                                      ah[kk][x], am[kk][x]);
+            unsigned aw[NBK / 2][4];                    // v^T's of this half's k-steps of W
+            #pragma unroll                              //  (selected, not branched on: a wgmma
+            for (int i = 0; i < NBK / 2; ++i)           //  in a divergent branch is serialized)
+                #pragma unroll
+                for (int x = 0; x < 4; ++x) aw[i][x] = kh ? fv[NBK / 2 + i][x] : fv[i][x];
+            const unsigned wh = gda_shared_at(sp) + kh * NBK / 2 * 256, qh = gda_shared_at(sq) + kb * 16;
+            gda_wg_pin<BT / 8>(o);
+            gda_wg_fence();
+            #pragma unroll
+            for (int i = 0; i < NBK / 2; ++i) {        // scale W^T v
+                gda_wgmma_rs<0>(o, aw[i], gda_wg_desc(wh + 2 * BT * BT + 256 * i, 16 * BT), 1);
+                gda_wgmma_rs<0>(o, aw[i], gda_wg_desc(wh + 256 * i, 16 * BT), 1);
+            }
+            #pragma unroll
+            for (int kk = 0; kk < KH / 16; ++kk) {      // S^T (scale q A)^T: m h, h m, h h
+                gda_wgmma_rs<0>(o, am[kk], gda_wg_desc(qh + 256 * kk, FQS), 1);
+                gda_wgmma_rs<0>(o, ah[kk], gda_wg_desc(qh + FPB + 256 * kk, FQS), 1);
+                gda_wgmma_rs<0>(o, ah[kk], gda_wg_desc(qh + 256 * kk, FQS), 1);
+            }
+            gda_wg_commit();
+            gda_wg_wait<0>();
+            gda_wg_pin<BT / 8>(o);
+        }
+#else
         #pragma unroll
         for (int sg = 0; sg < NBK; ++sg) {             // scale W^T v: this half's k-steps
             if (2 * sg / NBK != kh) continue;
@@ -2041,6 +2121,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
             #pragma unroll
             for (int j = 0; j < BT / 8; ++j) gda_mma_bf16(o[j], ah, bh[j]);
         }
+#endif
         #pragma unroll
         for (int j = 0; j < BT / 8; ++j) {              // this half's o^T into shared memory
             float* p = so + (kh * FV + vr + g8) * FOL + 8 * j + 2 * tq;
@@ -2067,11 +2148,42 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
             }
         }
         gda_cp_wait<1>();                               // slot B's copies (A's next in flight)
+#if SCAN_O_WG
+        gda_proxy_fence();
+#endif
         __syncthreads();
         gda_so_each(key0, col0, [&](int j, int r, int key, int) {   // the guard on S0, then
             ok &= gda_bwd_in(s[j][r], GDA_BWD_STATE_MAX);                   //  S0 diag(A_end)
             s[j][r] *= sa[key];
         });
+#if SCAN_O_WG
+        {                                               // + v^T (k D): fresh sums of 64 keys,
+            float d[KH / 64][8][4] = {};                //  a chain each, each added as it ends
+            const unsigned kq = gda_shared_at(sk) + kb / 8 * FKS;
+            #pragma unroll
+            for (int h = 0; h < KH / 64; ++h) gda_wg_pin<8>(d[h]);
+            gda_wg_fence();
+            #pragma unroll
+            for (int h = 0; h < KH / 64; ++h) {
+                #pragma unroll
+                for (int sg = 0; sg < NBK; ++sg) {
+                    gda_wgmma_rs<1>(d[h], fv[sg], gda_wg_desc(kq + 8 * h * FKS + FPB + 256 * sg, FKS), 1);
+                    gda_wgmma_rs<1>(d[h], fv[sg], gda_wg_desc(kq + 8 * h * FKS + 256 * sg, FKS), 1);
+                }
+                gda_wg_commit();
+            }
+            #pragma unroll
+            for (int h = 0; h < KH / 64; ++h) {
+                if (h + 1 < KH / 64) gda_wg_wait<1>();  // (at most two chains: KH <= 128)
+                else gda_wg_wait<0>();
+                gda_wg_pin<8>(d[h]);
+                #pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    #pragma unroll
+                    for (int r = 0; r < 4; ++r) s[8 * h + i][r] += d[h][i][r];
+            }
+        }
+#else
         #pragma unroll
         for (int j0 = 0; j0 < KH / 8; j0 += 4) {        // + v^T (k D), 4 tiles at a time
             float d[4][4] = {};
@@ -2098,6 +2210,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
                 #pragma unroll
                 for (int r = 0; r < 4; ++r) s[j0 + i][r] += d[i][r];
         }
+#endif
         __syncthreads();                                // (slot B read: the next chunk's copies)
         issue_b(c + 1);
         if (c == j1 - 1) {                              // sequence n's last chunk: its final

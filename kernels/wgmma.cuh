@@ -1,7 +1,8 @@
 // Hopper warpgroup MMA helpers (wgmma, sm_90a): B operands split once into shared memory, the
 // products of one k-step for a warpgroup. Prepended as text after mma.cuh to the kernels built
 // with WGMMA = 1 (gda_chunk_fwd's Hopper variant; gda_chunk_bwd's dv entry, through
-// gda_wgmma_ss: both operands from shared memory); the launcher then compiles for sm_90a.
+// gda_wgmma_ss: both operands from shared memory) or SCAN_O_WG = 1 (gda_chunk_bwd's scan_o,
+// through gda_wgmma_rs: A from registers); the launcher then compiles for sm_90a.
 //
 // A comes from registers in mma.cuh's fragments (each warp of the warpgroup its 16 rows of the
 // 64; BF16 in the natural column order, see gda_wg_frag_a), B from shared memory through a
@@ -13,9 +14,9 @@
 // other along k (LBO = 128 bytes), row groups GDA_WG_SBO(KD) bytes apart. A split operand is
 // two such arrays, hi then lo, and the same accuracy rules as mma.cuh hold: the products are
 // lo*hi + hi*lo + hi*hi, the small terms first (no lo of an exact bf16 input).
-#if defined(WGMMA) && WGMMA
+#if (defined(WGMMA) && WGMMA) || (defined(SCAN_O_WG) && SCAN_O_WG)
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL) && defined(__CUDA_ARCH__)
-#error "WGMMA = 1 needs the sm_90a target (--gpu-architecture=sm_90a)"
+#error "WGMMA = 1 and SCAN_O_WG = 1 need the sm_90a target (--gpu-architecture=sm_90a)"
 #endif
 
 #define GDA_WG_KC (16 / ((GDA_BF16) ? 2 : 4))  // k elements of a core matrix row (16 bytes)
@@ -165,6 +166,15 @@ __device__ __forceinline__ void gda_wg_split_b(F f, unsigned* b_hi, unsigned* b_
     }
 }
 
+// the 32 accumulators of an m64n64 product (d[8][4]) as an asm statement's outputs
+#define GDA_WG_D64(d) \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
+    "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
+    "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
+    "+f"(d[7][2]), "+f"(d[7][3])
+
 // d (fresh where add is 0, else d +) A B: one m64n64k16 product of bfloat16 operands, both in
 // shared memory (descriptors da, db of K-major layouts, gda_wg_desc), the accumulators as
 // gda_wgmma's (d[j]: mma.cuh's accumulator of value tile j of the warp's 16 rows)
@@ -175,14 +185,23 @@ __device__ __forceinline__ void gda_wgmma_ss(float (&d)[8][4], unsigned long lon
                  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
                  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
                  "%32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-                   "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-                   "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+                 : GDA_WG_D64(d)
                  : "l"(da), "l"(db), "r"(add));
+}
+
+// d (fresh where add is 0, else d +) a B: one m64n64k16 product of bfloat16 operands, a this
+// warp's A fragment in registers (mma.cuh's: its 16 rows of the 64), B at descriptor db
+// (gda_wg_desc), K-major (TB = 0) or MN-major (TB = 1: a core matrix is 8 k of 8 n, 16 bytes a
+// k; cores along k LBO apart, along n SBO), the accumulators as gda_wgmma_ss's
+template <int TB>
+__device__ __forceinline__ void gda_wgmma_rs(float (&d)[8][4], const unsigned (&a)[4],
+                                             unsigned long long db, int add) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                 "{%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
+                 : GDA_WG_D64(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(add), "n"(TB));
 }
 #endif

@@ -32,6 +32,10 @@
 #   terms:   install, the GPU tests of the backward's products in two bfloat16 terms and in
 #            three, then the stages with two (the default) and three (profile_chunk_bwd [NAMES
 #            (gla1.3b-bf16,big128-bf16)] --stages [--three-terms])
+#   scan-o:  install, the forward-from-the-planes GPU tests (scan_o by mma.sync and, chunks of
+#            64 on a Hopper GPU, by wgmma), then `profile_chunk_bwd --scan-o-sweep` (both forms
+#            against the scan and dv's entry over B, H and K) and the forward's stages of
+#            [NAMES (gla1.3b-bf16,gla340m-bf16,big128-bf16)] with scan_o by wgmma (--scan-o-wg)
 #   fwdbwd-fla: (carry [".baselines"]) install, ours and fla's forward + backward rows at one
 #            shape in one run (SHAPE, default gla1.3b-bf16), fla's autotune given 480 s
 #   compare: `cupy-gda bench --shapes SHAPES --impl ours` of an older tree (its files in .old/,
@@ -46,6 +50,7 @@
 #   bash scripts/device_run.sh <commit> bwd [NAMES (all)]
 #   bash scripts/device_run.sh <commit> terms [NAMES (gla1.3b-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> fwdbwd-fla [SHAPE (gla1.3b-bf16)]
+#   bash scripts/device_run.sh <commit> scan-o [NAMES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
 commit="${1:-unknown}"
@@ -257,6 +262,23 @@ if [ "$phase" = "dist2" ]; then
             grep -E "^rank|fwd|ratio" "$out/dist-$front-$dt.txt"
         done
     done
+    exit 0
+fi
+if [ "$phase" = "scan-o" ]; then
+    # scan_o's two forms (perf-notes v38, v39): their tests, the sweep that places SCAN_O_FROM,
+    # and the forward's stages with the wgmma form
+    xd=()
+    python3 -c "import xdist" 2>/dev/null && xd=(-n 8)
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py \
+        -k forward_from "${xd[@]}" > "$out/pytest-scan-o.txt" 2>&1
+    tail -3 "$out/pytest-scan-o.txt"
+    timeout $(((560 - SECONDS) / 2)) python3 -m scripts.profile_chunk_bwd --scan-o-sweep \
+        > "$out/scan-o-sweep.txt" 2>&1
+    cat "$out/scan-o-sweep.txt"
+    timeout $((560 - SECONDS)) python3 -m scripts.profile_chunk_bwd \
+        "${3:-gla1.3b-bf16,gla340m-bf16,big128-bf16}" --forward --stages --scan-o-wg \
+        > "$out/scan-o-forward.txt" 2>&1
+    cat "$out/scan-o-forward.txt"
     exit 0
 fi
 if [ "$phase" = "fwdbwd-fla" ]; then

@@ -16,9 +16,12 @@
         bfloat16 shapes), with --stages their launches.
         --no-scan-o: with chunk_bwd.USE_SCAN_O off (the forward that keeps nothing from the
         scan and dv's entry, not gda_chunk_bwd_scan_o: v38), likewise.
+        --scan-o-wg: with chunk_bwd.USE_SCAN_O_WG on (scan_o's products by wgmma on a Hopper
+        GPU, where its chunks are of 64 steps and its planes of 128 or 256 keys: v39).
     python -m scripts.profile_chunk_bwd --scan-o-sweep
-        the forward that keeps nothing with scan_o (SCAN_O_FROM 0) and with the scan and dv's
-        entry, over SWEEP's bfloat16 shapes (few blocks to many), to place SCAN_O_FROM.
+        the forward that keeps nothing with scan_o (SCAN_O_FROM 0) by mma.sync, by wgmma (a
+        Hopper GPU, where SCAN_O_WG can be) and with the scan and dv's entry, over SWEEP's
+        bfloat16 shapes (few blocks to many), to place SCAN_O_FROM.
     python -m scripts.profile_chunk_bwd --varlen
         the packed batches of VARLEN instead (cu_seqlens, initial states): chunk against loop.
 """
@@ -39,12 +42,12 @@ SHAPES = {"seed": (2, 128, 4, 24, 24, "float32"), "gla64": (4, 2048, 8, 64, 64, 
           "T256-64": (4, 256, 8, 64, 64, "float32"), "T512-24": (2, 512, 4, 24, 24, "float32"),
           "T1024-128": (2, 1024, 4, 128, 128, "float32")}
 # (B, T, H, K, V) of --scan-o-sweep: scan_o's blocks (B H tiles of 64 value columns) from 0.24
-# to 3.9 an SM of 132
-SWEEP = [(1, 4096, 4, 256, 512), (2, 4096, 4, 256, 512), (3, 4096, 4, 256, 512),
-         (4, 4096, 4, 256, 512), (6, 4096, 4, 256, 512), (8, 4096, 4, 256, 512),
-         (16, 4096, 4, 256, 512), (2, 8192, 8, 256, 256), (4, 4096, 8, 192, 384),
-         (8, 4096, 8, 192, 384), (4, 4096, 4, 128, 256), (8, 4096, 4, 128, 256),
-         (8, 4096, 8, 128, 256), (8, 4096, 16, 128, 128)]
+# to 3.9 an SM of 132 (under chunk_bwd.CHUNKS_64 chunks of 64 steps, B < 4 here, the chunks
+# are of 32: no wgmma form there)
+SWEEP = [(1, 4096, 4, 256, 512), (2, 4096, 4, 256, 512), (4, 4096, 4, 256, 512),
+         (6, 4096, 4, 256, 512), (8, 4096, 4, 256, 512), (16, 4096, 4, 256, 512),
+         (4, 4096, 8, 192, 384), (8, 4096, 4, 128, 256), (16, 4096, 4, 128, 256),
+         (8, 4096, 16, 128, 128)]
 # (name, sequence lengths, H, K, V, dtype): one packed batch each, with initial states
 VARLEN = [("varlen-big128", (4096,) * 8, 16, 128, 128, "float32"),
           ("varlen-mixed-gla1.3b", (3000, 0, 5000, 17, 8000, 2367, 1, 4000), 4, 256, 512, "bfloat16"),
@@ -215,27 +218,36 @@ def varlen_line(name, lens, H, K, V, dtype):
 
 
 def scan_o_sweep():
-    """A line a SWEEP shape: the forward that keeps nothing by scan_o and by the scan and dv's
-    entry (plans built apart, SCAN_O_FROM 0), median ms, their ratio and scan_o's blocks an SM."""
+    """A line a SWEEP shape: the forward that keeps nothing by scan_o with mma.sync, with wgmma
+    (where SCAN_O_WG can be: else '-') and by the scan and dv's entry (plans built apart,
+    SCAN_O_FROM 0), median ms, each scan_o's ratio to the pair, scan_o's blocks an SM, and the
+    largest difference of the wgmma form's o from the mma.sync form's."""
+    import cupy
     from cupy_gda import chunk_bwd
     from cupy_gda._checks import Problem
     chunk_bwd.SCAN_O_FROM = 0.0
     sms = chunk_bwd.device_limits()[0]
+    forms = {"mma": (True, False), "wgmma": (True, True), "pair": (False, False)}
     for B, T, H, K, V in SWEEP:
         args, _ = inputs(_verify.Case(B, T, H, K, V, dtype="bfloat16", init=False))
         x = tuple(args[n] for n in ("q", "k", "v", "gate")) + (1.0, None, None, False, None)
         p = Problem(B, T, H, K, V, B, "bfloat16", "float32", False)
-        ms = {}
-        for use in (True, False):
-            chunk_bwd.USE_SCAN_O = use
+        ms, out = {}, {}
+        for form, (use, wg) in forms.items():
+            chunk_bwd.USE_SCAN_O, chunk_bwd.USE_SCAN_O_WG = use, wg
             fp = chunk_bwd.ForwardPlan(p)
             assert fp.scan_o == use
-            ms[use] = median_ms(lambda: fp(*x))
-        chunk_bwd.USE_SCAN_O = True
+            if wg and not fp.cfg.SCAN_O_WG:
+                continue
+            out[form] = fp(*x)[0].astype(cupy.float32)
+            ms[form] = median_ms(lambda: fp(*x))
+        chunk_bwd.USE_SCAN_O, chunk_bwd.USE_SCAN_O_WG = True, False
         blocks = B * H * chunk_bwd.tiles(V) / sms
-        print(f"B {B:2d} T {T:5d} H {H:2d} K {K:3d} V {V:3d}  blocks/SM {blocks:5.2f}  scan_o "
-              f"{ms[True]:8.3f}  scan + dv {ms[False]:8.3f} ms  ratio {ms[True] / ms[False]:.3f}",
-              flush=True)
+        wg = (f"{ms['wgmma']:8.3f} ({ms['wgmma'] / ms['pair']:.3f}, |o - o_mma| "
+              f"{float(abs(out['wgmma'] - out['mma']).max()):.1e})" if "wgmma" in ms else "       -")
+        print(f"B {B:2d} T {T:5d} H {H:2d} K {K:3d} V {V:3d}  blocks/SM {blocks:5.2f}  scan_o mma "
+              f"{ms['mma']:8.3f} ({ms['mma'] / ms['pair']:.3f})  wgmma {wg}  scan + dv "
+              f"{ms['pair']:8.3f} ms", flush=True)
 
 
 def main(argv):
@@ -243,6 +255,10 @@ def main(argv):
         from cupy_gda import chunk_bwd
         chunk_bwd.DV_TWO_TERMS = chunk_bwd.ROWS_TWO_TERMS = False
         print("(chunk_bwd.DV_TWO_TERMS and ROWS_TWO_TERMS off)", flush=True)
+    if "--scan-o-wg" in argv:
+        from cupy_gda import chunk_bwd
+        chunk_bwd.USE_SCAN_O_WG = True
+        print("(chunk_bwd.USE_SCAN_O_WG on)", flush=True)
     if "--no-scan-o" in argv:
         from cupy_gda import chunk_bwd
         chunk_bwd.USE_SCAN_O = False

@@ -373,24 +373,40 @@ def _forward_plan_inputs(case, seed=0):
     return p, (dev["q"], dev["k"], dev["v"], g, 1.0, h0, cu, True, None), ref, emu
 
 
+def _chunks_of_64(monkeypatch, on):
+    """Where ``on``, every plan made after takes chunks of 64 steps (chunk_bwd.CHUNKS_64 at 0:
+    the small cases here would take 32) and, on a Hopper GPU, scan_o's wgmma form where it can
+    (USE_SCAN_O_WG on: SCAN_O_WG needs chunks of 64)."""
+    from cupy_gda import chunk_bwd
+    if on:
+        monkeypatch.setattr(chunk_bwd, "CHUNKS_64", 0)
+        monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_WG", True)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("keep, scan_o", [(False, True), (False, False), (True, False)],
-                         ids=["terms2-scan_o", "terms2", "keep-terms3"])
+@pytest.mark.parametrize("keep, scan_o, bt64", [(False, True, False), (False, True, True),
+                                                (False, False, False), (True, False, False)],
+                         ids=["terms2-scan_o", "terms2-scan_o-bt64", "terms2", "keep-terms3"])
 @pytest.mark.parametrize("case", FORWARD_FROM_PLANES, ids=lambda c: c.id)
-def test_gpu_forward_from_the_backward_stages(case, keep, scan_o, monkeypatch):
+def test_gpu_forward_from_the_backward_stages(case, keep, scan_o, bt64, monkeypatch):
     """chunk_bwd.ForwardPlan, the one that keeps none (operands in two bfloat16 terms), by
     scan_o (the scan and o as one kernel, where it fits: every case here on a Hopper GPU, its
-    rule's minimum of blocks set aside) and by the scan and dv's entry (USE_SCAN_O off), and the
-    one that can keep its stages (three): o and the final state within the contract (poisoned
+    rule's minimum of blocks set aside; bt64: chunks of 64 steps, and there by wgmma at planes
+    of 128 or 256 keys, SCAN_O_WG) and by the scan and dv's entry (USE_SCAN_O off), and the one
+    that can keep its stages (three): o and the final state within the contract (poisoned
     outputs: the plan allocates them unwritten), the guard not hit (its fall-back not run)."""
     import cupy
     from cupy_gda import _launch, chunk_bwd
     monkeypatch.setattr(chunk_bwd, "USE_SCAN_O", scan_o)
     monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)
+    _chunks_of_64(monkeypatch, bt64)
     p, call, ref, emu = _forward_plan_inputs(case)
     flag = cupy.full((1,), 7, np.int32)
     plan = chunk_bwd.ForwardPlan(p, call[6] is not None, False, keep)
     assert plan.cfg.TERMS == (3 if keep else 2)
+    assert plan.cfg.BT == 64 or not bt64
+    assert plan.cfg.SCAN_O_WG == (bt64 and not keep and _launch.hopper()
+                                  and chunk_bwd.planes(p)[0] in (128, 256))
     if scan_o and _launch.device_limits()[1] >= chunk_bwd.scan_o_smem(p, plan.cfg):
         assert plan.scan_o
     assert plan.scan_o == (scan_o and chunk_bwd.scan_o_fits(p, plan.cfg, call[6] is not None))
@@ -402,15 +418,17 @@ def test_gpu_forward_from_the_backward_stages(case, keep, scan_o, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("bt64", [False, True], ids=["bt-config", "bt64"])
 @pytest.mark.parametrize("case", FORWARD_FROM_PLANES[:2], ids=lambda c: c.id)
-def test_gpu_forward_from_planes_takes_the_scale(case, monkeypatch):
+def test_gpu_forward_from_planes_takes_the_scale(case, bt64, monkeypatch):
     """The forward that keeps nothing (scan_o where it fits, its rule's minimum of blocks set
-    aside) at a scale other than 1, which pack bakes into q A's planes and scan_o into W as it
-    splits it: o and the final state within the contract against the references at that
-    scale."""
+    aside; by wgmma on a Hopper GPU with chunks of 64 steps) at a scale other than 1, which pack
+    bakes into q A's planes and scan_o into W as it splits it: o and the final state within the
+    contract against the references at that scale."""
     import cupy
     from cupy_gda import chunk_bwd
     monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)
+    _chunks_of_64(monkeypatch, bt64)
     p, call, _, _ = _forward_plan_inputs(case)
     args = _verify.make_inputs(case, 0)
     scale = 0.37
@@ -428,19 +446,23 @@ def test_gpu_forward_from_planes_takes_the_scale(case, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("what", ["big-gate", "grow-gate", "nan-q", "large-v", "large-state",
-                                  "varlen-big-gate"])
+                                  "varlen-big-gate", "bt64-big-gate", "bt64-large-state"])
 def test_gpu_forward_from_planes_guard_falls_back(what, monkeypatch):
     """Inputs or states outside the range the planes are exact in set the flag, and the chunk
     forward (the fall-back) then overwrites o and the final state: bit for bit its own result
     (NaN where it has NaN), within the contract where the inputs are finite. (scan_o's guard:
-    its rule's minimum of blocks set aside.)"""
+    its rule's minimum of blocks set aside; bt64: chunks of 64 steps at 128 keys, scan_o by
+    wgmma on a Hopper GPU.)"""
     import cupy
     from cupy_gda import chunk, chunk_bwd
     monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)
+    bt64 = what.startswith("bt64")
+    _chunks_of_64(monkeypatch, bt64)
+    what = what.removeprefix("bt64-")
     gate = {"big-gate": "big", "grow-gate": "grow", "varlen-big-gate": "big"}.get(what, "unif")
     case = (_verify.varlen_case((130, 0, 70), K=192, V=64, dtype="bfloat16", gate=gate)
             if what.startswith("varlen") else
-            _verify.Case(2, 150, 2, 192, 64, dtype="bfloat16", gate=gate))
+            _verify.Case(2, 150, 2, 128 if bt64 else 192, 64, dtype="bfloat16", gate=gate))
     p, call, ref, emu = _forward_plan_inputs(case, seed=3)
     q, k, v, g, scale, h0, cu, _, _ = call
     if what == "nan-q":

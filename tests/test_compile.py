@@ -85,7 +85,7 @@ SPILLS = pytest.mark.xfail(reason="known: gda_chunk_fwd spills at 255 registers 
 
 
 def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=None, marks=(),
-          terms3=False):
+          terms3=False, scan_o_wg=False):
     dt, gdt, log_gate, int64 = variant
     B, H = BH
     p = Problem(B=B, T=64, H=H, K=K, V=V, N=B, dtype=dt, g_dtype=gdt, log_gate=log_gate)
@@ -114,10 +114,13 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=Non
             cfg = cfg._replace(BT=64, WGMMA=True, DV_TERMS=3)
         if terms3:      # the backward's dv and rows' S0, E in three terms, not half inputs'
             cfg = cfg._replace(DV_TERMS=3, ROWS_TERMS=3)    # two (DV_TWO_TERMS etc. off)
+        if scan_o_wg:   # scan_o by wgmma (the forward's two-term stages, sm_90a)
+            cfg = cfg._replace(SCAN_O_WG=True)
         defines = chunk_bwd.defines(p, cfg, int64, fwd=planes in ("fwd", "fwdkeep"),
                                     keep=planes == "keep")
         where = (f"-BT{cfg.BT}-KT{cfg.KT}" + (f"-{planes}" if planes else "")
-                 + ("-wgmma" if wgmma else "") + ("-t3" if terms3 else ""))
+                 + ("-wgmma" if wgmma else "") + ("-t3" if terms3 else "")
+                 + ("-sowg" if scan_o_wg else ""))
     else:
         defines = step.defines(p, idx_int64=int64, align=align)
         where = "" if align == 16 else f"-align{align}"
@@ -203,6 +206,11 @@ def _cases():
                   planes=mode), i == 0)
     for i, (K, V) in enumerate(((128, 128), (100, 130), (256, 256))):
         add(_case("gda_chunk_bwd", "sm_90", K, V, VARIANTS[3 * i], MANY, wgmma=True), i == 0)
+    # gda_chunk_bwd's scan_o by wgmma (SCAN_O_WG, built for sm_90a): the forward's two-term
+    # stages at planes of 256 and 128 keys, whole and cut tiles; core: GLA-1.3B's and GLA-340M's
+    for i, (K, V) in enumerate(((256, 512), (128, 256), (100, 72), (256, 64))):
+        add(_case("gda_chunk_bwd", "sm_90", K, V, BF16[i % len(BF16)], MANY, planes="fwd",
+                  scan_o_wg=True), i < 2)
     # gda_chunk_bwd's dv and rows' S0, E in three terms for half inputs (DV_TERMS, ROWS_TERMS =
     # 3: DV_TWO_TERMS, ROWS_TWO_TERMS off), from the planes and from float32 rows, on both archs
     for i, (arch, K, V, planes) in enumerate((("sm_90", 256, 512, "planes"),
@@ -309,7 +317,8 @@ def test_kernel_compiles_without_local_memory(compiled, kernel, arch, items):
     log = res["log"].rstrip("\x00")
     what = f"{_compile._describe(kernel, dict(items))} for {arch}"
     assert cubin[:4] == b"\x7fELF", f"{what}: no cubin (got {len(cubin)} bytes)\n{log}"
-    built = "sm_90a" if dict(items).get("WGMMA") else arch      # the variant's own target
+    hopper = any(dict(items).get(d) for d in _launch.ARCH_DEFINES)   # a variant of sm_90a's own
+    built = "sm_90a" if hopper else arch
     for entry, params in FAMILIES[kernel].entries.items():     # the state passes too
         assert f"Compiling entry function '{entry}' for '{built}'" in log, f"{what}: {log}"
         declared = tuple(_launch.PTX_TYPES[kind] for _, kind in params)
@@ -321,8 +330,10 @@ def test_kernel_compiles_without_local_memory(compiled, kernel, arch, items):
     # instruction is the ex2 inside libdevice's IEEE expf, on its reduced argument
     ftz = set(_FTZ.findall(res["ptx"])) - {"ex2.approx.ftz.f32"}
     assert not ftz, f"{what}: instructions that flush subnormals: {sorted(ftz)}"
-    # the Hopper variant's products are wgmma, and only there
-    assert ("wgmma.mma_async" in res["ptx"]) == bool(dict(items).get("WGMMA")), f"{what}: wgmma in its PTX?"
+    # the Hopper variants' products are wgmma, and only there, never serialized by ptxas (as it
+    # does where a wgmma sits in a branch it cannot prove uniform: C7520)
+    assert ("wgmma.mma_async" in res["ptx"]) == hopper, f"{what}: wgmma in its PTX?"
+    assert "wgmma.mma_async instructions are serialized" not in log, f"{what}: {log}"
     usage = {k: res[k] for k in ("registers", "stack", "spill_stores", "spill_loads")}
     assert None not in usage.values(), f"{what}: no ptxas resource line in the log\n{log}"
     assert usage["stack"] == usage["spill_stores"] == usage["spill_loads"] == 0, (

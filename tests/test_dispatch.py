@@ -643,16 +643,23 @@ def test_forward_from_the_planes_where_the_rule_says(p, varlen, want):
 def test_chunk_backward_config(p, want):
     # dv's entry and rows' S0 and E in two terms for half inputs, three for float32 ones
     t = 2 if p.dtype == "bfloat16" else 3
-    assert tuple(chunk_bwd.config(p)) == want + (False, 3, t, t)
+    assert tuple(chunk_bwd.config(p)) == want + (False, 3, t, t, False)
     # on a Hopper GPU dv's wgmma entry (three terms), where the chunks are of 64 steps (m64)
     wg = want[0] == 64
-    assert tuple(chunk_bwd.config(p, wgmma=True)) == want + (wg, 3, 3 if wg else t, t)
+    assert tuple(chunk_bwd.config(p, wgmma=True)) == want + (wg, 3, 3 if wg else t, t, False)
     # the forward from the planes: three terms where it keeps them for the backward, else two
     # and no wgmma
     keep, lean = (chunk_bwd.planes_config(p, wgmma=True, keep=x) for x in (True, False))
     assert keep == chunk_bwd.config(p, wgmma=True)._replace(SCAN=True, PLANES=True)
     assert lean == keep._replace(TERMS=2, WGMMA=False)
     assert chunk_bwd.defines(p, lean, fwd=True)["DV_TERMS"] == 2
+    # scan_o by wgmma (on a Hopper GPU) where it keeps nothing, its chunks are of 64 steps and
+    # its planes of 128 or 256 keys
+    wg = chunk_bwd.planes_config(p, keep=False, scan_o_wg=True)
+    assert wg == chunk_bwd.planes_config(p, keep=False)._replace(
+        SCAN_O_WG=want[0] == 64 and chunk_bwd.planes(p)[0] in (128, 256))
+    assert chunk_bwd.planes_config(p, keep=True, scan_o_wg=True) == chunk_bwd.planes_config(p)
+    assert chunk_bwd.defines(p, wg, fwd=True)["SCAN_O_WG"] == int(wg.SCAN_O_WG)
 
 
 def test_chunk_backward_two_terms_for_half_inputs(monkeypatch):
@@ -660,9 +667,11 @@ def test_chunk_backward_two_terms_for_half_inputs(monkeypatch):
     not with wgmma), three for float32 ones and wherever DV_TWO_TERMS, ROWS_TWO_TERMS are off;
     a forward's rows entry takes TERMS, its W and o the fewer of TERMS and DV_TERMS."""
     half, f32 = (_p(T=4096, K=128, B=8, H=16)._replace(**kw) for kw in (_BF16, {}))
-    assert chunk_bwd.config(half)[-2:] == (2, 2) and chunk_bwd.config(f32)[-2:] == (3, 3)
-    assert chunk_bwd.config(half, wgmma=True)[-2:] == (3, 2)
-    assert chunk_bwd.planes_config(half)[-2:] == (2, 2)     # (a backward taking kept stages)
+    def terms(cfg):
+        return cfg.DV_TERMS, cfg.ROWS_TERMS
+    assert terms(chunk_bwd.config(half)) == (2, 2) and terms(chunk_bwd.config(f32)) == (3, 3)
+    assert terms(chunk_bwd.config(half, wgmma=True)) == (3, 2)
+    assert terms(chunk_bwd.planes_config(half)) == (2, 2)     # (a backward taking kept stages)
     # a forward keeping three terms makes W (scores) and o (dv's entry) in the backward's two,
     # so that the W it keeps is the backward's; rows' entry, not launched, takes TERMS
     d = chunk_bwd.defines(half, chunk_bwd.planes_config(half), fwd=True)
@@ -752,6 +761,8 @@ def test_scan_o_fits_where_its_shared_memory_and_blocks_do(monkeypatch):
     assert chunk_bwd.scan_o_smem(p, lean) == 197632
     assert chunk_bwd.scan_o_smem(p, lean._replace(BT=32)) == 96256
     assert chunk_bwd.scan_o_smem(p._replace(K=100), lean) == 131584     # K rounded up to 128
+    # by wgmma (SCAN_O_WG): q A's and k D's planes unpadded, W's two bfloat16 planes: 205 KiB
+    assert chunk_bwd.scan_o_smem(p, lean._replace(SCAN_O_WG=True)) == 209920
     hopper, a100 = 232448, 166912                           # their opt-in bytes a block
     for smem, K, cfg, want in [(hopper, 256, lean, True), (hopper, 256, lean._replace(TERMS=3), False),
                                (hopper, 320, lean, False), (a100, 256, lean, False),
