@@ -32,7 +32,8 @@
 #   terms:   install, the GPU tests of the backward's products in two bfloat16 terms and in
 #            three, then the stages with two (the default) and three (profile_chunk_bwd [NAMES
 #            (gla1.3b-bf16,big128-bf16)] --stages [--three-terms])
-#   scan-o:  install, the forward-from-the-planes GPU tests (scan_o by mma.sync and, chunks of
+#   scan-o:  install, scripts/wgmma_probe.py (one wgmma a B layout scan_o's wgmma form reads,
+#            against NumPy), the forward-from-the-planes GPU tests (scan_o by mma.sync and, chunks of
 #            64 on a Hopper GPU, by wgmma), then `profile_chunk_bwd --scan-o-sweep` (both forms
 #            against the scan and dv's entry over B, H and K) and the forward's stages of
 #            [NAMES (gla1.3b-bf16,gla340m-bf16,big128-bf16)] with scan_o by wgmma (--scan-o-wg)
@@ -267,6 +268,8 @@ fi
 if [ "$phase" = "scan-o" ]; then
     # scan_o's two forms (perf-notes v38, v39): their tests, the sweep that places SCAN_O_FROM,
     # and the forward's stages with the wgmma form
+    timeout 120 python3 -m scripts.wgmma_probe > "$out/wgmma-probe.txt" 2>&1
+    cat "$out/wgmma-probe.txt"
     xd=()
     python3 -c "import xdist" 2>/dev/null && xd=(-n 8)
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py \
