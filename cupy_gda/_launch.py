@@ -56,7 +56,7 @@ STEP = (("q", PTR), ("k", PTR), ("v", PTR), ("g", PTR), ("o", PTR), ("state", PT
 
 # a define that makes a variant for one architecture's own instructions -> the NVRTC target
 ARCH_DEFINES = {"WGMMA": "--gpu-architecture=sm_90a",     # Hopper's warpgroup MMA
-                "SCAN_O_WG": "--gpu-architecture=sm_90a"}
+                "SCAN_O_WG": "--gpu-architecture=sm_90a", "SCAN_DV": "--gpu-architecture=sm_90a"}
 
 
 class Family(NamedTuple):

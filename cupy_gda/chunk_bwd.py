@@ -17,6 +17,8 @@ The pipeline of one call, all on the current stream, no host sync (NB chunks, ch
   6. intra      dq, dk, dg
   7. dv         (k D) E + scale W do (GEMMs), into [B, T, H, V]; on a Hopper GPU with
                 USE_WGMMA (off: no faster, v28) by wgmma, bit for bit the same
+     (3 and 7 of a backward from the planes: scan_dv, E on chip for dv, after 5, where
+      scan_dv_fits; the scan then runs its forward half alone, none where S0 is kept)
   8. the reverse loop (gda_recurrent_bwd), run only where the guard was hit, over everything
 
 ForwardPlan is the forward from stages 1, 2-3 (the scan's forward half), 5 and 7 (o in dv's
@@ -35,7 +37,8 @@ from cupy_gda._launch import (CHUNK_BACKWARD, DTYPE_CODE, PTR, Family, Launch, a
 
 ENTRIES = ("gda_chunk_bwd_pack", "gda_chunk_bwd_local", "gda_chunk_bwd_states",
            "gda_chunk_bwd_scan", "gda_chunk_bwd_rows", "gda_chunk_bwd_scores",
-           "gda_chunk_bwd_intra", "gda_chunk_bwd_dv", "gda_chunk_bwd_scan_o")
+           "gda_chunk_bwd_intra", "gda_chunk_bwd_dv", "gda_chunk_bwd_scan_o",
+           "gda_chunk_bwd_scan_dv")
 FAMILY = Family("gda_chunk_bwd", ("common.cuh", "mma.cuh", "wgmma.cuh"),
                 {e: CHUNK_BACKWARD for e in ENTRIES})
 
@@ -60,6 +63,9 @@ USE_SCAN_O = True        # a ForwardPlan that keeps nothing runs the scan and o 
 NTF, FV = 256, 64        # scan_o's threads and value columns a block
 USE_SCAN_O_WG = False    # scan_o's products by wgmma on a Hopper GPU (Config.SCAN_O_WG; v39):
                          # off until a GPU has run it (built and compile-checked, not yet run)
+USE_SCAN_DV = False      # a backward from the planes on a Hopper GPU runs the scan's backward
+                         # half and dv as one wgmma kernel (Config.SCAN_DV, scan_dv_fits): off
+                         # until a GPU has run it (built and compile-checked, not yet run)
 SCAN_O_FROM = 1.0        # scan_o's blocks (sequence-heads x tiles of FV value columns) an SM
                          # from which it runs: each runs a sequence-head's chunks in turn, so
                          # fewer leave SMs idle, where the scan's 4x as many blocks (at K = 256)
@@ -83,6 +89,8 @@ class Config(NamedTuple):
                          # inputs (ROWS_TWO_TERMS, v36)
     SCAN_O_WG: bool = False  # scan_o's products by wgmma (sm_90a; a forward that keeps nothing,
                              # chunks of 64, planes of 128 or 256 keys: planes_config)
+    SCAN_DV: bool = False    # a backward's E scan and dv as one kernel, scan_dv (sm_90a;
+                             # scan_dv_fits)
 
 
 def config(p, varlen=False, sms=132, wgmma=False):
@@ -123,7 +131,8 @@ def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
                 SCAN=int(cfg.SCAN), PLANES=int(cfg.PLANES), SMEM_BYTES=smem(cfg), FWD=int(fwd),
                 KEEP=int(keep), WGMMA=int(cfg.WGMMA), TERMS=cfg.TERMS,
                 DV_TERMS=min(cfg.TERMS, cfg.DV_TERMS) if fwd else cfg.DV_TERMS,
-                ROWS_TERMS=cfg.TERMS if fwd else cfg.ROWS_TERMS, SCAN_O_WG=int(cfg.SCAN_O_WG))
+                ROWS_TERMS=cfg.TERMS if fwd else cfg.ROWS_TERMS, SCAN_O_WG=int(cfg.SCAN_O_WG),
+                SCAN_DV=int(cfg.SCAN_DV and not fwd))
 
 
 def planes_config(p, varlen=False, wgmma=False, keep=True, scan_o_wg=False):
@@ -186,6 +195,26 @@ def scan_o_fits(p, cfg, varlen=False):
     sms, smem = device_limits()
     return (USE_SCAN_O and cfg.TERMS == 2 and planes(p)[0] <= 256 and scan_o_smem(p, cfg) <= smem
             and chunks(p, cfg.BT, varlen)[0] * tiles(p.V) >= SCAN_O_FROM * sms)
+
+
+def scan_dv_smem(p, cfg):
+    """scan_dv's dynamic shared memory bytes (the kernel's FD_BYTES, which it checks): k D's two
+    planes and scale q A's TERMS (BT x KP bfloat16 each), W's two split planes and its float32
+    rows (BT x BT + 4), do's plane of FV + 8 columns, A_end's KP floats, dv^T's second half (FV
+    rows of BT + 4 floats) and the rowsum's four row groups of KP floats: 229,376 bytes at K =
+    256 (a Hopper GPU's 227 KiB, with 3 to spare)."""
+    kp, bt = planes(p)[0], cfg.BT
+    return ((2 + cfg.TERMS) * bt * kp * 2 + 4 * bt * bt + 2 * bt * (FV + 8)
+            + 4 * (bt * (bt + 4) + kp + FV * (bt + 4) + 4 * kp))
+
+
+def scan_dv_fits(p, cfg):
+    """Whether a backward of Config ``cfg`` (for Problem ``p``) runs scan_dv: USE_SCAN_DV on a
+    Hopper GPU, from the planes (PLANES) with chunks of 64 steps, planes of 128 or 256 keys, dv
+    in two terms, no wgmma dv entry, and its shared memory within the device's opt-in limit."""
+    return (USE_SCAN_DV and hopper() and cfg.PLANES and cfg.BT == 64 and not cfg.WGMMA
+            and cfg.DV_TERMS == 2 and planes(p)[0] in (128, 256)
+            and scan_dv_smem(p, cfg) <= device_limits()[1])
 
 
 def dv_smem(cfg):
@@ -286,10 +315,12 @@ class BackwardPlan:
     families') and queues every launch without a host sync."""
 
     def __init__(self, p, varlen=False, seq_int64=False, cfg=None, keep=False):
-        if keep:
-            cfg = planes_config(p, varlen, use_wgmma())
+        if keep or cfg is None:                 # (a cfg given: as given)
+            cfg = (planes_config(p, varlen, use_wgmma()) if keep
+                   else config(p, varlen, device_limits()[0], use_wgmma()))
+            cfg = cfg._replace(SCAN_DV=scan_dv_fits(p, cfg))
         self.p, self.varlen = p, varlen
-        self.cfg = cfg or config(p, varlen, device_limits()[0], use_wgmma())
+        self.cfg = cfg
         self.keep = keep
         C, K, V = self.cfg.BT, p.K, p.V
         NH, self.NC = chunks(p, C, varlen)
@@ -301,7 +332,13 @@ class BackwardPlan:
             return Launch(FAMILY.function(entry, d, smem), CHUNK_BACKWARD, grid, block, smem,
                           T=p.T, NH=NH, N=p.N, H=p.H, NC=self.NC)
 
-        if self.cfg.SCAN:
+        if self.cfg.SCAN_DV:                    # E and dv by scan_dv, after W (stage 5): the
+            # scan runs its forward half (S0) alone, and none where the forward's S0 are kept
+            scan_dv = launch("gda_chunk_bwd_scan_dv", NH * tiles(V), NTF, scan_dv_smem(p, self.cfg))
+            scan = launch("gda_chunk_bwd_scan", NH * tiles(K) * tiles(V), NTG, d["SMEM_BYTES"])
+            boundary = [] if keep else [(3, scan), (5, launch("gda_chunk_bwd_scores", NB, NTS))]
+            boundary.append((3, scan_dv))
+        elif self.cfg.SCAN:
             scan = launch("gda_chunk_bwd_scan", NH * tiles(K) * tiles(V), NTG, d["SMEM_BYTES"])
             boundary = [(3, scan)]
         else:
@@ -309,12 +346,15 @@ class BackwardPlan:
             rows = NTP // (128 if vecs >= 128 else -(-vecs // 32) * 32)  # key rows a block
             boundary = [(2, launch("gda_chunk_bwd_local", NB * 2 * tiles(K) * tiles(V), NTG)),
                         (3, launch("gda_chunk_bwd_states", -(-NH * K // rows), NTP))]
-        # (stage number, launch), in order: run(stages=n) stops after stage n
+        # (stage number, launch), in order: run(stages=n) runs those numbered n or less (with
+        # SCAN_DV, E and dv come with number 3, after W's 5: then stages 3 and 4 hold E, S0 and
+        # rows' products, but dv only at 5)
+        dv = self.cfg.SCAN_DV
         self.stages = [(1, launch("gda_chunk_bwd_pack", NB, NTP))] + boundary + [
             (4, launch("gda_chunk_bwd_rows", NB * 3 * tiles(K), NTG))] + (
-            [] if keep else [(5, launch("gda_chunk_bwd_scores", NB, NTS))]) + [  # (KEEP: W kept)
-            (6, launch("gda_chunk_bwd_intra", NB * n_kt, self.cfg.KT)),
-            (7, launch("gda_chunk_bwd_dv", NB * tiles(V), NTG, dv_smem(self.cfg)))]
+            [] if keep or dv else [(5, launch("gda_chunk_bwd_scores", NB, NTS))]) + [  # (KEEP:
+            (6, launch("gda_chunk_bwd_intra", NB * n_kt, self.cfg.KT))] + (      #  W kept)
+            [] if dv else [(7, launch("gda_chunk_bwd_dv", NB * tiles(V), NTG, dv_smem(self.cfg)))])
         self.sizes = workspace(p, self.cfg, varlen, keep=keep)
         self.loop = recurrent_bwd.plan(p, seq_int64)
         self.at, floats = layout(self.sizes)

@@ -38,6 +38,9 @@
 //                            into [B, T, H, V].
 //   8. gda_chunk_bwd_scan_o: (FWD, two terms) the scan's forward half and o as one kernel, the
 //                            state on chip: in place of 2-3 and 7 in a forward that keeps nothing.
+//   9. gda_chunk_bwd_scan_dv: (SCAN_DV) the scan's backward half and dv as one kernel, E on chip
+//                            for dv (and stored for rows): in place of the scan's backward half
+//                            and 7, after 5.
 // The GEMMs run on the tensor cores with split operands, exact to float32 (never plain TF32).
 // The guard: the chunked form's products are bounded while |q|, |k|, |v|, |do| <= 2^20, |g| <=
 //   2^(1/8) (a chunk's gate products within 2^8) and |S0|, |E| <= 2^40 (no sum above 2^120:
@@ -69,13 +72,15 @@
 //   forward that keeps three for the backward, so that the W it keeps is the backward's own,
 //   v37), ROWS_TERMS (those of S0 and E in rows' sd and ev: TERMS, or 2 in the backward of
 //   half inputs, with fresh sums: v36), SCAN_O_WG (1, built for sm_90a: scan_o's products by
-//   wgmma, v39).
+//   wgmma, v39), SCAN_DV (1, built for sm_90a, a backward with PLANES: the scan's backward half
+//   and dv's entry as one kernel by wgmma, gda_chunk_bwd_scan_dv; the scan runs its forward half
+//   alone, and none where KEEP).
 //   Reference: cupy_gda.reference.gated_attention_backward_ref.
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
     || !defined(BT) || !defined(KT) || !defined(SCAN) || !defined(PLANES) || !defined(SMEM_BYTES) \
     || !defined(FWD) || !defined(KEEP) || !defined(WGMMA) || !defined(TERMS) || !defined(DV_TERMS) \
-    || !defined(ROWS_TERMS) || !defined(SCAN_O_WG)
-#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA, TERMS, DV_TERMS, ROWS_TERMS and SCAN_O_WG are required"
+    || !defined(ROWS_TERMS) || !defined(SCAN_O_WG) || !defined(SCAN_DV)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA, TERMS, DV_TERMS, ROWS_TERMS, SCAN_O_WG and SCAN_DV are required"
 #endif
 static_assert(BT % 16 == 0 && BT >= 16 && BT <= 64, "BT: 16..64, a multiple of 16");
 static_assert(!PLANES || (SCAN && IO_DTYPE == 2), "PLANES: the fused scan's, bfloat16 inputs");
@@ -89,6 +94,8 @@ static_assert(ROWS_TERMS == TERMS || (ROWS_TERMS == 2 && IO_DTYPE != 0 && !FWD),
               "ROWS_TERMS: TERMS, or 2 where v and do are of a half dtype");
 static_assert(!SCAN_O_WG || (FWD && TERMS == 2 && BT == 64),
               "SCAN_O_WG: scan_o by wgmma, in a forward of two terms, chunks of 64 steps");
+static_assert(!SCAN_DV || (PLANES && !FWD && !WGMMA && BT == 64 && DV_TERMS == 2),
+              "SCAN_DV: scan_dv, in a backward from the planes, chunks of 64 steps, dv in two terms");
 
 #define GDA_BWD_VAL_MAX 0x1p20f         // the guard: |q|, |k|, |v|, |do| at most this,
 #define GDA_BWD_GATE_MAX 1.09050773f    //   |g| at most 2^(1/8),
@@ -968,7 +975,7 @@ struct gda_scan_feed {
             if (++sub == NSUB) {
                 sub = 0;
                 c += dir;
-                if (dir > 0 && c == j1 && !FWD) {
+                if (dir > 0 && c == j1 && !FWD && !SCAN_DV) {
                     dir = -1;
                     c = j1 - 1;
                 } else if ((dir > 0 && c == j1) || (dir < 0 && c < j0)) {
@@ -1038,8 +1045,8 @@ __device__ __forceinline__ void gda_scan_mma(float (&x)[2][4][4], unsigned at, i
 // past the last sequence's (cu_seqlens) get no S0 or E: rows, intra and dv skip every chunk
 // of no rows.
 // (FWD: 2 blocks an SM, as the forward half alone spilled 4-24 bytes at 168 registers; KEEP,
-// the backward half alone, likewise)
-extern "C" __global__ void __launch_bounds__(NTG, PLANES && !FWD && !KEEP ? 3 : 2)
+// the backward half alone, and SCAN_DV, the forward half alone, likewise)
+extern "C" __global__ void __launch_bounds__(NTG, PLANES && !FWD && !KEEP && !SCAN_DV ? 3 : 2)
 gda_chunk_bwd_scan(GDA_CHUNK_BWD_PARAMS)
 {
     extern __shared__ __align__(16) unsigned short b_ring[];    // PLANES: RING stages
@@ -1097,7 +1104,8 @@ gda_chunk_bwd_scan(GDA_CHUNK_BWD_PARAMS)
                     more ? vp + (b + 1) * BT * V_DIM : dp + b * BT * V_DIM);
             }
         }
-        if constexpr (!FWD) {                           // (FWD: S, the final state, to dh0)
+        if constexpr (!FWD && !SCAN_DV) {               // (FWD: S, the final state, to dh0;
+                                                        //  SCAN_DV: scan_dv's half)
             gda_gemm_get<K_DIM, V_DIM>(x, dht ? dht + srow * V_DIM : nullptr, m0, n0);
             for (int c = j1 - 1; c >= j0; --c) {        // backward: E of each chunk, from the last
                 const long long b = nh * NC + c;
@@ -1135,7 +1143,7 @@ gda_chunk_bwd_scan(GDA_CHUNK_BWD_PARAMS)
                 }
             }
         }
-        if (dh0)
+        if (dh0 && !SCAN_DV)
             gda_gemm_store<K_DIM, V_DIM>(dh0 + srow * V_DIM, x, m0, n0);
     }
     if (!ok) *flag = 1;
@@ -1913,10 +1921,10 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 #define FVL (FV + 8)                                    // halves a staged row of v (padded:
 #define FWL (BT + 4)                                    //   ldmatrix's 8 rows in distinct
 #define FOL (BT + 4)                                    //   banks), floats of W, o^T's halves
+#define FQS (KP * 16)                                   // (SCAN_O_WG, SCAN_DV) bytes between 8
+#define FKS (BT * 16)                                   //   steps' cores of a K-major plane, 8
+#define FPB (BT * KP * 2)                               //   keys' of an MN-major one; a plane
 #if SCAN_O_WG
-#define FQS (KP * 16)                                   // bytes between 8 steps' cores of q A
-#define FKS (BT * 16)                                   //   between 8 keys' cores of k D
-#define FPB (BT * KP * 2)                               //   of a plane of either
 #define FO_BYTES (4 * FPB + 4 * BT * BT + 2 * BT * FVL + 4 * (BT * FWL + KP + 2 * FV * FOL))
 #else
 #define FQL (KP + 8)                                    // halves a staged row of q A, k D
@@ -1926,6 +1934,121 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 __device__ __forceinline__ void gda_cp4_at(unsigned dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(dst), "l"(src) : "memory");
 }
+
+// scan_o's and scan_dv's cp.async of a chunk's FV columns from n0 of a plane of v or do (src,
+// rows VP apart) into dst (rows FVL apart) and of its W (chunk b's of ww) into sw (rows FWL apart)
+__device__ __forceinline__ void gda_stage_vw(unsigned short* dst, const unsigned short* src, int n0,
+                                             float* sw, const float* ww, long long b) {
+    for (int x = threadIdx.x; x < BT * FV / 8; x += NTF) {
+        const int r = x / (FV / 8), c8 = x % (FV / 8) * 8;
+        gda_cp16_at(gda_shared_at(dst + r * FVL + c8), src + (long long)r * VP + n0 + c8);
+    }
+    for (int x = threadIdx.x; x < BT * BT / 4; x += NTF) {
+        const int r = x / (BT / 4), c4 = x % (BT / 4) * 4;
+        gda_cp16_at(gda_shared_at(sw + r * FWL + c4), ww + (b * BT + r) * BT + c4);
+    }
+}
+
+// o (scan_o) or dv (scan_dv) of a chunk's rows (ch) at value columns n0.. into out, from the
+// sum of HALVES arrays of o^T [FV][FOL] at so (FV apart): 8 value columns (16 bytes) a thread,
+// a warp's steps consecutive. (scan_o keeps its own copy of this loop, HALVES = 2, until a
+// device has run its build with this one: the call reorders its PTX at K = 256.)
+template <int HALVES>
+__device__ __forceinline__ void gda_fo_store(const float* so, const gda_chunk_at& ch, int n0,
+                                             io::t* out) {
+    for (int x = threadIdx.x; x < BT * FV / 8; x += NTF) {
+        const int t = x % BT, v8 = x / BT * 8;
+        if (t >= ch.rows || n0 + v8 >= V_DIM) continue;
+        unsigned short y[8];
+        #pragma unroll
+        for (int i = 0; i < 8; ++i)
+            y[i] = io::store(HALVES == 2 ? so[(v8 + i) * FOL + t] + so[(FV + v8 + i) * FOL + t]
+                                         : so[(v8 + i) * FOL + t]);
+        io::t* dst = out + ch.at(t, V_DIM, n0 + v8);
+        if (V_DIM % 8 == 0) {
+            *reinterpret_cast<uint4*>(dst) = make_uint4(y[0] | (unsigned)y[1] << 16,
+                y[2] | (unsigned)y[3] << 16, y[4] | (unsigned)y[5] << 16, y[6] | (unsigned)y[7] << 16);
+        } else {
+            #pragma unroll
+            for (int i = 0; i < 8; ++i)
+                if (n0 + v8 + i < V_DIM) reinterpret_cast<unsigned short*>(dst)[i] = y[i];
+        }
+    }
+}
+
+#if SCAN_O_WG || SCAN_DV
+// The products by wgmma of scan_o (SCAN_O_WG) and scan_dv, a warpgroup's (its key half kh).
+// o^T += W's k-steps of this half (A: f, the half's from f[kh NBK / 2]; B: W's h, m planes at
+// w, K-major, 16 BT bytes between 8 rows' cores) + x^T P^T (A: the state x^T split into h + m
+// a k-step, the C layout being the A layout; B: the K-major planes h, m at p, FQS between 8
+// steps' cores, FPB apart; m h, h m, h h): one chain, committed, waited for.
+__device__ __forceinline__ void gda_wg_o(float (&o)[8][4], const float (&x)[KH / 8][4],
+                                         const unsigned (&f)[NBK][4], int kh, unsigned w, unsigned p)
+{
+    unsigned ah[KH / 16][4], am[KH / 16][4];            // x^T's A fragments, every k-step
+    #pragma unroll
+    for (int kk = 0; kk < KH / 16; ++kk)
+        #pragma unroll
+        for (int i = 0; i < 4; ++i)
+            gda_split2<false>(x[2 * kk + i / 2][2 * (i % 2)], x[2 * kk + i / 2][2 * (i % 2) + 1],
+                              ah[kk][i], am[kk][i]);
+    unsigned aw[NBK / 2][4];                            // this half's of f (selected, not branched
+    #pragma unroll                                      //  on: ptxas serializes a wgmma in a
+    for (int i = 0; i < NBK / 2; ++i)                   //  branch it cannot prove uniform)
+        #pragma unroll
+        for (int r = 0; r < 4; ++r) aw[i][r] = kh ? f[NBK / 2 + i][r] : f[i][r];
+    w += kh * NBK / 2 * 256;
+    gda_wg_pin<8>(o);
+    gda_wg_fence();
+    #pragma unroll
+    for (int i = 0; i < NBK / 2; ++i) {
+        gda_wgmma_rs<0>(o, aw[i], gda_wg_desc(w + 2 * BT * BT + 256 * i, 16 * BT), 1);
+        gda_wgmma_rs<0>(o, aw[i], gda_wg_desc(w + 256 * i, 16 * BT), 1);
+    }
+    #pragma unroll
+    for (int kk = 0; kk < KH / 16; ++kk) {
+        gda_wgmma_rs<0>(o, am[kk], gda_wg_desc(p + 256 * kk, FQS), 1);
+        gda_wgmma_rs<0>(o, ah[kk], gda_wg_desc(p + FPB + 256 * kk, FQS), 1);
+        gda_wgmma_rs<0>(o, ah[kk], gda_wg_desc(p + 256 * kk, FQS), 1);
+    }
+    gda_wg_commit();
+    gda_wg_wait<0>();
+    gda_wg_pin<8>(o);
+}
+
+// x^T += f^T B over k-steps sg0 .. sg1 - 1 (A: f[sg]; B: the P MN-major planes at base, FKS
+// between 8 keys' cores, FPB apart, the small terms first): a chain of fresh sums a 64 keys
+// (KH / 64 of them in d, whatever d held: the first product does not add; one wgmma group
+// each), each added to x as its group ends (the first while the second runs)
+template <int P>
+__device__ __forceinline__ void gda_wg_state(float (&x)[KH / 8][4], const unsigned (&f)[NBK][4],
+                                             unsigned base, int sg0, int sg1, float (&d)[KH / 64][8][4])
+{
+    #pragma unroll
+    for (int h = 0; h < KH / 64; ++h) gda_wg_pin<8>(d[h]);
+    gda_wg_fence();
+    #pragma unroll
+    for (int h = 0; h < KH / 64; ++h) {
+        #pragma unroll
+        for (int sg = sg0; sg < sg1; ++sg)
+            #pragma unroll
+            for (int e = P - 1; e >= 0; --e)
+                gda_wgmma_rs<1>(d[h], f[sg], gda_wg_desc(base + 8 * h * FKS + e * FPB + 256 * sg, FKS),
+                                sg != sg0 || e != P - 1);
+        gda_wg_commit();
+    }
+    #pragma unroll
+    for (int h = 0; h < KH / 64; ++h) {
+        if (h + 1 < KH / 64) gda_wg_wait<1>();          // (at most two chains: KH <= 128)
+        else gda_wg_wait<0>();
+        gda_wg_pin<8>(d[h]);
+        #pragma unroll
+        for (int i = 0; i < 8; ++i)
+            #pragma unroll
+            for (int r = 0; r < 4; ++r) x[8 * h + i][r] += d[h][i][r];
+    }
+}
+#endif
 
 // f(j, r, key, col) for each of a thread's elements of S^T in scan_o, element r of tile j: S's
 // (key, col) in [K][V] (key0, col0: the thread's first)
@@ -1995,14 +2118,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
             stage_planes(false, pc.q);
-            for (int x = threadIdx.x; x < BT * FV / 8; x += NTF) {
-                const int r = x / (FV / 8), c8 = x % (FV / 8) * 8;
-                gda_cp16_at(gda_shared_at(sv + r * FVL + c8), pc.v + (long long)r * VP + n0 + c8);
-            }
-            for (int x = threadIdx.x; x < BT * BT / 4; x += NTF) {
-                const int r = x / (BT / 4), c4 = x % (BT / 4) * 4;
-                gda_cp16_at(gda_shared_at(sw + r * FWL + c4), ww + (b * BT + r) * BT + c4);
-            }
+            gda_stage_vw(sv, pc.v, n0, sw, ww, b);
         }
         gda_cp_commit();
     };
@@ -2050,38 +2166,8 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
             gda_ldsm4_t(fv[sg], gda_shared_at(sv + (16 * sg + lane / 16 * 8 + lane % 8) * FVL
                                               + vr + lane / 8 % 2 * 8));
         float o[BT / 8][4] = {};                        // o^T: [step tile][C fragment]
-#if SCAN_O_WG
-        {
-            unsigned ah[KH / 16][4], am[KH / 16][4];    // S^T's A fragments, every k-step
-            #pragma unroll
-            for (int kk = 0; kk < KH / 16; ++kk)
-                #pragma unroll
-                for (int x = 0; x < 4; ++x)
-                    gda_split2<false>(s[2 * kk + x / 2][2 * (x % 2)], s[2 * kk + x / 2][2 * (x % 2) + 1],
-                                      ah[kk][x], am[kk][x]);
-            unsigned aw[NBK / 2][4];                    // v^T's of this half's k-steps of W
-            #pragma unroll                              //  (selected, not branched on: a wgmma
-            for (int i = 0; i < NBK / 2; ++i)           //  in a divergent branch is serialized)
-                #pragma unroll
-                for (int x = 0; x < 4; ++x) aw[i][x] = kh ? fv[NBK / 2 + i][x] : fv[i][x];
-            const unsigned wh = gda_shared_at(sp) + kh * NBK / 2 * 256, qh = gda_shared_at(sq) + kb * 16;
-            gda_wg_pin<BT / 8>(o);
-            gda_wg_fence();
-            #pragma unroll
-            for (int i = 0; i < NBK / 2; ++i) {        // scale W^T v
-                gda_wgmma_rs<0>(o, aw[i], gda_wg_desc(wh + 2 * BT * BT + 256 * i, 16 * BT), 1);
-                gda_wgmma_rs<0>(o, aw[i], gda_wg_desc(wh + 256 * i, 16 * BT), 1);
-            }
-            #pragma unroll
-            for (int kk = 0; kk < KH / 16; ++kk) {      // S^T (scale q A)^T: m h, h m, h h
-                gda_wgmma_rs<0>(o, am[kk], gda_wg_desc(qh + 256 * kk, FQS), 1);
-                gda_wgmma_rs<0>(o, ah[kk], gda_wg_desc(qh + FPB + 256 * kk, FQS), 1);
-                gda_wgmma_rs<0>(o, ah[kk], gda_wg_desc(qh + 256 * kk, FQS), 1);
-            }
-            gda_wg_commit();
-            gda_wg_wait<0>();
-            gda_wg_pin<BT / 8>(o);
-        }
+#if SCAN_O_WG                                            // scale W^T v + S^T (scale q A)^T
+        gda_wg_o(o, s, fv, kh, gda_shared_at(sp), gda_shared_at(sq) + kb * 16);
 #else
         #pragma unroll
         for (int sg = 0; sg < NBK; ++sg) {             // scale W^T v: this half's k-steps
@@ -2156,33 +2242,9 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
             ok &= gda_bwd_in(s[j][r], GDA_BWD_STATE_MAX);                   //  S0 diag(A_end)
             s[j][r] *= sa[key];
         });
-#if SCAN_O_WG
-        {                                               // + v^T (k D): fresh sums of 64 keys,
-            float d[KH / 64][8][4] = {};                //  a chain each, each added as it ends
-            const unsigned kq = gda_shared_at(sk) + kb / 8 * FKS;
-            #pragma unroll
-            for (int h = 0; h < KH / 64; ++h) gda_wg_pin<8>(d[h]);
-            gda_wg_fence();
-            #pragma unroll
-            for (int h = 0; h < KH / 64; ++h) {
-                #pragma unroll
-                for (int sg = 0; sg < NBK; ++sg) {
-                    gda_wgmma_rs<1>(d[h], fv[sg], gda_wg_desc(kq + 8 * h * FKS + FPB + 256 * sg, FKS), 1);
-                    gda_wgmma_rs<1>(d[h], fv[sg], gda_wg_desc(kq + 8 * h * FKS + 256 * sg, FKS), 1);
-                }
-                gda_wg_commit();
-            }
-            #pragma unroll
-            for (int h = 0; h < KH / 64; ++h) {
-                if (h + 1 < KH / 64) gda_wg_wait<1>();  // (at most two chains: KH <= 128)
-                else gda_wg_wait<0>();
-                gda_wg_pin<8>(d[h]);
-                #pragma unroll
-                for (int i = 0; i < 8; ++i)
-                    #pragma unroll
-                    for (int r = 0; r < 4; ++r) s[8 * h + i][r] += d[h][i][r];
-            }
-        }
+#if SCAN_O_WG                                            // + v^T (k D): fresh sums of 64 keys
+        float d[KH / 64][8][4] = {};                    // (its first product does not add)
+        gda_wg_state<2>(s, fv, gda_shared_at(sk) + kb / 8 * FKS, 0, NBK, d);
 #else
         #pragma unroll
         for (int j0 = 0; j0 < KH / 8; j0 += 4) {        // + v^T (k D), 4 tiles at a time
@@ -2225,6 +2287,210 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
                 get_state();
             }
         }
+    }
+    gda_cp_wait<0>();
+    if (!ok) *flag = 1;
+#endif
+}
+
+// 9. SCAN_DV (sm_90a; a backward from the planes): the scan's backward half and dv's entry as
+// one kernel, scan_o's mirror (docs/perf-notes.md, "The backward's E scan and dv as one kernel
+// by wgmma"). Block: (sequence-head nh, FV value columns at n0), two warpgroups, one a key half,
+// holding E^T (FV value rows x KH keys a warpgroup) in wgmma accumulators as scan_o holds S^T;
+// each sequence's chunks from its last, E from d_final_state (0 without), its last E (the
+// gradient of the initial state) to dh0. A chunk b's operands come in two slots copied by
+// cp.async, each while the other's products run (A: k D's h, m planes, K-major as scan_o's q A;
+// do's plane of the block's columns; W. B: scale q A's TERMS planes, MN-major as scan_o's k D;
+// A_end):
+//   E_b to et (rows reads it), then
+//   dv^T = E_b^T (k D)^T + do^T (scale W)^T: scan_o's o with k D for q A, do for v, W^T for W
+//          (DV_TERMS = 2: E^T's h + m a k-step against k D's planes, W split into h, m once a
+//          chunk); the second warpgroup's sums into shared memory, the first's added there, dv
+//          out as scan_o's o; while those products run, rowsum(E_b (.) S0) of the block's
+//          columns (S0 from st, each thread its elements) into es's part of this tile;
+//   E = E_b diag(A_end) + do^T (scale q A): the guard on E_b first, then q A's planes l, m, h
+//          against do (exact) into fresh sums a k-step of 16 steps, added after (the scan's
+//          gda_scan_mma order), 64 keys a chain.
+// Launched (chunk_bwd.BackwardPlan) where Config.SCAN_DV, after scores: in place of the scan's
+// backward half (which SCAN_DV leaves out of it) and of dv's entry. Its shared memory is
+// chunk_bwd.scan_dv_smem (checked here); in every other build its body is empty.
+#define FD_BYTES ((2 + TERMS) * FPB + 4 * BT * BT + 2 * BT * FVL + 4 * (BT * FWL + KP + FV * FOL + 4 * KP))
+
+// scan_dv's chunks in the order it takes them: each sequence's from its last (c < 0: past them)
+struct gda_rev_chunks {
+    const long long* coff;
+    long long n, nseq;
+    int NC, j0, j1, c;
+    __device__ __forceinline__ gda_rev_chunks(const long long* coff_, long long nseq_, int NC_)
+        : coff(coff_), n(0), nseq(nseq_), NC(NC_) { start(); }
+    __device__ __forceinline__ void start() {
+        gda_seq_chunks(coff, n, NC, j0, j1);
+        c = j1 - 1;
+    }
+    __device__ __forceinline__ void next() {
+        if (c > j0) --c;
+        else if (++n < nseq) start();
+        else c = -1;
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_CHUNK_BWD_PARAMS)
+{
+#if SCAN_DV
+    static_assert(KH % 64 == 0 && KP <= 256 && FV == PT, "scan_dv: key halves of 64 or 128");
+    extern __shared__ __align__(16) unsigned char d_sm[];
+    unsigned char* const sk = d_sm;                                      // k D's h, m [2][FPB]
+    unsigned char* const sq = sk + 2 * FPB;                              // scale q A [TERMS][FPB]
+    unsigned char* const sp = sq + TERMS * FPB;                          // scale W's h, m
+    unsigned short* const sdo = reinterpret_cast<unsigned short*>(sp + 4 * BT * BT);  // do [BT][FVL]
+    float* const sw = reinterpret_cast<float*>(sdo + BT * FVL);          // W [BT][FWL]
+    float* const sa = sw + BT * FWL;                                     // A_end [KP]
+    float* const so = sa + KP;                                           // dv^T [FV][FOL]
+    float* const sr = so + FV * FOL;                                     // rowsum [4 row groups][KP]
+    unsigned dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (dyn < FD_BYTES) __trap();                       // (the launcher's scan_dv_smem is wrong)
+    constexpr int TN = VP / FV;
+    const long long nh = blockIdx.x / TN, NB = NH * NC;
+    const int n0 = blockIdx.x % TN * FV;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4, tq = lane % 4;
+    const int vr = warp % 4 * 16, kh = warp / 4, kb = kh * KH;
+    for (int i = K_DIM + threadIdx.x; i < KP; i += NTF) sa[i] = 1.f;   // (keys past K: 0 stays 0)
+
+    // P planes of a chunk at src (rows r: plane * BT + step) to shared memory in wgmma's
+    // layout (MN: MN-major, n the key; else K-major, n the step), 8 rows of 4 x 16 bytes a warp
+    const auto stage = [&](unsigned char* dst, const unsigned short* src, int P, bool MN) {
+        for (int x = threadIdx.x; x < P * BT * KP / 8; x += NTF) {
+            const int r = x / KP * 8 + x % 8, c8 = x / 8 % (KP / 8) * 8;
+            const int at = r / BT * FPB + (MN ? c8 / 8 * FKS + r % BT / 8 * 128
+                                              : r % BT / 8 * FQS + c8 / 8 * 128) + r % 8 * 16;
+            gda_cp16_at(gda_shared_at(dst + at), src + (long long)r * KP + c8);
+        }
+    };
+    const auto issue_a = [&](const gda_rev_chunks& u) {  // slot A of u's chunk (none past them)
+        if (u.c >= 0) {
+            const long long b = nh * NC + u.c;
+            const gda_planes_at pc(pl, NB, b);
+            stage(sk, pc.k, 2, false);
+            gda_stage_vw(sdo, pc.d, n0, sw, ww, b);
+        }
+        gda_cp_commit();
+    };
+    const auto issue_b = [&](const gda_rev_chunks& u) {  // slot B of u's chunk
+        if (u.c >= 0) {
+            const long long b = nh * NC + u.c;
+            const gda_planes_at pc(pl, NB, b);
+            stage(sq, pc.q, TERMS, true);
+            for (int i = threadIdx.x; i < K_DIM; i += NTF)
+                gda_cp4_at(gda_shared_at(sa + i), ae + b * K_DIM + i);
+        }
+        gda_cp_commit();
+    };
+    float s[KH / 8][4];                                 // E^T: [key tile][C fragment]
+    const int key0 = kb + 2 * tq, col0 = n0 + vr + g8;  // (gda_so_each's)
+    const long long hh = coff ? nh : nh % H;
+    gda_rev_chunks cur(coff, coff ? N : 1, NC), next_a = cur, next_b = cur;
+    const auto state_at = [&]() {                       // cur's sequence's [K][V] in dht, dh0
+        return ((coff ? cur.n : nh / H) * H + hh) * K_DIM * V_DIM;
+    };
+    const auto get_e = [&]() {                          // E^T of cur's sequence from dht (0 without)
+        const float* src = dht ? dht + state_at() : nullptr;
+        gda_so_each(key0, col0, [&](int j, int r, int key, int col) {
+            s[j][r] = src && key < K_DIM && col < V_DIM ? src[(long long)key * V_DIM + col] : 0.f;
+        });
+    };
+    get_e();
+    issue_a(next_a);
+    next_a.next();
+    issue_b(next_b);
+    next_b.next();
+    bool ok = true;
+    while (cur.c >= 0) {
+        const long long b = nh * NC + cur.c;
+        GDA_CHUNK;
+        gda_cp_wait<1>();                               // slot A's copies (B's may be in flight)
+        gda_proxy_fence();
+        __syncthreads();
+        gda_wg_split_b<BT, BT, NTF, false>([&](int t, int u) { return scale * sw[t * FWL + u]; },
+                                           reinterpret_cast<unsigned*>(sp),
+                                           reinterpret_cast<unsigned*>(sp + 2 * BT * BT), threadIdx.x);
+        gda_proxy_fence();
+        __syncthreads();
+        unsigned fd[NBK][4];                           // do^T's A fragments, a k-step of steps each
+        #pragma unroll
+        for (int sg = 0; sg < NBK; ++sg)
+            gda_ldsm4_t(fd[sg], gda_shared_at(sdo + (16 * sg + lane / 16 * 8 + lane % 8) * FVL
+                                              + vr + lane / 8 % 2 * 8));
+        float* const e_out = et + b * K_DIM * V_DIM;    // E_b, for rows
+        gda_so_each(key0, col0, [&](int j, int r, int key, int col) {
+            if (key < K_DIM && col < V_DIM) e_out[(long long)key * V_DIM + col] = s[j][r];
+        });
+        float o[BT / 8][4] = {};                        // dv^T: [step tile][C fragment]
+        gda_wg_o(o, s, fd, kh, gda_shared_at(sp), gda_shared_at(sk) + kb * 16);  // do^T (scale W)^T
+                                                        //  + E_b^T (k D)^T
+        if (kh == 1)                                    // the second half's dv^T, then the first
+            #pragma unroll                              //  adds its own in place
+            for (int j = 0; j < BT / 8; ++j) {
+                float* p = so + (vr + g8) * FOL + 8 * j + 2 * tq;
+                *reinterpret_cast<float2*>(p) = make_float2(o[j][0], o[j][1]);
+                *reinterpret_cast<float2*>(p + 8 * FOL) = make_float2(o[j][2], o[j][3]);
+            }
+        __syncthreads();
+        if (kh == 0)
+            #pragma unroll
+            for (int j = 0; j < BT / 8; ++j) {
+                float* p = so + (vr + g8) * FOL + 8 * j + 2 * tq;
+                p[0] += o[j][0];
+                p[1] += o[j][1];
+                p[8 * FOL] += o[j][2];
+                p[8 * FOL + 1] += o[j][3];
+            }
+        __syncthreads();                                // (slot A read: the next chunk's copies)
+        issue_a(next_a);
+        next_a.next();
+        gda_fo_store<1>(so, ch, n0, dv);                // dv
+        {                                               // rowsum(E_b (.) S0) (its loads in
+            const float* s0 = st + b * K_DIM * V_DIM;   //  flight while slot B lands): the
+            float part[KH / 8][2] = {};                 //  thread's two value rows a key, then
+            gda_so_each(key0, col0, [&](int j, int r, int key, int col) {   //  its quad's 8
+                const float x = key < K_DIM && col < V_DIM ? s0[(long long)key * V_DIM + col] : 0.f;
+                part[j][r & 1] = fmaf(s[j][r], x, part[j][r & 1]);         //  lanes, into sr
+            });
+            #pragma unroll
+            for (int j = 0; j < KH / 8; ++j)
+                #pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    float y = part[j][r];
+                    y += __shfl_xor_sync(GDA_FULL_MASK, y, 4);
+                    y += __shfl_xor_sync(GDA_FULL_MASK, y, 8);
+                    y += __shfl_xor_sync(GDA_FULL_MASK, y, 16);
+                    if (g8 == 0) sr[warp % 4 * KP + key0 + 8 * j + r] = y;
+                }
+        }
+        gda_cp_wait<1>();                               // slot B's copies (A's next in flight)
+        gda_proxy_fence();
+        __syncthreads();
+        for (int i = threadIdx.x; i < K_DIM; i += NTF)  // this tile's part of rowsum(E S0)
+            es[((long long)n0 / GN * NH * NC + b) * K_DIM + i] = sr[i] + sr[KP + i] + sr[2 * KP + i] + sr[3 * KP + i];
+        gda_so_each(key0, col0, [&](int j, int r, int key, int) {   // the guard on E_b, then
+            ok &= gda_bwd_in(s[j][r], GDA_BWD_STATE_MAX);                   //  E_b diag(A_end)
+            s[j][r] *= sa[key];
+        });
+        float d[KH / 64][8][4] = {};                    // + do^T (scale q A): a k-step's planes
+        #pragma unroll                                  //  l, m, h into fresh sums, added after
+        for (int sg = 0; sg < NBK; ++sg)
+            gda_wg_state<TERMS>(s, fd, gda_shared_at(sq) + kb / 8 * FKS, sg, sg + 1, d);
+        __syncthreads();                                // (slot B read: the next chunk's copies)
+        issue_b(next_b);
+        next_b.next();
+        if (cur.c == cur.j0 && dh0) {                   // a sequence's first chunk: its E, the
+            float* dst = dh0 + state_at();              //  initial state's gradient
+            gda_so_each(key0, col0, [&](int j, int r, int key, int col) {
+                if (key < K_DIM && col < V_DIM) dst[(long long)key * V_DIM + col] = s[j][r];
+            });
+        }
+        cur.next();
+        if (coff && cur.c >= 0 && cur.c == cur.j1 - 1) get_e();   // the next sequence's
     }
     gda_cp_wait<0>();
     if (!ok) *flag = 1;

@@ -1,8 +1,9 @@
 // Hopper warpgroup MMA helpers (wgmma, sm_90a): B operands split once into shared memory, the
 // products of one k-step for a warpgroup. Prepended as text after mma.cuh to the kernels built
 // with WGMMA = 1 (gda_chunk_fwd's Hopper variant; gda_chunk_bwd's dv entry, through
-// gda_wgmma_ss: both operands from shared memory) or SCAN_O_WG = 1 (gda_chunk_bwd's scan_o,
-// through gda_wgmma_rs: A from registers); the launcher then compiles for sm_90a.
+// gda_wgmma_ss: both operands from shared memory) or SCAN_O_WG = 1 or SCAN_DV = 1
+// (gda_chunk_bwd's scan_o and scan_dv, through gda_wgmma_rs: A from registers); the launcher
+// then compiles for sm_90a.
 //
 // A comes from registers in mma.cuh's fragments (each warp of the warpgroup its 16 rows of the
 // 64; BF16 in the natural column order, see gda_wg_frag_a), B from shared memory through a
@@ -14,9 +15,9 @@
 // other along k (LBO = 128 bytes), row groups GDA_WG_SBO(KD) bytes apart. A split operand is
 // two such arrays, hi then lo, and the same accuracy rules as mma.cuh hold: the products are
 // lo*hi + hi*lo + hi*hi, the small terms first (no lo of an exact bf16 input).
-#if (defined(WGMMA) && WGMMA) || (defined(SCAN_O_WG) && SCAN_O_WG)
+#if (defined(WGMMA) && WGMMA) || (defined(SCAN_O_WG) && SCAN_O_WG) || (defined(SCAN_DV) && SCAN_DV)
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL) && defined(__CUDA_ARCH__)
-#error "WGMMA = 1 and SCAN_O_WG = 1 need the sm_90a target (--gpu-architecture=sm_90a)"
+#error "WGMMA, SCAN_O_WG and SCAN_DV = 1 need the sm_90a target (--gpu-architecture=sm_90a)"
 #endif
 
 #define GDA_WG_KC (16 / ((GDA_BF16) ? 2 : 4))  // k elements of a core matrix row (16 bytes)

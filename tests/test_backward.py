@@ -291,13 +291,25 @@ CHUNK_OWN = [
 SCANS = {"local-states": (False, False), "scan": (True, False), "planes": (True, True)}
 
 
+def _need_hopper():
+    """Skip, where the GPU is not a Hopper one (a wgmma kernel's test)."""
+    from cupy_gda import _launch
+    if not _launch.hopper():
+        pytest.skip("a Hopper GPU's kernel (sm_90a's wgmma)")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case, scan", [
-    pytest.param(c, m, id=f"{c.id}-{m}") for c in CHUNK_OWN for m in SCANS
-    if m != "planes" or c.dtype == "bfloat16"])
+    pytest.param(c, m, id=f"{c.id}-{m}") for c in CHUNK_OWN for m in (*SCANS, "planes-dv")
+    if m in ("local-states", "scan") or c.dtype == "bfloat16"])
 def test_gpu_chunked_backward_itself_meets_the_contract(case, scan):
     """The chunked form's own gradients (the reverse loop left out), with the guard not hit, with
-    each form of the boundary scan (SCANS)."""
+    each form of the boundary scan (SCANS), and from the planes with the scan's backward half
+    and dv as one kernel (planes-dv: SCAN_DV, chunks of 64 steps, a Hopper GPU)."""
+    if scan == "planes-dv":
+        _need_hopper()
+        _check_chunked_own(case, SCAN=True, PLANES=True, BT=64, SCAN_DV=True)
+        return
     fused, planes = SCANS[scan]
     _check_chunked_own(case, SCAN=fused, PLANES=planes)
 
@@ -494,14 +506,19 @@ KEPT_CASES = [
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("scan_dv", [False, True], ids=["", "scan_dv"])
 @pytest.mark.parametrize("case, scale", KEPT_CASES, ids=lambda c: getattr(c, "id", str(c)))
-def test_gpu_backward_from_the_kept_forward(case, scale):
+def test_gpu_backward_from_the_kept_forward(case, scale, scan_dv, monkeypatch):
     """A ForwardPlan call's kept stages (S0, A_end, W, the planes) in place of the backward's
     own: the same products in the same order, so its gradients are bit for bit those of the
     backward from the planes (poisoned outputs), the guard's flag the forward's (and then both
-    are the reverse loop's)."""
+    are the reverse loop's); scan_dv: both with chunks of 64 steps and, where it fits (a
+    Hopper GPU, planes of 128 or 256 keys), E and dv by scan_dv (USE_SCAN_DV on)."""
     import cupy
-    from cupy_gda import chunk_bwd
+    from cupy_gda import _launch, chunk_bwd
+    if scan_dv:
+        monkeypatch.setattr(chunk_bwd, "USE_SCAN_DV", True)
+        monkeypatch.setattr(chunk_bwd, "CHUNKS_64", 0)
     p, call, _, _ = _forward_plan_inputs(case)
     q, k, v, g, _, h0, cu, _, _ = call
     call = (q, k, v, g, scale, h0, cu, True, None)
@@ -512,8 +529,13 @@ def test_gpu_backward_from_the_kept_forward(case, scale):
     fwd_flag = cupy.zeros((1,), np.int32)
     _, _, kept = chunk_bwd.ForwardPlan(p, varlen, False, True).run(*call, flag=fwd_flag, keep=True)
     args = (q, k, v, g, do, scale, h0, dht, cu)
-    want, wflag = chunk_bwd.BackwardPlan(p, varlen, False, chunk_bwd.planes_config(p, varlen)).run(*args)
-    got, gflag = chunk_bwd.plan(p, varlen, False, keep=True).run(*args, kept=kept)
+    cfg = chunk_bwd.planes_config(p, varlen)
+    cfg = cfg._replace(SCAN_DV=chunk_bwd.scan_dv_fits(p, cfg))
+    assert cfg.SCAN_DV == (scan_dv and _launch.hopper() and chunk_bwd.planes(p)[0] in (128, 256))
+    want, wflag = chunk_bwd.BackwardPlan(p, varlen, False, cfg).run(*args)
+    kplan = chunk_bwd.BackwardPlan(p, varlen, False, keep=True)
+    assert kplan.cfg == cfg
+    got, gflag = kplan.run(*args, kept=kept)
     hit = int(case.gate == "big")
     assert int(fwd_flag[0]) == int(wflag[0]) == int(gflag[0]) == hit
     for name, a, b in zip(R.Gradients._fields, got, want):
@@ -699,7 +721,8 @@ def _check_scan(view, plan, kd, sqa, vp, dp, h0, dht):
                         ("K5-V1-BT64", (1, 130, 2, 5, 1, 64)),
                         ("K128-V130-BT64", (1, 200, 2, 128, 130, 64)))
     for dtype in ("float32", "bfloat16") if dtype == "float32" or name != "K5-V1-BT64"
-    for m in SCANS if m != "planes" or dtype == "bfloat16"])
+    for m in (*SCANS, "planes-dv") if m in SCANS and (m != "planes" or dtype == "bfloat16")
+    or dtype == "bfloat16" and name == "K128-V130-BT64"])
 def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT, dtype, scan):
     """Each GEMM stage (2: local states, 4: M, scale do S0^T, v E^T, 7: dv) against float64
     products of the very workspaces it read: every element within float32's worst case for n
@@ -708,14 +731,20 @@ def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT, dtyp
     sqrt(n)) of it; tiles cut by K, V and the chunk's rows; values and scale that round in
     bf16 and TF32; bf16 inputs, whose v and do take one term. With the fused boundary scan
     (2-3), its S0, E and rowsum(E S0) against the float64 scan of the same workspaces, within
-    (BT + 16) 2^-24 a chunk of its sums of magnitudes; from the planes, the planes exact."""
+    (BT + 16) 2^-24 a chunk of its sums of magnitudes; from the planes, the planes exact;
+    planes-dv (a Hopper GPU), E, rowsum and dv by scan_dv, dv in its two terms (2^-15 of its
+    sum of magnitudes more: m m left out, each operand's h + m within 2^-17 of it)."""
     import cupy
     from cupy_gda import chunk_bwd
     from cupy_gda._checks import Problem
     rng = np.random.default_rng(20)
     p = Problem(B, T, H, K, V, B, dtype, "float32", False)
-    fused, planes = SCANS[scan]
-    plan = chunk_bwd.BackwardPlan(p, cfg=chunk_bwd.Config(BT, 32 if K <= 32 else 64, fused, planes))
+    two = scan == "planes-dv"
+    if two:
+        _need_hopper()
+    fused, planes = SCANS["planes" if two else scan]
+    plan = chunk_bwd.BackwardPlan(p, cfg=chunk_bwd.Config(BT, 32 if K <= 32 else 64, fused, planes,
+                                                          DV_TERMS=2 if two else 3, SCAN_DV=two))
     x = {n: cupy.asarray(rng.standard_normal((B, T, H, d)), np.float32).astype(dtype)
          for n, d in (("q", K), ("k", K), ("v", V), ("do", V))}
     g = cupy.asarray(rng.uniform(0.9, 1.0, (B, T, H, K)), np.float32)
@@ -766,7 +795,8 @@ def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT, dtyp
     rmag = mag.reshape(B, H, -1, V)[:, :, :T].transpose(0, 2, 1, 3)
     got = cupy.asnumpy(grads[2].astype(np.float32)).astype(np.float64)
     rounding = 2.0 ** -24 if dtype == "float32" else 2.0 ** -8      # dv in v's dtype
-    assert not (np.abs(got - rows) > (K + BT + 12) * 2.0 ** -24 * rmag + rounding * np.abs(rows)).any()
+    bound = ((K + BT + 12) * 2.0 ** -24 + (2.0 ** -15 if two else 0)) * rmag + rounding * np.abs(rows)
+    assert not (np.abs(got - rows) > bound).any()
 
 
 # dv's wgmma entry (chunk_bwd.Config.WGMMA): the planes (the forward's o, the backward's dv and

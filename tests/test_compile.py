@@ -85,7 +85,7 @@ SPILLS = pytest.mark.xfail(reason="known: gda_chunk_fwd spills at 255 registers 
 
 
 def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=None, marks=(),
-          terms3=False, scan_o_wg=False):
+          terms3=False, scan_o_wg=False, scan_dv=False):
     dt, gdt, log_gate, int64 = variant
     B, H = BH
     p = Problem(B=B, T=64, H=H, K=K, V=V, N=B, dtype=dt, g_dtype=gdt, log_gate=log_gate)
@@ -116,11 +116,13 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=Non
             cfg = cfg._replace(DV_TERMS=3, ROWS_TERMS=3)    # two (DV_TWO_TERMS etc. off)
         if scan_o_wg:   # scan_o by wgmma (the forward's two-term stages, sm_90a)
             cfg = cfg._replace(SCAN_O_WG=True)
+        if scan_dv:     # the backward's E and dv by scan_dv (sm_90a; dv in two terms)
+            cfg = cfg._replace(SCAN_DV=True, DV_TERMS=2)
         defines = chunk_bwd.defines(p, cfg, int64, fwd=planes in ("fwd", "fwdkeep"),
                                     keep=planes == "keep")
         where = (f"-BT{cfg.BT}-KT{cfg.KT}" + (f"-{planes}" if planes else "")
                  + ("-wgmma" if wgmma else "") + ("-t3" if terms3 else "")
-                 + ("-sowg" if scan_o_wg else ""))
+                 + ("-sowg" if scan_o_wg else "") + ("-scandv" if scan_dv else ""))
     else:
         defines = step.defines(p, idx_int64=int64, align=align)
         where = "" if align == 16 else f"-align{align}"
@@ -211,6 +213,12 @@ def _cases():
     for i, (K, V) in enumerate(((256, 512), (128, 256), (100, 72), (256, 64))):
         add(_case("gda_chunk_bwd", "sm_90", K, V, BF16[i % len(BF16)], MANY, planes="fwd",
                   scan_o_wg=True), i < 2)
+    # gda_chunk_bwd's scan_dv (SCAN_DV, built for sm_90a): the backward from the planes and from
+    # the kept forward at planes of 256 and 128 keys, whole and cut tiles; core: GLA-1.3B's two
+    for i, (K, V, mode) in enumerate(((256, 512, "planes"), (256, 512, "keep"), (128, 256, "planes"),
+                                      (100, 72, "keep"), (128, 130, "planes"))):
+        add(_case("gda_chunk_bwd", "sm_90", K, V, BF16[i % len(BF16)], MANY, planes=mode,
+                  scan_dv=True), i < 2)
     # gda_chunk_bwd's dv and rows' S0, E in three terms for half inputs (DV_TERMS, ROWS_TERMS =
     # 3: DV_TWO_TERMS, ROWS_TWO_TERMS off), from the planes and from float32 rows, on both archs
     for i, (arch, K, V, planes) in enumerate((("sm_90", 256, 512, "planes"),

@@ -643,10 +643,10 @@ def test_forward_from_the_planes_where_the_rule_says(p, varlen, want):
 def test_chunk_backward_config(p, want):
     # dv's entry and rows' S0 and E in two terms for half inputs, three for float32 ones
     t = 2 if p.dtype == "bfloat16" else 3
-    assert tuple(chunk_bwd.config(p)) == want + (False, 3, t, t, False)
+    assert tuple(chunk_bwd.config(p)) == want + (False, 3, t, t, False, False)
     # on a Hopper GPU dv's wgmma entry (three terms), where the chunks are of 64 steps (m64)
     wg = want[0] == 64
-    assert tuple(chunk_bwd.config(p, wgmma=True)) == want + (wg, 3, 3 if wg else t, t, False)
+    assert tuple(chunk_bwd.config(p, wgmma=True)) == want + (wg, 3, 3 if wg else t, t, False, False)
     # the forward from the planes: three terms where it keeps them for the backward, else two
     # and no wgmma
     keep, lean = (chunk_bwd.planes_config(p, wgmma=True, keep=x) for x in (True, False))
@@ -778,3 +778,33 @@ def test_scan_o_fits_where_its_shared_memory_and_blocks_do(monkeypatch):
     assert chunk_bwd.scan_o_fits(p._replace(H=2), lean)
     monkeypatch.setattr(chunk_bwd, "USE_SCAN_O", False)
     assert not chunk_bwd.scan_o_fits(p, lean)
+
+
+def test_scan_dv_fits_a_hopper_backward_from_the_planes(monkeypatch):
+    """A backward runs scan_dv (its E scan and dv as one wgmma kernel) where USE_SCAN_DV is on,
+    the GPU is a Hopper one, the operands are the planes, chunks of 64 steps, planes of 128 or
+    256 keys, dv in two terms and not by dv's wgmma entry, and its shared memory (the kernel's
+    FD_BYTES) fits: 224 KiB at GLA-1.3B's K = 256, three planes of q A."""
+    p = P._replace(B=8, N=8, T=4096, H=4, K=256, V=512, dtype="bfloat16")     # GLA-1.3B
+    cfg = chunk_bwd.planes_config(p)
+    assert (cfg.BT, cfg.PLANES, cfg.TERMS, cfg.DV_TERMS, cfg.SCAN_DV) == (64, True, 3, 2, False)
+    assert chunk_bwd.scan_dv_smem(p, cfg) == 229376
+    assert chunk_bwd.scan_dv_smem(p._replace(K=100), cfg) == 144896     # K rounded up to 128
+    monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, 232448))
+    monkeypatch.setattr(chunk_bwd, "hopper", lambda: True)
+    assert not chunk_bwd.scan_dv_fits(p, cfg)                            # (USE_SCAN_DV off)
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_DV", True)
+    assert chunk_bwd.scan_dv_fits(p, cfg)
+    for other in (cfg._replace(BT=32), cfg._replace(PLANES=False), cfg._replace(DV_TERMS=3),
+                  cfg._replace(WGMMA=True)):
+        assert not chunk_bwd.scan_dv_fits(p, other), other
+    assert not chunk_bwd.scan_dv_fits(p._replace(K=192), cfg)           # planes of 192 keys
+    assert chunk_bwd.scan_dv_fits(p._replace(K=128), cfg)
+    monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (108, 166912))   # an A100's
+    assert not chunk_bwd.scan_dv_fits(p, cfg)
+    monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, 232448))
+    monkeypatch.setattr(chunk_bwd, "hopper", lambda: False)
+    assert not chunk_bwd.scan_dv_fits(p, cfg)
+    # the forward's builds never take it (a define of the backward's alone)
+    assert chunk_bwd.defines(p, cfg._replace(SCAN_DV=True), fwd=True)["SCAN_DV"] == 0
+    assert chunk_bwd.defines(p, cfg._replace(SCAN_DV=True))["SCAN_DV"] == 1
