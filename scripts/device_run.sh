@@ -37,6 +37,8 @@
 #            64 on a Hopper GPU, by wgmma), then `profile_chunk_bwd --scan-o-sweep` (both forms
 #            against the scan and dv's entry over B, H and K) and the forward's stages of
 #            [NAMES (gla1.3b-bf16,gla340m-bf16,big128-bf16)] with scan_o by wgmma (--scan-o-wg)
+#   scan-dv: install, the backward's GPU tests of gda_chunk_bwd_scan_dv (planes-dv, scan_dv),
+#            then `profile_chunk_bwd [NAMES (gla1.3b-bf16)] --stages` with --scan-dv, then without
 #   fwdbwd-fla: (carry [".baselines"]) install, ours and fla's forward + backward rows at one
 #            shape in one run (SHAPE, default gla1.3b-bf16), fla's autotune given 480 s
 #   compare: `cupy-gda bench --shapes SHAPES --impl ours` of an older tree (its files in .old/,
@@ -52,6 +54,7 @@
 #   bash scripts/device_run.sh <commit> terms [NAMES (gla1.3b-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> fwdbwd-fla [SHAPE (gla1.3b-bf16)]
 #   bash scripts/device_run.sh <commit> scan-o [NAMES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
+#   bash scripts/device_run.sh <commit> scan-dv [NAMES (gla1.3b-bf16)]
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
 commit="${1:-unknown}"
@@ -282,6 +285,21 @@ if [ "$phase" = "scan-o" ]; then
         "${3:-gla1.3b-bf16,gla340m-bf16,big128-bf16}" --forward --stages --scan-o-wg \
         > "$out/scan-o-forward.txt" 2>&1
     cat "$out/scan-o-forward.txt"
+    exit 0
+fi
+if [ "$phase" = "scan-dv" ]; then
+    # the backward's E scan and dv as one kernel (perf-notes v40): its tests, then the stages
+    # with it and without, in one call
+    xd=()
+    python3 -c "import xdist" 2>/dev/null && xd=(-n 8)
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py \
+        -k "planes-dv or scan_dv" "${xd[@]}" > "$out/pytest-scan-dv.txt" 2>&1
+    tail -3 "$out/pytest-scan-dv.txt"
+    for flag in --scan-dv ""; do
+        timeout $(((560 - SECONDS) / 2)) python3 -m scripts.profile_chunk_bwd \
+            "${3:-gla1.3b-bf16}" --stages $flag > "$out/bwd-stages$flag.txt" 2>&1
+        cat "$out/bwd-stages$flag.txt"
+    done
     exit 0
 fi
 if [ "$phase" = "fwdbwd-fla" ]; then

@@ -18,6 +18,8 @@
         scan and dv's entry, not gda_chunk_bwd_scan_o: v38), likewise.
         --scan-o-wg: with chunk_bwd.USE_SCAN_O_WG on (scan_o's products by wgmma on a Hopper
         GPU, where its chunks are of 64 steps and its planes of 128 or 256 keys: v39).
+        --scan-dv: with chunk_bwd.USE_SCAN_DV on (a backward from the planes, and the one from
+        the kept forward, by gda_chunk_bwd_scan_dv where scan_dv_fits: v40).
     python -m scripts.profile_chunk_bwd --scan-o-sweep
         the forward that keeps nothing with scan_o (SCAN_O_FROM 0) by mma.sync, by wgmma (a
         Hopper GPU, where SCAN_O_WG can be) and with the scan and dv's entry, over SWEEP's
@@ -155,13 +157,14 @@ def shape_line(name, stages):
     p = Problem(B, T, H, K, V, B, dtype, "float32", False)
     plan = chunk_bwd.plan(p)
     _, flag = plan.run(q, k, v, g, do, 1.0, None, None, fallback=False)
-    other = chunk_bwd.BackwardPlan(p, cfg=plan.cfg._replace(BT=96 - plan.cfg.BT))
+    other = chunk_bwd.BackwardPlan(p, cfg=plan.cfg._replace(BT=96 - plan.cfg.BT, SCAN_DV=False))
     # the other boundary scan: from the planes -> the fused one without; else fused <-> not
-    flip = chunk_bwd.BackwardPlan(p, cfg=plan.cfg._replace(PLANES=False) if plan.cfg.PLANES
-                                  else plan.cfg._replace(SCAN=not plan.cfg.SCAN))
+    # (neither by scan_dv, which needs chunks of 64 from the planes)
+    flip = chunk_bwd.BackwardPlan(p, cfg=plan.cfg._replace(PLANES=False, SCAN_DV=False)
+                                  if plan.cfg.PLANES else plan.cfg._replace(SCAN=not plan.cfg.SCAN))
 
     def form(cfg):
-        return "planes" if cfg.PLANES else f"scan {int(cfg.SCAN)}"
+        return ("planes" + (" scan_dv" if cfg.SCAN_DV else "")) if cfg.PLANES else f"scan {int(cfg.SCAN)}"
 
     def by(pl):                                             # the backward by another plan
         return pl(q, k, v, g, do, 1.0, None, None)
@@ -255,6 +258,10 @@ def main(argv):
         from cupy_gda import chunk_bwd
         chunk_bwd.DV_TWO_TERMS = chunk_bwd.ROWS_TWO_TERMS = False
         print("(chunk_bwd.DV_TWO_TERMS and ROWS_TWO_TERMS off)", flush=True)
+    if "--scan-dv" in argv:
+        from cupy_gda import chunk_bwd
+        chunk_bwd.USE_SCAN_DV = True
+        print("(chunk_bwd.USE_SCAN_DV on)", flush=True)
     if "--scan-o-wg" in argv:
         from cupy_gda import chunk_bwd
         chunk_bwd.USE_SCAN_O_WG = True
