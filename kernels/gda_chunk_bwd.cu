@@ -2306,8 +2306,8 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
 //   dv^T = E_b^T (k D)^T + do^T (scale W)^T: scan_o's o with k D for q A, do for v, W^T for W
 //          (DV_TERMS = 2: E^T's h + m a k-step against k D's planes, W split into h, m once a
 //          chunk); the second warpgroup's sums into shared memory, the first's added there, dv
-//          out as scan_o's o; while those products run, rowsum(E_b (.) S0) of the block's
-//          columns (S0 from st, each thread its elements) into es's part of this tile;
+//          out as scan_o's o; then rowsum(E_b (.) S0) of the block's columns (S0 from st, each
+//          thread its elements, loaded while slot B's copies land) into es's part of this tile;
 //   E = E_b diag(A_end) + do^T (scale q A): the guard on E_b first, then q A's planes l, m, h
 //          against do (exact) into fresh sums a k-step of 16 steps, added after (the scan's
 //          gda_scan_mma order), 64 keys a chain.
