@@ -237,19 +237,26 @@ if [ "$phase" = "bwd" ]; then
     cat "$out/bwd-stages.txt"
     exit 0
 fi
+# test_backward.py's tests matching -k $1 (into pytest-$2.txt), then profile_chunk_bwd's stages
+# of shapes $3 with each flag of the rest (one call each, into bwd-stages<flag>.txt)
+tests_then_stages() {
+    local k="$1" name="$2" names="$3"
+    shift 3
+    local xd=()
+    python3 -c "import xdist" 2>/dev/null && xd=(-n 8)
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py -k "$k" \
+        "${xd[@]}" > "$out/pytest-$name.txt" 2>&1
+    tail -3 "$out/pytest-$name.txt"
+    for flag in "$@"; do
+        timeout $(((560 - SECONDS) / 2)) python3 -m scripts.profile_chunk_bwd "$names" --stages \
+            $flag > "$out/bwd-stages$flag.txt" 2>&1
+        cat "$out/bwd-stages$flag.txt"
+    done
+}
 if [ "$phase" = "terms" ]; then
     # the backward's products in two terms (chunk_bwd.DV_TWO_TERMS, ROWS_TWO_TERMS; perf-notes
     # v36, v37) or three: their GPU tests, then the stages with and without them
-    xd=()
-    python3 -c "import xdist" 2>/dev/null && xd=(-n 8)
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py -k terms_meet \
-        "${xd[@]}" > "$out/pytest-terms.txt" 2>&1
-    tail -3 "$out/pytest-terms.txt"
-    for flag in "" --three-terms; do
-        timeout $(((560 - SECONDS) / 2)) python3 -m scripts.profile_chunk_bwd \
-            "${3:-gla1.3b-bf16,big128-bf16}" --stages $flag > "$out/bwd-stages$flag.txt" 2>&1
-        cat "$out/bwd-stages$flag.txt"
-    done
+    tests_then_stages terms_meet terms "${3:-gla1.3b-bf16,big128-bf16}" "" --three-terms
     exit 0
 fi
 shapes="seed,gla64,long24,big128,big128-bf16,decode,few24,few64"
@@ -290,16 +297,7 @@ fi
 if [ "$phase" = "scan-dv" ]; then
     # the backward's E scan and dv as one kernel (perf-notes v40): its tests, then the stages
     # with it and without, in one call
-    xd=()
-    python3 -c "import xdist" 2>/dev/null && xd=(-n 8)
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py \
-        -k "planes-dv or scan_dv" "${xd[@]}" > "$out/pytest-scan-dv.txt" 2>&1
-    tail -3 "$out/pytest-scan-dv.txt"
-    for flag in --scan-dv ""; do
-        timeout $(((560 - SECONDS) / 2)) python3 -m scripts.profile_chunk_bwd \
-            "${3:-gla1.3b-bf16}" --stages $flag > "$out/bwd-stages$flag.txt" 2>&1
-        cat "$out/bwd-stages$flag.txt"
-    done
+    tests_then_stages "planes-dv or scan_dv" scan-dv "${3:-gla1.3b-bf16}" --scan-dv ""
     exit 0
 fi
 if [ "$phase" = "fwdbwd-fla" ]; then
