@@ -886,6 +886,42 @@ def test_gpu_chunked_backward_guard_flags_and_falls_back(what):
         _contract(name, cupy.asnumpy(x), r, e)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("what", ["large-dht", "big-gate", "inf-do"])
+def test_gpu_scan_dv_guard_flags_as_the_scan(what):
+    """A backward from the planes with scan_dv (SCAN_DV: chunks of 64, a Hopper GPU) sets the
+    guard's flag where the one with the scan's backward half and dv's entry does (E past the
+    range from d_final_state, which scan_dv guards; a gate or do past it, which pack does), and
+    the reverse loop then overwrites every gradient: the same arrays either way."""
+    import cupy
+    from cupy_gda import chunk_bwd
+    from cupy_gda._checks import Problem
+    _need_hopper()
+    rng = np.random.default_rng(15)
+    B, T, H, K, V = 2, 150, 2, 128, 64
+    q, k, v, do = (cupy.asarray(rng.standard_normal((B, T, H, d)), np.float32).astype("bfloat16")
+                   for d in (K, K, V, V))
+    g = cupy.asarray(rng.uniform(0.9, 1.0, (B, T, H, K)), np.float32)
+    dht = cupy.asarray(rng.standard_normal((B, H, K, V)), np.float32)
+    if what == "large-dht":
+        dht[1, 0, 5, 5] = 2.0 ** 41
+    elif what == "big-gate":
+        g[1, 100, 0, 3] = 1.5
+    else:
+        do[1, 149, 1, 11] = np.inf
+    p = Problem(B, T, H, K, V, B, "bfloat16", "float32", False)
+    args = (q, k, v, g, do, 1.0, None, dht)
+    got = []
+    for dv in (False, True):
+        plan = chunk_bwd.BackwardPlan(p, cfg=chunk_bwd.Config(64, 64, True, True, DV_TERMS=2,
+                                                              SCAN_DV=dv))
+        assert int(plan.run(*args, fallback=False)[1][0]) == 1
+        got.append(plan(*args))
+    for name, a, b in zip(R.Gradients._fields, *got):
+        assert (a is None) == (b is None), name
+        assert a is None or cupy.array_equal(a, b, equal_nan=True), name
+
+
 def _gpu_problem(rng, B, T, H, K, V, regime="unif", init=True, lens=None):
     import cupy
     kw = _problem(rng, B, T, H, K, V, regime, init, lens)
