@@ -66,6 +66,8 @@ USE_SCAN_O_WG = False    # scan_o's products by wgmma on a Hopper GPU (Config.SC
 USE_SCAN_DV = False      # a backward from the planes on a Hopper GPU runs the scan's backward
                          # half and dv as one wgmma kernel (Config.SCAN_DV, scan_dv_fits): off
                          # until a GPU has run it (built and compile-checked, not yet run)
+SCAN_DV_FROM = 1.0       # scan_dv's blocks an SM from which it runs (its blocks are scan_o's:
+                         # SCAN_O_FROM's reason; not measured)
 SCAN_O_FROM = 1.0        # scan_o's blocks (sequence-heads x tiles of FV value columns) an SM
                          # from which it runs: each runs a sequence-head's chunks in turn, so
                          # fewer leave SMs idle, where the scan's 4x as many blocks (at K = 256)
@@ -208,13 +210,15 @@ def scan_dv_smem(p, cfg):
             + 4 * (bt * (bt + 4) + kp + FV * (bt + 4) + 4 * kp))
 
 
-def scan_dv_fits(p, cfg):
-    """Whether a backward of Config ``cfg`` (for Problem ``p``) runs scan_dv: USE_SCAN_DV on a
-    Hopper GPU, from the planes (PLANES) with chunks of 64 steps, planes of 128 or 256 keys, dv
-    in two terms, no wgmma dv entry, and its shared memory within the device's opt-in limit."""
+def scan_dv_fits(p, cfg, varlen=False):
+    """Whether a backward of Config ``cfg`` (for Problem ``p``, packed where ``varlen``) runs
+    scan_dv: USE_SCAN_DV on a Hopper GPU, from the planes (PLANES) with chunks of 64 steps,
+    planes of 128 or 256 keys, dv in two terms, no wgmma dv entry, its shared memory within the
+    device's opt-in limit and SCAN_DV_FROM blocks an SM."""
+    sms, smem = device_limits()
     return (USE_SCAN_DV and hopper() and cfg.PLANES and cfg.BT == 64 and not cfg.WGMMA
-            and cfg.DV_TERMS == 2 and planes(p)[0] in (128, 256)
-            and scan_dv_smem(p, cfg) <= device_limits()[1])
+            and cfg.DV_TERMS == 2 and planes(p)[0] in (128, 256) and scan_dv_smem(p, cfg) <= smem
+            and chunks(p, cfg.BT, varlen)[0] * tiles(p.V) >= SCAN_DV_FROM * sms)
 
 
 def dv_smem(cfg):
@@ -318,7 +322,7 @@ class BackwardPlan:
         if keep or cfg is None:                 # (a cfg given: as given)
             cfg = (planes_config(p, varlen, use_wgmma()) if keep
                    else config(p, varlen, device_limits()[0], use_wgmma()))
-            cfg = cfg._replace(SCAN_DV=scan_dv_fits(p, cfg))
+            cfg = cfg._replace(SCAN_DV=scan_dv_fits(p, cfg, varlen))
         self.p, self.varlen = p, varlen
         self.cfg = cfg
         self.keep = keep

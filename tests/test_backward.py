@@ -513,11 +513,13 @@ def test_gpu_backward_from_the_kept_forward(case, scale, scan_dv, monkeypatch):
     own: the same products in the same order, so its gradients are bit for bit those of the
     backward from the planes (poisoned outputs), the guard's flag the forward's (and then both
     are the reverse loop's); scan_dv: both with chunks of 64 steps and, where it fits (a
-    Hopper GPU, planes of 128 or 256 keys), E and dv by scan_dv (USE_SCAN_DV on)."""
+    Hopper GPU, planes of 128 or 256 keys; its rule's minimum of blocks set aside), E and dv by
+    scan_dv (USE_SCAN_DV on)."""
     import cupy
     from cupy_gda import _launch, chunk_bwd
     if scan_dv:
         monkeypatch.setattr(chunk_bwd, "USE_SCAN_DV", True)
+        monkeypatch.setattr(chunk_bwd, "SCAN_DV_FROM", 0)
         monkeypatch.setattr(chunk_bwd, "CHUNKS_64", 0)
     p, call, _, _ = _forward_plan_inputs(case)
     q, k, v, g, _, h0, cu, _, _ = call
@@ -530,7 +532,7 @@ def test_gpu_backward_from_the_kept_forward(case, scale, scan_dv, monkeypatch):
     _, _, kept = chunk_bwd.ForwardPlan(p, varlen, False, True).run(*call, flag=fwd_flag, keep=True)
     args = (q, k, v, g, do, scale, h0, dht, cu)
     cfg = chunk_bwd.planes_config(p, varlen)
-    cfg = cfg._replace(SCAN_DV=chunk_bwd.scan_dv_fits(p, cfg))
+    cfg = cfg._replace(SCAN_DV=chunk_bwd.scan_dv_fits(p, cfg, varlen))
     assert cfg.SCAN_DV == (scan_dv and _launch.hopper() and chunk_bwd.planes(p)[0] in (128, 256))
     want, wflag = chunk_bwd.BackwardPlan(p, varlen, False, cfg).run(*args)
     kplan = chunk_bwd.BackwardPlan(p, varlen, False, keep=True)

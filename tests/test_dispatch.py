@@ -783,8 +783,9 @@ def test_scan_o_fits_where_its_shared_memory_and_blocks_do(monkeypatch):
 def test_scan_dv_fits_a_hopper_backward_from_the_planes(monkeypatch):
     """A backward runs scan_dv (its E scan and dv as one wgmma kernel) where USE_SCAN_DV is on,
     the GPU is a Hopper one, the operands are the planes, chunks of 64 steps, planes of 128 or
-    256 keys, dv in two terms and not by dv's wgmma entry, and its shared memory (the kernel's
-    FD_BYTES) fits: 224 KiB at GLA-1.3B's K = 256, three planes of q A."""
+    256 keys, dv in two terms and not by dv's wgmma entry, its shared memory (the kernel's
+    FD_BYTES) fits (224 KiB at GLA-1.3B's K = 256, three planes of q A) and its blocks, a
+    sequence-head's 64 value columns each, number SCAN_DV_FROM an SM."""
     p = P._replace(B=8, N=8, T=4096, H=4, K=256, V=512, dtype="bfloat16")     # GLA-1.3B
     cfg = chunk_bwd.planes_config(p)
     assert (cfg.BT, cfg.PLANES, cfg.TERMS, cfg.DV_TERMS, cfg.SCAN_DV) == (64, True, 3, 2, False)
@@ -800,6 +801,10 @@ def test_scan_dv_fits_a_hopper_backward_from_the_planes(monkeypatch):
         assert not chunk_bwd.scan_dv_fits(p, other), other
     assert not chunk_bwd.scan_dv_fits(p._replace(K=192), cfg)           # planes of 192 keys
     assert chunk_bwd.scan_dv_fits(p._replace(K=128), cfg)
+    assert not chunk_bwd.scan_dv_fits(p._replace(H=2), cfg)             # 128 blocks
+    assert not chunk_bwd.scan_dv_fits(p._replace(B=1, N=5), cfg, True)  # packed: H of them
+    monkeypatch.setattr(chunk_bwd, "SCAN_DV_FROM", 0.5)
+    assert chunk_bwd.scan_dv_fits(p._replace(H=2), cfg)
     monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (108, 166912))   # an A100's
     assert not chunk_bwd.scan_dv_fits(p, cfg)
     monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, 232448))
