@@ -351,8 +351,8 @@ class BackwardPlan:
             boundary = [(2, launch("gda_chunk_bwd_local", NB * 2 * tiles(K) * tiles(V), NTG)),
                         (3, launch("gda_chunk_bwd_states", -(-NH * K // rows), NTP))]
         # (stage number, launch), in order: run(stages=n) runs those numbered n or less (with
-        # SCAN_DV, E and dv come with number 3, after W's 5: then stages 3 and 4 hold E, S0 and
-        # rows' products, but dv only at 5)
+        # SCAN_DV, E and dv come with number 3, after W's 5: stages 3 and 4 then hold E, S0 and
+        # rows' products, and dv, made from a W not yet written, is right only from 5 on)
         dv = self.cfg.SCAN_DV
         self.stages = [(1, launch("gda_chunk_bwd_pack", NB, NTP))] + boundary + [
             (4, launch("gda_chunk_bwd_rows", NB * 3 * tiles(K), NTG))] + (
@@ -384,8 +384,9 @@ class BackwardPlan:
         with keep=True): the Kept of the ForwardPlan call on the same inputs, whose st, ae, ww and
         planes this call takes instead of making them (its flag starts as the forward's). Tests:
         ``fallback=False`` leaves out the reverse loop (the chunked form's own results),
-        ``stages`` stops after that stage, and ``ws`` (float32, at least ws_floats) is the
-        workspace to use."""
+        ``stages`` runs the launches of that stage's number or less (with SCAN_DV, E and dv's
+        scan_dv is numbered 3 but needs W, stage 5: its E from 3 on, its dv from 5), and ``ws``
+        (float32, at least ws_floats) is the workspace to use."""
         import cupy
         p = self.p
         if self.keep != (kept is not None):

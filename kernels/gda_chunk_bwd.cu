@@ -2311,6 +2311,8 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
 //   E = E_b diag(A_end) + do^T (scale q A): the guard on E_b first, then q A's planes l, m, h
 //          against do (exact) into fresh sums a k-step of 16 steps, added after (the scan's
 //          gda_scan_mma order), 64 keys a chain.
+// A chunk of no rows (packed sequences) has no W (scores skips it), so its dv^T is garbage, and
+// not stored; its E update takes zero planes and A_end 1, as scan_o's chunks of no rows do.
 // Launched (chunk_bwd.BackwardPlan) where Config.SCAN_DV, after scores: in place of the scan's
 // backward half (which SCAN_DV leaves out of it) and of dv's entry. Its shared memory is
 // chunk_bwd.scan_dv_smem (checked here); in every other build its body is empty.
