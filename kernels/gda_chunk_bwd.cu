@@ -1935,6 +1935,12 @@ __device__ __forceinline__ void gda_cp4_at(unsigned dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(dst), "l"(src) : "memory");
 }
 
+// scan_o's and scan_dv's cp.async of chunk b's A_end (K floats of ae) into sa
+__device__ __forceinline__ void gda_stage_ae(float* sa, const float* ae, long long b) {
+    for (int i = threadIdx.x; i < K_DIM; i += NTF)
+        gda_cp4_at(gda_shared_at(sa + i), ae + b * K_DIM + i);
+}
+
 // scan_o's and scan_dv's cp.async of a chunk's FV columns from n0 of a plane of v or do (src,
 // rows VP apart) into dst (rows FVL apart) and of its W (chunk b's of ww) into sw (rows FWL apart)
 __device__ __forceinline__ void gda_stage_vw(unsigned short* dst, const unsigned short* src, int n0,
@@ -2060,6 +2066,29 @@ __device__ __forceinline__ void gda_so_each(int key0, int col0, const F& f) {
         for (int r = 0; r < 4; ++r) f(j, r, key0 + 8 * j + (r & 1), col0 + 8 * (r >> 1));
 }
 
+// scan_o's S^T or scan_dv's E^T, the thread's elements x, from a state [K][V] at src (0 where
+// src is null, and past K or V)
+__device__ __forceinline__ void gda_so_get(float (&x)[KH / 8][4], const float* src, int key0, int col0) {
+    gda_so_each(key0, col0, [&](int j, int r, int key, int col) {
+        x[j][r] = src && key < K_DIM && col < V_DIM ? src[(long long)key * V_DIM + col] : 0.f;
+    });
+}
+
+// the thread's elements x into a state [K][V] at dst (those inside K and V)
+__device__ __forceinline__ void gda_so_put(const float (&x)[KH / 8][4], float* dst, int key0, int col0) {
+    gda_so_each(key0, col0, [&](int j, int r, int key, int col) {
+        if (key < K_DIM && col < V_DIM) dst[(long long)key * V_DIM + col] = x[j][r];
+    });
+}
+
+// the guard on the thread's elements x (ok false past GDA_BWD_STATE_MAX), then x diag(a)
+__device__ __forceinline__ void gda_so_decay(float (&x)[KH / 8][4], const float* a, int key0, bool& ok) {
+    gda_so_each(key0, 0, [&](int j, int r, int key, int) {
+        ok &= gda_bwd_in(x[j][r], GDA_BWD_STATE_MAX);
+        x[j][r] *= a[key];
+    });
+}
+
 extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 {
 #if FWD && TERMS == 2
@@ -2127,8 +2156,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
             stage_planes(true, pc.k);
-            for (int i = threadIdx.x; i < K_DIM; i += NTF)
-                gda_cp4_at(gda_shared_at(sa + i), ae + b * K_DIM + i);
+            gda_stage_ae(sa, ae, b);
         }
         gda_cp_commit();
     };
@@ -2138,10 +2166,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
     long long j1 = coff ? coff[1] : NC;
     const long long hh = coff ? nh : nh % H;
     const auto get_state = [&]() {                      // S^T of sequence n from h0 (0 without)
-        const float* src = h0 ? h0 + (n * H + hh) * K_DIM * V_DIM : nullptr;
-        gda_so_each(key0, col0, [&](int j, int r, int key, int col) {
-            s[j][r] = src && key < K_DIM && col < V_DIM ? src[(long long)key * V_DIM + col] : 0.f;
-        });
+        gda_so_get(s, h0 ? h0 + (n * H + hh) * K_DIM * V_DIM : nullptr, key0, col0);
     };
     get_state();
     issue_a(0);
@@ -2238,10 +2263,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
         gda_proxy_fence();
 #endif
         __syncthreads();
-        gda_so_each(key0, col0, [&](int j, int r, int key, int) {   // the guard on S0, then
-            ok &= gda_bwd_in(s[j][r], GDA_BWD_STATE_MAX);                   //  S0 diag(A_end)
-            s[j][r] *= sa[key];
-        });
+        gda_so_decay(s, sa, key0, ok);                  // the guard on S0, then S0 diag(A_end)
 #if SCAN_O_WG                                            // + v^T (k D): fresh sums of 64 keys
         float d[KH / 64][8][4] = {};                    // (its first product does not add)
         gda_wg_state<2>(s, fv, gda_shared_at(sk) + kb / 8 * FKS, 0, NBK, d);
@@ -2276,12 +2298,8 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
         __syncthreads();                                // (slot B read: the next chunk's copies)
         issue_b(c + 1);
         if (c == j1 - 1) {                              // sequence n's last chunk: its final
-            if (dh0) {                                  //  state, then the next one's first
-                float* dst = dh0 + (n * H + hh) * K_DIM * V_DIM;
-                gda_so_each(key0, col0, [&](int j, int r, int key, int col) {
-                    if (key < K_DIM && col < V_DIM) dst[(long long)key * V_DIM + col] = s[j][r];
-                });
-            }
+            if (dh0)                                    //  state, then the next one's first
+                gda_so_put(s, dh0 + (n * H + hh) * K_DIM * V_DIM, key0, col0);
             if (coff && ++n < N) {
                 j1 = coff[n + 1];
                 get_state();
@@ -2383,8 +2401,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
             const long long b = nh * NC + u.c;
             const gda_planes_at pc(pl, NB, b);
             stage(sq, pc.q, TERMS, true);
-            for (int i = threadIdx.x; i < K_DIM; i += NTF)
-                gda_cp4_at(gda_shared_at(sa + i), ae + b * K_DIM + i);
+            gda_stage_ae(sa, ae, b);
         }
         gda_cp_commit();
     };
@@ -2396,10 +2413,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
         return ((coff ? cur.n : nh / H) * H + hh) * K_DIM * V_DIM;
     };
     const auto get_e = [&]() {                          // E^T of cur's sequence from dht (0 without)
-        const float* src = dht ? dht + state_at() : nullptr;
-        gda_so_each(key0, col0, [&](int j, int r, int key, int col) {
-            s[j][r] = src && key < K_DIM && col < V_DIM ? src[(long long)key * V_DIM + col] : 0.f;
-        });
+        gda_so_get(s, dht ? dht + state_at() : nullptr, key0, col0);
     };
     get_e();
     issue_a(next_a);
@@ -2423,10 +2437,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
         for (int sg = 0; sg < NBK; ++sg)
             gda_ldsm4_t(fd[sg], gda_shared_at(sdo + (16 * sg + lane / 16 * 8 + lane % 8) * FVL
                                               + vr + lane / 8 % 2 * 8));
-        float* const e_out = et + b * K_DIM * V_DIM;    // E_b, for rows
-        gda_so_each(key0, col0, [&](int j, int r, int key, int col) {
-            if (key < K_DIM && col < V_DIM) e_out[(long long)key * V_DIM + col] = s[j][r];
-        });
+        gda_so_put(s, et + b * K_DIM * V_DIM, key0, col0);   // E_b, for rows
         float o[BT / 8][4] = {};                        // dv^T: [step tile][C fragment]
         gda_wg_o(o, s, fd, kh, gda_shared_at(sp), gda_shared_at(sk) + kb * 16);  // do^T (scale W)^T
                                                         //  + E_b^T (k D)^T
@@ -2474,10 +2485,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
         __syncthreads();
         for (int i = threadIdx.x; i < K_DIM; i += NTF)  // this tile's part of rowsum(E S0)
             es[((long long)n0 / GN * NH * NC + b) * K_DIM + i] = sr[i] + sr[KP + i] + sr[2 * KP + i] + sr[3 * KP + i];
-        gda_so_each(key0, col0, [&](int j, int r, int key, int) {   // the guard on E_b, then
-            ok &= gda_bwd_in(s[j][r], GDA_BWD_STATE_MAX);                   //  E_b diag(A_end)
-            s[j][r] *= sa[key];
-        });
+        gda_so_decay(s, sa, key0, ok);                  // the guard on E_b, then E_b diag(A_end)
         float d[KH / 64][8][4] = {};                    // + do^T (scale q A): a k-step's planes
         #pragma unroll                                  //  l, m, h into fresh sums, added after
         for (int sg = 0; sg < NBK; ++sg)
@@ -2485,12 +2493,8 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
         __syncthreads();                                // (slot B read: the next chunk's copies)
         issue_b(next_b);
         next_b.next();
-        if (cur.c == cur.j0 && dh0) {                   // a sequence's first chunk: its E, the
-            float* dst = dh0 + state_at();              //  initial state's gradient
-            gda_so_each(key0, col0, [&](int j, int r, int key, int col) {
-                if (key < K_DIM && col < V_DIM) dst[(long long)key * V_DIM + col] = s[j][r];
-            });
-        }
+        if (cur.c == cur.j0 && dh0)                     // a sequence's first chunk: its E,
+            gda_so_put(s, dh0 + state_at(), key0, col0);    //  the initial state's gradient
         cur.next();
         if (coff && cur.c >= 0 && cur.c == cur.j1 - 1) get_e();   // the next sequence's
     }
