@@ -18,14 +18,17 @@ The pipeline of one call, all on the current stream, no host sync (NB chunks, ch
   7. dv         (k D) E + scale W do (GEMMs), into [B, T, H, V]; on a Hopper GPU with
                 USE_WGMMA (off: no faster, v28) by wgmma, bit for bit the same
      (3 and 7 of a backward from the planes: scan_dv, E on chip for dv, after 5, where
-      scan_dv_fits; the scan then runs its forward half alone, none where S0 is kept)
+      scan_dv_fits; the scan then runs its forward half alone, or scan_o its wgmma form without
+      o where USE_SCAN_O_WG, and none where S0 is kept)
   8. the reverse loop (gda_recurrent_bwd), run only where the guard was hit, over everything
 
 ForwardPlan is the forward from stages 1, 2-3 (the scan's forward half), 5 and 7 (o in dv's
 place), built with FWD for bfloat16 inputs, its fall-back gda_chunk_fwd (chunk.ChunkPlan) run
 only where the guard was hit; _dispatch.planes_forward says where it runs. One that keeps
 nothing runs 2-3 and 7 as one kernel where it fits (8. scan_o: the state in registers, no
-chunk's S0 through memory; its products by wgmma on a Hopper GPU with USE_SCAN_O_WG, v39).
+chunk's S0 through memory; its products by wgmma on a Hopper GPU with USE_SCAN_O_WG, v39); one
+that keeps its stages runs scan_o's wgmma form, storing each S0, where its backward runs scan_dv
+and scan_o's S0 (v41).
 """
 from typing import NamedTuple
 
@@ -89,8 +92,10 @@ class Config(NamedTuple):
                          # (DV_TWO_TERMS; dv's rounding is its error, v36)
     ROWS_TERMS: int = 3  # those of S0 and E in rows' products: TERMS, or 2 in a backward of half
                          # inputs (ROWS_TWO_TERMS, v36)
-    SCAN_O_WG: bool = False  # scan_o's products by wgmma (sm_90a; a forward that keeps nothing,
-                             # chunks of 64, planes of 128 or 256 keys: planes_config)
+    SCAN_O_WG: bool = False  # scan_o's products by wgmma (sm_90a; chunks of 64, planes of 128 or
+                             # 256 keys: planes_config): in a forward that keeps nothing, and
+                             # with SCAN_DV (v41) in the forward that keeps its stages (each S0
+                             # stored) and in the backward (S0 alone, no o, for the scan)
     SCAN_DV: bool = False    # a backward's E scan and dv as one kernel, scan_dv (sm_90a;
                              # scan_dv_fits)
 
@@ -142,12 +147,16 @@ def planes_config(p, varlen=False, wgmma=False, keep=True, scan_o_wg=False):
     chunk length, the fused scan from the planes; a ForwardPlan that keeps none (not ``keep``)
     splits its operands in two terms, not three (TERMS), and takes no wgmma in dv's entry, but
     with ``scan_o_wg`` (a Hopper GPU) in scan_o's products where its chunks are of 64 steps
-    and its planes of 128 or 256 keys (SCAN_O_WG: a warpgroup a key half, of 64 or 128). In
-    defines a forward's rows entry takes TERMS and its dv entry (o) and scores (W) the fewer
-    of TERMS and DV_TERMS: so the W a forward keeps is the one its backward would make (v37)."""
+    and its planes of 128 or 256 keys (SCAN_O_WG: a warpgroup a key half, of 64 or 128). One
+    that keeps (``keep``) takes scan_o by wgmma (``scan_o_wg``) where its backward's S0 come
+    from the same kernel (scan_o_s0, v41). In defines a
+    forward's rows entry takes TERMS and its dv entry (o) and scores (W) the fewer of TERMS and
+    DV_TERMS: so the W a forward keeps is the one its backward would make (v37)."""
     cfg = config(p, varlen, wgmma=wgmma)._replace(SCAN=True, PLANES=True)
     wg = scan_o_wg and cfg.BT == 64 and planes(p)[0] in (128, 256)
-    return cfg if keep else cfg._replace(TERMS=2, WGMMA=False, SCAN_O_WG=wg)
+    if keep:
+        return cfg._replace(SCAN_O_WG=wg and scan_o_s0(p, cfg, varlen))
+    return cfg._replace(TERMS=2, WGMMA=False, SCAN_O_WG=wg)
 
 
 def use_wgmma():
@@ -176,16 +185,19 @@ def smem(cfg):
     return RING * 2 * (cfg.TERMS + 1) * sk * (GT + 8)
 
 
-def scan_o_smem(p, cfg):
+def scan_o_smem(p, cfg, fwd=True):
     """scan_o's dynamic shared memory bytes (the kernel's FO_BYTES, which it checks): two slots
     of a chunk's operands (scale q A's and k D's two planes of BT rows of KP + 8 bfloat16, v's
     plane of FV + 8 columns, W's BT x BT + 4 floats, A_end's KP) and o^T's two key halves (FV
     rows of BT + 4 floats each); with SCAN_O_WG the planes of q A, k D unpadded (wgmma's
-    layouts) and W's h, m planes (BT x BT bfloat16 each)."""
+    layouts), k D's TERMS of them, and W's h, m planes (BT x BT bfloat16 each), and with three
+    terms one half of o^T (225,280 bytes at K = 256); in a backward (not ``fwd``) only k D's
+    planes, v's and A_end (108,544 bytes at K = 256)."""
     kp, bt = planes(p)[0], cfg.BT
-    f32 = 4 * (bt * (bt + 4) + kp + 2 * FV * (bt + 4)) + 2 * bt * (FV + 8)
     if cfg.SCAN_O_WG:
-        return 8 * bt * kp + 4 * bt * bt + f32
+        o = 2 * 2 * bt * kp + 4 * bt * bt + 4 * bt * (bt + 4) + 4 * (4 - cfg.TERMS) * FV * (bt + 4)
+        return 2 * cfg.TERMS * bt * kp + 2 * bt * (FV + 8) + 4 * kp + (o if fwd else 0)
+    f32 = 4 * (bt * (bt + 4) + kp + 2 * FV * (bt + 4)) + 2 * bt * (FV + 8)
     return 8 * bt * (kp + 8) + f32
 
 
@@ -193,7 +205,11 @@ def scan_o_fits(p, cfg, varlen=False):
     """Whether a ForwardPlan of Config ``cfg`` (for Problem ``p``, packed where ``varlen``) runs
     scan_o: USE_SCAN_O, one that keeps nothing (two terms), at most 256 keys (its state is KP / 2
     registers a thread), its shared memory within the device's opt-in limit (at K = 256 and
-    chunks of 64, 193 KiB: a Hopper GPU's 227, not an A100's 163) and SCAN_O_FROM blocks an SM."""
+    chunks of 64, 193 KiB: a Hopper GPU's 227, not an A100's 163) and SCAN_O_FROM blocks an SM.
+    One that keeps its stages (three terms) runs it where planes_config gave it SCAN_O_WG: then
+    always, as its backward's S0 come from scan_o too (v41)."""
+    if cfg.TERMS == 3:
+        return cfg.SCAN_O_WG
     sms, smem = device_limits()
     return (USE_SCAN_O and cfg.TERMS == 2 and planes(p)[0] <= 256 and scan_o_smem(p, cfg) <= smem
             and chunks(p, cfg.BT, varlen)[0] * tiles(p.V) >= SCAN_O_FROM * sms)
@@ -215,10 +231,20 @@ def scan_dv_fits(p, cfg, varlen=False):
     scan_dv: USE_SCAN_DV on a Hopper GPU, from the planes (PLANES) with chunks of 64 steps,
     planes of 128 or 256 keys, dv in two terms, no wgmma dv entry, its shared memory within the
     device's opt-in limit and SCAN_DV_FROM blocks an SM."""
+    if not (USE_SCAN_DV and hopper()):
+        return False
     sms, smem = device_limits()
-    return (USE_SCAN_DV and hopper() and cfg.PLANES and cfg.BT == 64 and not cfg.WGMMA
+    return (cfg.PLANES and cfg.BT == 64 and not cfg.WGMMA
             and cfg.DV_TERMS == 2 and planes(p)[0] in (128, 256) and scan_dv_smem(p, cfg) <= smem
             and chunks(p, cfg.BT, varlen)[0] * tiles(p.V) >= SCAN_DV_FROM * sms)
+
+
+def scan_o_s0(p, cfg, varlen=False):
+    """Whether the S0 of a backward of Config ``cfg`` that runs scan_dv, and those of the forward
+    that keeps its stages for it, can come from scan_o's wgmma form (v41; USE_SCAN_O_WG decides
+    whether they do): where scan_dv_fits and K is whole key tiles (KP; at K = 100 the kept
+    forward's build spilled 20 bytes at 255 registers)."""
+    return p.K % GT == 0 and scan_dv_fits(p, cfg, varlen)
 
 
 def dv_smem(cfg):
@@ -322,7 +348,8 @@ class BackwardPlan:
         if keep or cfg is None:                 # (a cfg given: as given)
             cfg = (planes_config(p, varlen, use_wgmma()) if keep
                    else config(p, varlen, device_limits()[0], use_wgmma()))
-            cfg = cfg._replace(SCAN_DV=scan_dv_fits(p, cfg, varlen))
+            so = not keep and use_scan_o_wg() and scan_o_s0(p, cfg, varlen)   # (S0 by scan_o, v41)
+            cfg = cfg._replace(SCAN_DV=scan_dv_fits(p, cfg, varlen), SCAN_O_WG=so)
         self.p, self.varlen = p, varlen
         self.cfg = cfg
         self.keep = keep
@@ -337,9 +364,12 @@ class BackwardPlan:
                           T=p.T, NH=NH, N=p.N, H=p.H, NC=self.NC)
 
         if self.cfg.SCAN_DV:                    # E and dv by scan_dv, after W (stage 5): the
-            # scan runs its forward half (S0) alone, and none where the forward's S0 are kept
+            # scan runs its forward half (S0) alone, or scan_o without o where SCAN_O_WG, and
+            # none where the forward's S0 are kept
             scan_dv = launch("gda_chunk_bwd_scan_dv", NH * tiles(V), NTF, scan_dv_smem(p, self.cfg))
-            scan = launch("gda_chunk_bwd_scan", NH * tiles(K) * tiles(V), NTG, d["SMEM_BYTES"])
+            scan = (launch("gda_chunk_bwd_scan_o", NH * tiles(V), NTF,
+                           scan_o_smem(p, self.cfg, fwd=False)) if self.cfg.SCAN_O_WG else
+                    launch("gda_chunk_bwd_scan", NH * tiles(K) * tiles(V), NTG, d["SMEM_BYTES"]))
             boundary = [] if keep else [(3, scan), (5, launch("gda_chunk_bwd_scores", NB, NTS))]
             boundary.append((3, scan_dv))
         elif self.cfg.SCAN:
@@ -424,14 +454,15 @@ class ForwardPlan:
     v24): pack (scale q A, k D and v as planes), the scan's forward half (each chunk's S0, and
     the final state in dh0's place), scores (W) and dv's entry computing o = (scale q A)^T S0 +
     scale W^T v; in one that keeps nothing, where scan_o_fits, pack, scores and scan_o, which
-    does the scan's and dv's work with the state on chip (v38). The guard's fall-back is the
-    chunk forward (chunk.ChunkPlan), launched after them and run only where the guard was hit
-    (only_if): it overwrites o and the final state, so every input is exact, without a host
-    sync. The same call as chunk.ChunkPlan's. A plan made with ``keep`` can keep its stages for
-    the backward (run(keep=True)), and splits each float32 operand in three bfloat16 terms (exact
-    to float32, as the backward needs), but makes W and o in DV_TERMS, as the backward makes W
-    (v37); one without keeps none and splits them in two (the contract of bfloat16 inputs, as
-    gda_chunk_fwd's bfloat16 path; docs/perf-notes.md, v34)."""
+    does the scan's and dv's work with the state on chip (v38), and likewise in one that keeps
+    its stages where planes_config gave it SCAN_O_WG (scan_o then stores each S0, v41). The
+    guard's fall-back is the chunk forward (chunk.ChunkPlan), launched after them and run only
+    where the guard was hit (only_if): it overwrites o and the final state, so every input is
+    exact, without a host sync. The same call as chunk.ChunkPlan's. A plan made with ``keep``
+    can keep its stages for the backward (run(keep=True)), and splits each float32 operand in
+    three bfloat16 terms (exact to float32, as the backward needs), but makes W and o in
+    DV_TERMS, as the backward makes W (v37); one without keeps none and splits them in two (the
+    contract of bfloat16 inputs, as gda_chunk_fwd's bfloat16 path; docs/perf-notes.md, v34)."""
 
     def __init__(self, p, varlen=False, seq_int64=False, keep=False):
         self.p, self.varlen = p, varlen
@@ -455,7 +486,8 @@ class ForwardPlan:
                                         d["SMEM_BYTES"]),
                            scores,
                            launch("gda_chunk_bwd_dv", self.NB * tiles(p.V), NTG, dv_smem(self.cfg))]
-        self.sizes = workspace(p, self.cfg, varlen, fwd=True, scan_o=self.scan_o)
+        self.sizes = workspace(p, self.cfg, varlen, fwd=True,  # (one that keeps: every S0)
+                               scan_o=self.scan_o and self.cfg.TERMS == 2)
         self.at, self.ws_floats = layout(self.sizes)
         self.fallback = chunk.plan(p, seq_int64)
 

@@ -37,7 +37,10 @@
 //   7. gda_chunk_bwd_dv:     dv = (k D) E + scale W do (GEMMs; PLANES: k D, do from the planes),
 //                            into [B, T, H, V].
 //   8. gda_chunk_bwd_scan_o: (FWD, two terms) the scan's forward half and o as one kernel, the
-//                            state on chip: in place of 2-3 and 7 in a forward that keeps nothing.
+//                            state on chip: in place of 2-3 and 7 in a forward that keeps nothing;
+//                            (SCAN_O_WG, three terms) by wgmma, each chunk's S0 stored: with o in
+//                            the forward that keeps its stages, without o in place of the
+//                            scan's forward half in a backward with SCAN_DV.
 //   9. gda_chunk_bwd_scan_dv: (SCAN_DV) the scan's backward half and dv as one kernel, E on chip
 //                            for dv (and stored for rows): in place of the scan's backward half
 //                            and 7, after 5.
@@ -72,9 +75,10 @@
 //   forward that keeps three for the backward, so that the W it keeps is the backward's own,
 //   v37), ROWS_TERMS (those of S0 and E in rows' sd and ev: TERMS, or 2 in the backward of
 //   half inputs, with fresh sums: v36), SCAN_O_WG (1, built for sm_90a: scan_o's products by
-//   wgmma, v39), SCAN_DV (1, built for sm_90a, a backward with PLANES: the scan's backward half
-//   and dv's entry as one kernel by wgmma, gda_chunk_bwd_scan_dv; the scan runs its forward half
-//   alone, and none where KEEP).
+//   wgmma, v39; with three terms it stores each chunk's S0, and in a backward, with SCAN_DV,
+//   it makes them alone, no o, in place of the scan: v41), SCAN_DV (1, built for sm_90a, a
+//   backward with PLANES: the scan's backward half and dv's entry as one kernel by wgmma,
+//   gda_chunk_bwd_scan_dv; the scan runs its forward half alone, and none where KEEP).
 //   Reference: cupy_gda.reference.gated_attention_backward_ref.
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
     || !defined(BT) || !defined(KT) || !defined(SCAN) || !defined(PLANES) || !defined(SMEM_BYTES) \
@@ -92,8 +96,9 @@ static_assert(DV_TERMS == TERMS || (DV_TERMS == 2 && IO_DTYPE != 0 && !WGMMA),
               "DV_TERMS: TERMS, or 2 for half inputs");
 static_assert(ROWS_TERMS == TERMS || (ROWS_TERMS == 2 && IO_DTYPE != 0 && !FWD),
               "ROWS_TERMS: TERMS, or 2 where v and do are of a half dtype");
-static_assert(!SCAN_O_WG || (FWD && TERMS == 2 && BT == 64),
-              "SCAN_O_WG: scan_o by wgmma, in a forward of two terms, chunks of 64 steps");
+static_assert(!SCAN_O_WG || (PLANES && BT == 64 && !WGMMA && (FWD ? DV_TERMS == 2 : SCAN_DV && !KEEP)),
+              "SCAN_O_WG: scan_o by wgmma, chunks of 64 steps, in a forward (W in two terms) or "
+              "a backward from the planes with scan_dv");
 static_assert(!SCAN_DV || (PLANES && !FWD && !WGMMA && BT == 64 && DV_TERMS == 2),
               "SCAN_DV: scan_dv, in a backward from the planes, chunks of 64 steps, dv in two terms");
 
@@ -1912,9 +1917,16 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 // 128 contiguous bytes; q A K-major: n the step, k the key; k D MN-major: n the key, k the
 // step) and W is split into its h, m planes there (gda_wg_split_b) once a chunk: o^T's
 // products are one chain of m64n64k16 a warpgroup, v^T (k D) two of fresh sums (64 keys each).
+// With SCAN_O_WG and three terms (v41) it also stores each chunk's S0 to st (from the
+// accumulators, before the chunk's update), k D's three planes in the update (S0 exact to
+// float32, as the scan's): in the forward that keeps its stages with o (from q A's h, m planes,
+// W in two terms; the second key half's o^T through shared memory, the first's added there), and
+// in a backward with SCAN_DV without o (slot A: v alone), in place of the scan's forward half;
+// so the kept S0 and the backward's own are one code's, bit for bit.
 // Launched (chunk_bwd.ForwardPlan) in place of the scan and dv where chunk_bwd.scan_o_fits:
 // USE_SCAN_O, its shared memory (scan_o_smem, checked here) and its blocks fill the device;
-// in every other build its body is empty.
+// with SCAN_O_WG also by the ForwardPlan that keeps its stages and by BackwardPlan (before
+// scores and scan_dv); in every other build its body is empty.
 #define FV 64                                           // value columns a block
 #define NTF 256                                         // threads: 4 row groups x 2 key halves
 #define KH (KP / 2)                                     // key columns a warp
@@ -1925,7 +1937,11 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 #define FKS (BT * 16)                                   //   steps' cores of a K-major plane, 8
 #define FPB (BT * KP * 2)                               //   keys' of an MN-major one; a plane
 #if SCAN_O_WG
-#define FO_BYTES (4 * FPB + 4 * BT * BT + 2 * BT * FVL + 4 * (BT * FWL + KP + 2 * FV * FOL))
+#define FO_O FWD                                        // o made (a forward; a backward: S0 alone)
+#define FO_S0 (TERMS == 3)                              // each chunk's S0 stored (kept, or the backward's)
+#define FO_HALVES (TERMS == 2 ? 2 : 1)                  // o^T's key halves in shared memory
+#define FO_BYTES (FO_O * (2 * FPB + 4 * BT * BT + 4 * BT * FWL + 4 * FO_HALVES * FV * FOL) \
+                  + TERMS * FPB + 2 * BT * FVL + 4 * KP)
 #else
 #define FQL (KP + 8)                                    // halves a staged row of q A, k D
 #define FO_BYTES (2 * (4 * BT * FQL + BT * FVL) + 4 * (BT * FWL + KP + 2 * FV * FOL))
@@ -1942,16 +1958,20 @@ __device__ __forceinline__ void gda_stage_ae(float* sa, const float* ae, long lo
 }
 
 // scan_o's and scan_dv's cp.async of a chunk's FV columns from n0 of a plane of v or do (src,
-// rows VP apart) into dst (rows FVL apart) and of its W (chunk b's of ww) into sw (rows FWL apart)
+// rows VP apart) into dst (rows FVL apart) and (W) of its W (chunk b's of ww) into sw (rows FWL
+// apart)
+template <bool W = true>
 __device__ __forceinline__ void gda_stage_vw(unsigned short* dst, const unsigned short* src, int n0,
                                              float* sw, const float* ww, long long b) {
     for (int x = threadIdx.x; x < BT * FV / 8; x += NTF) {
         const int r = x / (FV / 8), c8 = x % (FV / 8) * 8;
         gda_cp16_at(gda_shared_at(dst + r * FVL + c8), src + (long long)r * VP + n0 + c8);
     }
-    for (int x = threadIdx.x; x < BT * BT / 4; x += NTF) {
-        const int r = x / (BT / 4), c4 = x % (BT / 4) * 4;
-        gda_cp16_at(gda_shared_at(sw + r * FWL + c4), ww + (b * BT + r) * BT + c4);
+    if constexpr (W) {
+        for (int x = threadIdx.x; x < BT * BT / 4; x += NTF) {
+            const int r = x / (BT / 4), c4 = x % (BT / 4) * 4;
+            gda_cp16_at(gda_shared_at(sw + r * FWL + c4), ww + (b * BT + r) * BT + c4);
+        }
     }
 }
 
@@ -1979,6 +1999,34 @@ __device__ __forceinline__ void gda_fo_store(const float* so, const gda_chunk_at
             for (int i = 0; i < 8; ++i)
                 if (n0 + v8 + i < V_DIM) reinterpret_cast<unsigned short*>(dst)[i] = y[i];
         }
+    }
+}
+
+// a warpgroup's o^T (scan_o) or dv^T (scan_dv), its sums o over its key half kh, into so
+// ([FV][FOL] an array; the thread's rows row, row + 8): HALVES 2, each half its own array (FV
+// apart); 1, the second half's, then the first adds its own in place, a barrier between (the
+// caller's next barrier comes before so is read)
+template <int HALVES>
+__device__ __forceinline__ void gda_fo_halves(float* so, const float (&o)[BT / 8][4], int kh, int row,
+                                              int tq) {
+    if (HALVES == 2 || kh == 1)
+        #pragma unroll
+        for (int j = 0; j < BT / 8; ++j) {
+            float* p = so + ((HALVES == 2 ? kh * FV : 0) + row) * FOL + 8 * j + 2 * tq;
+            *reinterpret_cast<float2*>(p) = make_float2(o[j][0], o[j][1]);
+            *reinterpret_cast<float2*>(p + 8 * FOL) = make_float2(o[j][2], o[j][3]);
+        }
+    if constexpr (HALVES == 1) {
+        __syncthreads();
+        if (kh == 0)
+            #pragma unroll
+            for (int j = 0; j < BT / 8; ++j) {
+                float* p = so + row * FOL + 8 * j + 2 * tq;
+                p[0] += o[j][0];
+                p[1] += o[j][1];
+                p[8 * FOL] += o[j][2];
+                p[8 * FOL + 1] += o[j][3];
+            }
     }
 }
 
@@ -2074,10 +2122,12 @@ __device__ __forceinline__ void gda_so_get(float (&x)[KH / 8][4], const float* s
     });
 }
 
-// the thread's elements x into a state [K][V] at dst (those inside K and V)
+// the thread's elements x into a state [K][V] at dst (those inside K and V; KEYS false: every
+// key is, K being KP)
+template <bool KEYS = true>
 __device__ __forceinline__ void gda_so_put(const float (&x)[KH / 8][4], float* dst, int key0, int col0) {
     gda_so_each(key0, col0, [&](int j, int r, int key, int col) {
-        if (key < K_DIM && col < V_DIM) dst[(long long)key * V_DIM + col] = x[j][r];
+        if ((!KEYS || key < K_DIM) && col < V_DIM) dst[(long long)key * V_DIM + col] = x[j][r];
     });
 }
 
@@ -2091,16 +2141,17 @@ __device__ __forceinline__ void gda_so_decay(float (&x)[KH / 8][4], const float*
 
 extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 {
-#if FWD && TERMS == 2
+#if (FWD && TERMS == 2) || SCAN_O_WG
     static_assert(KH % 16 == 0 && KP <= 256, "scan_o: at most 256 keys, halves of whole k-steps");
     static_assert(FV == PT, "scan_o: a block a tile of v's plane");
     extern __shared__ __align__(16) unsigned char f_sm[];
 #if SCAN_O_WG
     static_assert(KH % 64 == 0, "SCAN_O_WG: v^T (k D) in fresh sums of 64 keys");
-    unsigned char* const sq = f_sm;                                      // scale q A [2][FPB]
-    unsigned char* const sk = sq + 2 * FPB;                              // k D [2][FPB]
-    unsigned char* const sp = sk + 2 * FPB;                              // scale W's h, m
-    unsigned short* const sv = reinterpret_cast<unsigned short*>(sp + 4 * BT * BT);  // v [BT][FVL]
+    static_assert(!FO_S0 || K_DIM == KP, "SCAN_O_WG, three terms: whole key tiles (K = KP)");
+    unsigned char* const sq = f_sm;                                      // scale q A's h, m [2][FPB]
+    unsigned char* const sk = sq + FO_O * 2 * FPB;                       // k D [TERMS][FPB]
+    unsigned char* const sp = sk + TERMS * FPB;                          // scale W's h, m
+    unsigned short* const sv = reinterpret_cast<unsigned short*>(sp + FO_O * 4 * BT * BT);  // v [BT][FVL]
     // (plane, step) r and 8 keys from c8 of q A, k D: their 16 bytes in wgmma's layouts
     const auto at_q = [&](int r, int c8) {
         return gda_shared_at(sq + r / BT * FPB + r % BT / 8 * FQS + c8 / 8 * 128 + r % 8 * 16);
@@ -2115,9 +2166,15 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
     const auto at_q = [&](int r, int c8) { return gda_shared_at(sq + r * FQL + c8); };
     const auto at_k = [&](int r, int c8) { return gda_shared_at(sk + r * FQL + c8); };
 #endif
+#if SCAN_O_WG
+    float* const sw = reinterpret_cast<float*>(sv + BT * FVL);           // W [BT][FWL] (FO_O)
+    float* const sa = sw + FO_O * BT * FWL;                              // A_end [KP]
+    float* const so = sa + KP;                                   // o^T's halves [FO_HALVES][FV][FOL]
+#else
     float* const sw = reinterpret_cast<float*>(sv + BT * FVL);           // W [BT][FWL]
     float* const sa = sw + BT * FWL;                                     // A_end [KP]
     float* const so = sa + KP;                                           // o^T's halves [2][FV][FOL]
+#endif
     unsigned dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     if (dyn < FO_BYTES) __trap();                       // (the launcher's scan_o_smem is wrong)
@@ -2129,11 +2186,11 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
     const long long cend = coff ? coff[N] : NC;        // the sequence-head's chunks with rows
     for (int i = K_DIM + threadIdx.x; i < KP; i += NTF) sa[i] = 1.f;   // (keys past K: 0 stays 0)
 
-    // the two planes of q A (kd false) or k D of a chunk at src, to at_q or at_k (rows r:
+    // the first np planes of q A (kd false) or k D of a chunk at src, to at_q or at_k (rows r:
     // plane * BT + step; with SCAN_O_WG 8 rows of 4 x 16 bytes a warp: whole sectors and
     // core matrices)
-    const auto stage_planes = [&](bool kd, const unsigned short* src) {
-        for (int x = threadIdx.x; x < 2 * BT * KP / 8; x += NTF) {
+    const auto stage_planes = [&](bool kd, const unsigned short* src, int np) {
+        for (int x = threadIdx.x; x < np * BT * KP / 8; x += NTF) {
 #if SCAN_O_WG
             const int r = x / KP * 8 + x % 8, c8 = x / 8 % (KP / 8) * 8;
 #else
@@ -2146,8 +2203,13 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
         if (c < cend) {
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
-            stage_planes(false, pc.q);
+#if SCAN_O_WG
+            if constexpr (FO_O) stage_planes(false, pc.q, 2);   // (o from q A's h, m)
+            gda_stage_vw<FO_O>(sv, pc.v, n0, sw, ww, b);
+#else
+            stage_planes(false, pc.q, 2);
             gda_stage_vw(sv, pc.v, n0, sw, ww, b);
+#endif
         }
         gda_cp_commit();
     };
@@ -2155,7 +2217,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
         if (c < cend) {
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
-            stage_planes(true, pc.k);
+            stage_planes(true, pc.k, TERMS);
             gda_stage_ae(sa, ae, b);
         }
         gda_cp_commit();
@@ -2177,12 +2239,14 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
         GDA_CHUNK;
         gda_cp_wait<1>();                               // slot A's copies (B's may be in flight)
 #if SCAN_O_WG
-        gda_proxy_fence();                              // (read by wgmma)
-        __syncthreads();
-        gda_wg_split_b<BT, BT, NTF, false>([&](int u, int t) { return scale * sw[t * FWL + u]; },
-                                           reinterpret_cast<unsigned*>(sp),
-                                           reinterpret_cast<unsigned*>(sp + 2 * BT * BT), threadIdx.x);
-        gda_proxy_fence();
+        if constexpr (FO_O) {
+            gda_proxy_fence();                          // (read by wgmma)
+            __syncthreads();
+            gda_wg_split_b<BT, BT, NTF, false>([&](int u, int t) { return scale * sw[t * FWL + u]; },
+                                               reinterpret_cast<unsigned*>(sp),
+                                               reinterpret_cast<unsigned*>(sp + 2 * BT * BT), threadIdx.x);
+            gda_proxy_fence();
+        }
 #endif
         __syncthreads();
         unsigned fv[NBK][4];                           // v^T's A fragments, a k-step of steps each
@@ -2190,10 +2254,19 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
         for (int sg = 0; sg < NBK; ++sg)
             gda_ldsm4_t(fv[sg], gda_shared_at(sv + (16 * sg + lane / 16 * 8 + lane % 8) * FVL
                                               + vr + lane / 8 % 2 * 8));
-        float o[BT / 8][4] = {};                        // o^T: [step tile][C fragment]
-#if SCAN_O_WG                                            // scale W^T v + S^T (scale q A)^T
-        gda_wg_o(o, s, fv, kh, gda_shared_at(sp), gda_shared_at(sq) + kb * 16);
+#if SCAN_O_WG
+        if constexpr (FO_S0)                            // S0, for the backward
+            gda_so_put<K_DIM != KP>(s, st + b * K_DIM * V_DIM, key0, col0);
+        if constexpr (FO_O) {                           // scale W^T v + S^T (scale q A)^T
+            float o[BT / 8][4] = {};                    // o^T: [step tile][C fragment]
+            gda_wg_o(o, s, fv, kh, gda_shared_at(sp), gda_shared_at(sq) + kb * 16);
+            gda_fo_halves<FO_HALVES>(so, o, kh, vr + g8, tq);
+        }
+        __syncthreads();                                // (slot A read: the next chunk's copies)
+        issue_a(c + 1);
+        if constexpr (FO_O) gda_fo_store<FO_HALVES>(so, ch, n0, dv);   // o
 #else
+        float o[BT / 8][4] = {};                        // o^T: [step tile][C fragment]
         #pragma unroll
         for (int sg = 0; sg < NBK; ++sg) {             // scale W^T v: this half's k-steps
             if (2 * sg / NBK != kh) continue;
@@ -2232,7 +2305,6 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
             #pragma unroll
             for (int j = 0; j < BT / 8; ++j) gda_mma_bf16(o[j], ah, bh[j]);
         }
-#endif
         #pragma unroll
         for (int j = 0; j < BT / 8; ++j) {              // this half's o^T into shared memory
             float* p = so + (kh * FV + vr + g8) * FOL + 8 * j + 2 * tq;
@@ -2258,6 +2330,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
                     if (n0 + v8 + i < V_DIM) reinterpret_cast<unsigned short*>(dst)[i] = y[i];
             }
         }
+#endif
         gda_cp_wait<1>();                               // slot B's copies (A's next in flight)
 #if SCAN_O_WG
         gda_proxy_fence();
@@ -2266,7 +2339,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
         gda_so_decay(s, sa, key0, ok);                  // the guard on S0, then S0 diag(A_end)
 #if SCAN_O_WG                                            // + v^T (k D): fresh sums of 64 keys
         float d[KH / 64][8][4] = {};                    // (its first product does not add)
-        gda_wg_state<2>(s, fv, gda_shared_at(sk) + kb / 8 * FKS, 0, NBK, d);
+        gda_wg_state<TERMS>(s, fv, gda_shared_at(sk) + kb / 8 * FKS, 0, NBK, d);
 #else
         #pragma unroll
         for (int j0 = 0; j0 < KH / 8; j0 += 4) {        // + v^T (k D), 4 tiles at a time
@@ -2298,8 +2371,8 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
         __syncthreads();                                // (slot B read: the next chunk's copies)
         issue_b(c + 1);
         if (c == j1 - 1) {                              // sequence n's last chunk: its final
-            if (dh0)                                    //  state, then the next one's first
-                gda_so_put(s, dh0 + (n * H + hh) * K_DIM * V_DIM, key0, col0);
+            if (FWD && dh0)                             //  state (a forward's), then the next
+                gda_so_put(s, dh0 + (n * H + hh) * K_DIM * V_DIM, key0, col0);   //  one's first
             if (coff && ++n < N) {
                 j1 = coff[n + 1];
                 get_state();
@@ -2441,23 +2514,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
         float o[BT / 8][4] = {};                        // dv^T: [step tile][C fragment]
         gda_wg_o(o, s, fd, kh, gda_shared_at(sp), gda_shared_at(sk) + kb * 16);  // do^T (scale W)^T
                                                         //  + E_b^T (k D)^T
-        if (kh == 1)                                    // the second half's dv^T, then the first
-            #pragma unroll                              //  adds its own in place
-            for (int j = 0; j < BT / 8; ++j) {
-                float* p = so + (vr + g8) * FOL + 8 * j + 2 * tq;
-                *reinterpret_cast<float2*>(p) = make_float2(o[j][0], o[j][1]);
-                *reinterpret_cast<float2*>(p + 8 * FOL) = make_float2(o[j][2], o[j][3]);
-            }
-        __syncthreads();
-        if (kh == 0)
-            #pragma unroll
-            for (int j = 0; j < BT / 8; ++j) {
-                float* p = so + (vr + g8) * FOL + 8 * j + 2 * tq;
-                p[0] += o[j][0];
-                p[1] += o[j][1];
-                p[8 * FOL] += o[j][2];
-                p[8 * FOL + 1] += o[j][3];
-            }
+        gda_fo_halves<1>(so, o, kh, vr + g8, tq);       // the second half's dv^T, then the first's
         __syncthreads();                                // (slot A read: the next chunk's copies)
         issue_a(next_a);
         next_a.next();

@@ -37,8 +37,10 @@
 #            64 on a Hopper GPU, by wgmma), then `profile_chunk_bwd --scan-o-sweep` (both forms
 #            against the scan and dv's entry over B, H and K) and the forward's stages of
 #            [NAMES (gla1.3b-bf16,gla340m-bf16,big128-bf16)] with scan_o by wgmma (--scan-o-wg)
-#   scan-dv: install, the backward's GPU tests of gda_chunk_bwd_scan_dv (planes-dv, scan_dv),
-#            then `profile_chunk_bwd [NAMES (gla1.3b-bf16)] --stages` with --scan-dv, then without
+#   scan-dv: install, the backward's GPU tests of gda_chunk_bwd_scan_dv (planes-dv, scan_dv) and
+#            of scan_o's S0 by wgmma (planes-dv-wg, scan_dv-wg, s0-wg, keep-terms3-wg), then
+#            `profile_chunk_bwd [NAMES (gla1.3b-bf16)] --stages` with --scan-dv-wg, --scan-dv and
+#            neither
 #   fwdbwd-fla: (carry [".baselines"]) install, ours and fla's forward + backward rows at one
 #            shape in one run (SHAPE, default gla1.3b-bf16), fla's autotune given 480 s
 #   compare: `cupy-gda bench --shapes SHAPES --impl ours` of an older tree (its files in .old/,
@@ -295,9 +297,10 @@ if [ "$phase" = "scan-o" ]; then
     exit 0
 fi
 if [ "$phase" = "scan-dv" ]; then
-    # the backward's E scan and dv as one kernel (perf-notes v40): its tests, then the stages
-    # with it and without, in one call
-    tests_then_stages "planes-dv or scan_dv" scan-dv "${3:-gla1.3b-bf16}" --scan-dv ""
+    # the backward's E scan and dv as one kernel (perf-notes v40), and with it the S0 by scan_o's
+    # wgmma form (v41): their tests, then the stages with both, with scan_dv alone and without
+    tests_then_stages "planes-dv or scan_dv or terms3-wg" scan-dv "${3:-gla1.3b-bf16}" \
+        --scan-dv-wg --scan-dv ""
     exit 0
 fi
 if [ "$phase" = "fwdbwd-fla" ]; then

@@ -20,6 +20,8 @@
         GPU, where its chunks are of 64 steps and its planes of 128 or 256 keys: v39).
         --scan-dv: with chunk_bwd.USE_SCAN_DV on (a backward from the planes, and the one from
         the kept forward, by gda_chunk_bwd_scan_dv where scan_dv_fits: v40).
+        --scan-dv-wg: with USE_SCAN_DV and USE_SCAN_O_WG on (and there the S0 of the backward
+        from the planes and of the keeping forward by scan_o's wgmma form: v41).
     python -m scripts.profile_chunk_bwd --scan-o-sweep
         the forward that keeps nothing with scan_o (SCAN_O_FROM 0) by mma.sync, by wgmma (a
         Hopper GPU, where SCAN_O_WG can be) and with the scan and dv's entry, over SWEEP's
@@ -164,7 +166,8 @@ def shape_line(name, stages):
                                   if plan.cfg.PLANES else plan.cfg._replace(SCAN=not plan.cfg.SCAN))
 
     def form(cfg):
-        return ("planes" + (" scan_dv" if cfg.SCAN_DV else "")) if cfg.PLANES else f"scan {int(cfg.SCAN)}"
+        return (("planes" + (" scan_dv" if cfg.SCAN_DV else "") + (" s0-wg" if cfg.SCAN_O_WG else ""))
+                if cfg.PLANES else f"scan {int(cfg.SCAN)}")
 
     def by(pl):                                             # the backward by another plan
         return pl(q, k, v, g, do, 1.0, None, None)
@@ -262,10 +265,14 @@ def main(argv):
         from cupy_gda import chunk_bwd
         chunk_bwd.USE_SCAN_DV = True
         print("(chunk_bwd.USE_SCAN_DV on)", flush=True)
-    if "--scan-o-wg" in argv:
+    if "--scan-o-wg" in argv or "--scan-dv-wg" in argv:
         from cupy_gda import chunk_bwd
         chunk_bwd.USE_SCAN_O_WG = True
         print("(chunk_bwd.USE_SCAN_O_WG on)", flush=True)
+    if "--scan-dv-wg" in argv:
+        from cupy_gda import chunk_bwd
+        chunk_bwd.USE_SCAN_DV = True
+        print("(chunk_bwd.USE_SCAN_DV on)", flush=True)
     if "--no-scan-o" in argv:
         from cupy_gda import chunk_bwd
         chunk_bwd.USE_SCAN_O = False

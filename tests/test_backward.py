@@ -300,15 +300,18 @@ def _need_hopper():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case, scan", [
-    pytest.param(c, m, id=f"{c.id}-{m}") for c in CHUNK_OWN for m in (*SCANS, "planes-dv")
-    if m in ("local-states", "scan") or c.dtype == "bfloat16"])
+    pytest.param(c, m, id=f"{c.id}-{m}") for c in CHUNK_OWN
+    for m in (*SCANS, "planes-dv", "planes-dv-wg")
+    if m in ("local-states", "scan") or c.dtype == "bfloat16" and (m != "planes-dv-wg" or c.K % 64 == 0)])
 def test_gpu_chunked_backward_itself_meets_the_contract(case, scan):
     """The chunked form's own gradients (the reverse loop left out), with the guard not hit, with
     each form of the boundary scan (SCANS), and from the planes with the scan's backward half
-    and dv as one kernel (planes-dv: SCAN_DV, chunks of 64 steps, a Hopper GPU)."""
-    if scan == "planes-dv":
+    and dv as one kernel (planes-dv: SCAN_DV, chunks of 64 steps, a Hopper GPU), there with
+    the S0 by scan_o's wgmma form too (planes-dv-wg: SCAN_O_WG, whole key tiles)."""
+    if scan.startswith("planes-dv"):
         _need_hopper()
-        _check_chunked_own(case, SCAN=True, PLANES=True, BT=64, SCAN_DV=True)
+        _check_chunked_own(case, SCAN=True, PLANES=True, BT=64, SCAN_DV=True,
+                           SCAN_O_WG=scan == "planes-dv-wg")
         return
     fused, planes = SCANS[scan]
     _check_chunked_own(case, SCAN=fused, PLANES=planes)
@@ -397,29 +400,35 @@ def _chunks_of_64(monkeypatch, on):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("keep, scan_o, bt64", [(False, True, False), (False, True, True),
-                                                (False, False, False), (True, False, False)],
-                         ids=["terms2-scan_o", "terms2-scan_o-bt64", "terms2", "keep-terms3"])
+                                                (False, False, False), (True, False, False),
+                                                (True, True, True)],
+                         ids=["terms2-scan_o", "terms2-scan_o-bt64", "terms2", "keep-terms3",
+                              "keep-terms3-wg"])
 @pytest.mark.parametrize("case", FORWARD_FROM_PLANES, ids=lambda c: c.id)
 def test_gpu_forward_from_the_backward_stages(case, keep, scan_o, bt64, monkeypatch):
     """chunk_bwd.ForwardPlan, the one that keeps none (operands in two bfloat16 terms), by
     scan_o (the scan and o as one kernel, where it fits: every case here on a Hopper GPU, its
     rule's minimum of blocks set aside; bt64: chunks of 64 steps, and there by wgmma at planes
     of 128 or 256 keys, SCAN_O_WG) and by the scan and dv's entry (USE_SCAN_O off), and the one
-    that can keep its stages (three): o and the final state within the contract (poisoned
-    outputs: the plan allocates them unwritten), the guard not hit (its fall-back not run)."""
+    that can keep its stages (three; keep-terms3-wg: with scan_dv on for its backward, by
+    scan_o's wgmma form storing each S0 where K is whole key tiles of 128 or 256): o and the
+    final state within the contract (poisoned outputs: the plan allocates them unwritten), the
+    guard not hit (its fall-back not run)."""
     import cupy
     from cupy_gda import _launch, chunk_bwd
     monkeypatch.setattr(chunk_bwd, "USE_SCAN_O", scan_o)
     monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_DV", keep and bt64)
+    monkeypatch.setattr(chunk_bwd, "SCAN_DV_FROM", 0)
     _chunks_of_64(monkeypatch, bt64)
     p, call, ref, emu = _forward_plan_inputs(case)
     flag = cupy.full((1,), 7, np.int32)
     plan = chunk_bwd.ForwardPlan(p, call[6] is not None, False, keep)
     assert plan.cfg.TERMS == (3 if keep else 2)
     assert plan.cfg.BT == 64 or not bt64
-    assert plan.cfg.SCAN_O_WG == (bt64 and not keep and _launch.hopper()
-                                  and chunk_bwd.planes(p)[0] in (128, 256))
-    if scan_o and _launch.device_limits()[1] >= chunk_bwd.scan_o_smem(p, plan.cfg):
+    assert plan.cfg.SCAN_O_WG == (bt64 and _launch.hopper() and chunk_bwd.planes(p)[0] in (128, 256)
+                                  and (not keep or p.K % 64 == 0))
+    if scan_o and not keep and _launch.device_limits()[1] >= chunk_bwd.scan_o_smem(p, plan.cfg):
         assert plan.scan_o
     assert plan.scan_o == (scan_o and chunk_bwd.scan_o_fits(p, plan.cfg, call[6] is not None))
     o, ht = plan(*call, flag=flag)
@@ -506,7 +515,7 @@ KEPT_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("scan_dv", [False, True], ids=["", "scan_dv"])
+@pytest.mark.parametrize("scan_dv", ["", "scan_dv", "scan_dv-wg"])
 @pytest.mark.parametrize("case, scale", KEPT_CASES, ids=lambda c: getattr(c, "id", str(c)))
 def test_gpu_backward_from_the_kept_forward(case, scale, scan_dv, monkeypatch):
     """A ForwardPlan call's kept stages (S0, A_end, W, the planes) in place of the backward's
@@ -514,13 +523,15 @@ def test_gpu_backward_from_the_kept_forward(case, scale, scan_dv, monkeypatch):
     backward from the planes (poisoned outputs), the guard's flag the forward's (and then both
     are the reverse loop's); scan_dv: both with chunks of 64 steps and, where it fits (a
     Hopper GPU, planes of 128 or 256 keys; its rule's minimum of blocks set aside), E and dv by
-    scan_dv (USE_SCAN_DV on)."""
+    scan_dv (USE_SCAN_DV on); scan_dv-wg: and the S0, kept or the backward's own, by scan_o's
+    wgmma form where K is whole key tiles (USE_SCAN_O_WG on, v41)."""
     import cupy
     from cupy_gda import _launch, chunk_bwd
     if scan_dv:
         monkeypatch.setattr(chunk_bwd, "USE_SCAN_DV", True)
         monkeypatch.setattr(chunk_bwd, "SCAN_DV_FROM", 0)
         monkeypatch.setattr(chunk_bwd, "CHUNKS_64", 0)
+        monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_WG", scan_dv == "scan_dv-wg")
     p, call, _, _ = _forward_plan_inputs(case)
     q, k, v, g, _, h0, cu, _, _ = call
     call = (q, k, v, g, scale, h0, cu, True, None)
@@ -532,11 +543,15 @@ def test_gpu_backward_from_the_kept_forward(case, scale, scan_dv, monkeypatch):
     _, _, kept = chunk_bwd.ForwardPlan(p, varlen, False, True).run(*call, flag=fwd_flag, keep=True)
     args = (q, k, v, g, do, scale, h0, dht, cu)
     cfg = chunk_bwd.planes_config(p, varlen)
-    cfg = cfg._replace(SCAN_DV=chunk_bwd.scan_dv_fits(p, cfg, varlen))
-    assert cfg.SCAN_DV == (scan_dv and _launch.hopper() and chunk_bwd.planes(p)[0] in (128, 256))
+    so = chunk_bwd.use_scan_o_wg() and chunk_bwd.scan_o_s0(p, cfg, varlen)
+    cfg = cfg._replace(SCAN_DV=chunk_bwd.scan_dv_fits(p, cfg, varlen), SCAN_O_WG=so)
+    assert cfg.SCAN_DV == (bool(scan_dv) and _launch.hopper() and chunk_bwd.planes(p)[0] in (128, 256))
+    assert so == (cfg.SCAN_DV and scan_dv == "scan_dv-wg" and p.K % 64 == 0)
+    fplan = chunk_bwd.ForwardPlan(p, varlen, False, True)
+    assert fplan.cfg.SCAN_O_WG == fplan.scan_o == so
     want, wflag = chunk_bwd.BackwardPlan(p, varlen, False, cfg).run(*args)
     kplan = chunk_bwd.BackwardPlan(p, varlen, False, keep=True)
-    assert kplan.cfg == cfg
+    assert kplan.cfg == cfg._replace(SCAN_O_WG=False)     # (no S0 of its own)
     got, gflag = kplan.run(*args, kept=kept)
     hit = int(case.gate == "big")
     assert int(fwd_flag[0]) == int(wflag[0]) == int(gflag[0]) == hit
@@ -723,7 +738,7 @@ def _check_scan(view, plan, kd, sqa, vp, dp, h0, dht):
                         ("K5-V1-BT64", (1, 130, 2, 5, 1, 64)),
                         ("K128-V130-BT64", (1, 200, 2, 128, 130, 64)))
     for dtype in ("float32", "bfloat16") if dtype == "float32" or name != "K5-V1-BT64"
-    for m in (*SCANS, "planes-dv") if m in SCANS and (m != "planes" or dtype == "bfloat16")
+    for m in (*SCANS, "planes-dv", "planes-dv-wg") if m in SCANS and (m != "planes" or dtype == "bfloat16")
     or dtype == "bfloat16" and name == "K128-V130-BT64"])
 def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT, dtype, scan):
     """Each GEMM stage (2: local states, 4: M, scale do S0^T, v E^T, 7: dv) against float64
@@ -735,18 +750,20 @@ def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT, dtyp
     (2-3), its S0, E and rowsum(E S0) against the float64 scan of the same workspaces, within
     (BT + 16) 2^-24 a chunk of its sums of magnitudes; from the planes, the planes exact;
     planes-dv (a Hopper GPU), E, rowsum and dv by scan_dv, dv in its two terms (2^-15 of its
-    sum of magnitudes more: m m left out, each operand's h + m within 2^-17 of it)."""
+    sum of magnitudes more: m m left out, each operand's h + m within 2^-17 of it), and
+    planes-dv-wg, there with S0 by scan_o's wgmma form (fresh sums of a chunk's 64 steps)."""
     import cupy
     from cupy_gda import chunk_bwd
     from cupy_gda._checks import Problem
     rng = np.random.default_rng(20)
     p = Problem(B, T, H, K, V, B, dtype, "float32", False)
-    two = scan == "planes-dv"
+    two = scan.startswith("planes-dv")
     if two:
         _need_hopper()
     fused, planes = SCANS["planes" if two else scan]
     plan = chunk_bwd.BackwardPlan(p, cfg=chunk_bwd.Config(BT, 32 if K <= 32 else 64, fused, planes,
-                                                          DV_TERMS=2 if two else 3, SCAN_DV=two))
+                                                          DV_TERMS=2 if two else 3, SCAN_DV=two,
+                                                          SCAN_O_WG=scan == "planes-dv-wg"))
     x = {n: cupy.asarray(rng.standard_normal((B, T, H, d)), np.float32).astype(dtype)
          for n, d in (("q", K), ("k", K), ("v", V), ("do", V))}
     g = cupy.asarray(rng.uniform(0.9, 1.0, (B, T, H, K)), np.float32)
@@ -889,12 +906,15 @@ def test_gpu_chunked_backward_guard_flags_and_falls_back(what):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("what", ["large-dht", "big-gate", "inf-do"])
-def test_gpu_scan_dv_guard_flags_as_the_scan(what):
+@pytest.mark.parametrize("wg", [False, True], ids=["", "s0-wg"])
+@pytest.mark.parametrize("what", ["large-dht", "big-gate", "inf-do", "large-h0"])
+def test_gpu_scan_dv_guard_flags_as_the_scan(what, wg):
     """A backward from the planes with scan_dv (SCAN_DV: chunks of 64, a Hopper GPU) sets the
     guard's flag where the one with the scan's backward half and dv's entry does (E past the
-    range from d_final_state, which scan_dv guards; a gate or do past it, which pack does), and
-    the reverse loop then overwrites every gradient: the same arrays either way."""
+    range from d_final_state, which scan_dv guards; a gate or do past it, which pack does; S0
+    past it from the initial state, which the scan guards, or with s0-wg scan_o's wgmma form
+    that makes the S0 then, SCAN_O_WG), and the reverse loop then overwrites every gradient:
+    the same arrays either way."""
     import cupy
     from cupy_gda import chunk_bwd
     from cupy_gda._checks import Problem
@@ -905,18 +925,21 @@ def test_gpu_scan_dv_guard_flags_as_the_scan(what):
                    for d in (K, K, V, V))
     g = cupy.asarray(rng.uniform(0.9, 1.0, (B, T, H, K)), np.float32)
     dht = cupy.asarray(rng.standard_normal((B, H, K, V)), np.float32)
+    h0 = cupy.asarray(rng.standard_normal((B, H, K, V)), np.float32) if what == "large-h0" else None
     if what == "large-dht":
         dht[1, 0, 5, 5] = 2.0 ** 41
+    elif what == "large-h0":
+        h0[0, 1, 100, 40] = 2.0 ** 41
     elif what == "big-gate":
         g[1, 100, 0, 3] = 1.5
     else:
         do[1, 149, 1, 11] = np.inf
     p = Problem(B, T, H, K, V, B, "bfloat16", "float32", False)
-    args = (q, k, v, g, do, 1.0, None, dht)
+    args = (q, k, v, g, do, 1.0, h0, dht)
     got = []
     for dv in (False, True):
         plan = chunk_bwd.BackwardPlan(p, cfg=chunk_bwd.Config(64, 64, True, True, DV_TERMS=2,
-                                                              SCAN_DV=dv))
+                                                              SCAN_DV=dv, SCAN_O_WG=dv and wg))
         assert int(plan.run(*args, fallback=False)[1][0]) == 1
         got.append(plan(*args))
     for name, a, b in zip(R.Gradients._fields, *got):

@@ -209,18 +209,25 @@ def _cases():
     for i, (K, V) in enumerate(((128, 128), (100, 130), (256, 256))):
         add(_case("gda_chunk_bwd", "sm_90", K, V, VARIANTS[3 * i], MANY, wgmma=True), i == 0)
     # gda_chunk_bwd's scan_o by wgmma (SCAN_O_WG, built for sm_90a): the forward's two-term
-    # stages at planes of 256 and 128 keys, whole and cut tiles (none core: the core build of
-    # scan_dv below compiles the products' helpers the two share, for the test command's time)
-    for i, (K, V) in enumerate(((256, 512), (128, 256), (100, 72), (256, 64))):
-        add(_case("gda_chunk_bwd", "sm_90", K, V, BF16[i % len(BF16)], MANY, planes="fwd",
+    # stages at planes of 256 and 128 keys, whole and cut tiles, and the forward that keeps its
+    # stages (three terms, each S0 stored: whole key tiles, cut value tiles) (none core: the
+    # core build of scan_dv below compiles the products' helpers the two share and scan_o's
+    # S0 alone, for the test command's time)
+    for i, (K, V, mode) in enumerate(((256, 512, "fwd"), (128, 256, "fwd"), (100, 72, "fwd"),
+                                      (256, 64, "fwd"), (256, 512, "fwdkeep"), (128, 130, "fwdkeep"),
+                                      (256, 72, "fwdkeep"))):
+        add(_case("gda_chunk_bwd", "sm_90", K, V, BF16[i % len(BF16)], MANY, planes=mode,
                   scan_o_wg=True), False)
     # gda_chunk_bwd's scan_dv (SCAN_DV, built for sm_90a): the backward from the planes and from
-    # the kept forward at planes of 256 and 128 keys, whole and cut tiles; core: GLA-340M's
-    # backward from the planes
-    for i, (K, V, mode) in enumerate(((256, 512, "planes"), (256, 512, "keep"), (128, 256, "planes"),
-                                      (100, 72, "keep"), (128, 130, "planes"))):
+    # the kept forward at planes of 256 and 128 keys, whole and cut tiles; from the planes with
+    # the S0 by scan_o's wgmma form too (SCAN_O_WG, whole key tiles); core: GLA-340M's backward
+    # from the planes, both
+    for i, (K, V, mode, so) in enumerate(((256, 512, "planes", False), (256, 512, "keep", False),
+                                          (128, 256, "planes", True), (100, 72, "keep", False),
+                                          (128, 130, "planes", False), (256, 512, "planes", True),
+                                          (256, 72, "planes", True), (128, 256, "planes", False))):
         add(_case("gda_chunk_bwd", "sm_90", K, V, BF16[i % len(BF16)], MANY, planes=mode,
-                  scan_dv=True), i == 2)
+                  scan_dv=True, scan_o_wg=so), i == 2)
     # gda_chunk_bwd's dv and rows' S0, E in three terms for half inputs (DV_TERMS, ROWS_TERMS =
     # 3: DV_TWO_TERMS, ROWS_TWO_TERMS off), from the planes and from float32 rows, on both archs
     for i, (arch, K, V, planes) in enumerate((("sm_90", 256, 512, "planes"),

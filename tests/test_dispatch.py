@@ -813,3 +813,37 @@ def test_scan_dv_fits_a_hopper_backward_from_the_planes(monkeypatch):
     # the forward's builds never take it (a define of the backward's alone)
     assert chunk_bwd.defines(p, cfg._replace(SCAN_DV=True), fwd=True)["SCAN_DV"] == 0
     assert chunk_bwd.defines(p, cfg._replace(SCAN_DV=True))["SCAN_DV"] == 1
+
+
+def test_scan_o_makes_the_s0_of_a_backward_with_scan_dv(monkeypatch):
+    """With USE_SCAN_O_WG (v41) a backward that runs scan_dv takes its S0 from scan_o's wgmma
+    form without o (in place of the scan's forward half), and the forward that keeps its stages
+    for it runs scan_o's wgmma form storing each S0 (three terms, one half of o^T in shared
+    memory: 220 KiB at K = 256), so that the kept S0 are the backward's own: both where
+    scan_dv_fits and K is whole key tiles (scan_o_s0), neither elsewhere."""
+    p = P._replace(B=8, N=8, T=4096, H=4, K=256, V=512, dtype="bfloat16")     # GLA-1.3B
+    keep = chunk_bwd.planes_config(p)
+    assert chunk_bwd.scan_o_smem(p, keep._replace(SCAN_O_WG=True)) == 225280
+    assert chunk_bwd.scan_o_smem(p, keep._replace(SCAN_O_WG=True), fwd=False) == 108544
+    assert chunk_bwd.scan_o_smem(p._replace(K=128), keep._replace(SCAN_O_WG=True)) == 142848
+    assert chunk_bwd.scan_o_smem(p._replace(K=128), keep._replace(SCAN_O_WG=True), fwd=False) == 58880
+    monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, 232448))
+    monkeypatch.setattr(chunk_bwd, "hopper", lambda: True)
+    assert not chunk_bwd.scan_o_s0(p, keep)                           # (USE_SCAN_DV off)
+    assert chunk_bwd.planes_config(p, scan_o_wg=True) == keep
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_DV", True)
+    assert chunk_bwd.scan_o_s0(p, keep) and chunk_bwd.scan_o_s0(p._replace(K=128), keep)
+    assert chunk_bwd.scan_dv_fits(p._replace(K=100), keep)            # scan_dv, but cut key
+    assert not chunk_bwd.scan_o_s0(p._replace(K=100), keep)           # tiles: the scan's S0
+    assert not chunk_bwd.scan_o_s0(p._replace(H=2), keep)             # 128 blocks: no scan_dv
+    wg = chunk_bwd.planes_config(p, scan_o_wg=True)
+    assert wg == keep._replace(SCAN_O_WG=True)
+    assert chunk_bwd.planes_config(p._replace(K=100), scan_o_wg=True).SCAN_O_WG is False
+    # the keeping forward runs scan_o where (and only where) it has SCAN_O_WG, whatever
+    # USE_SCAN_O and SCAN_O_FROM say (they rule the forward that keeps nothing)
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_O", False)
+    assert chunk_bwd.scan_o_fits(p, wg) and not chunk_bwd.scan_o_fits(p, keep)
+    d = chunk_bwd.defines(p, wg, fwd=True)
+    assert (d["SCAN_O_WG"], d["TERMS"], d["DV_TERMS"], d["SCAN_DV"]) == (1, 3, 2, 0)
+    d = chunk_bwd.defines(p, wg._replace(SCAN_DV=True))                # the backward's build
+    assert (d["SCAN_O_WG"], d["SCAN_DV"], d["KEEP"], d["FWD"]) == (1, 1, 0, 0)
