@@ -41,6 +41,10 @@
 #            of scan_o's S0 by wgmma (planes-dv-wg, scan_dv-wg, s0-wg, keep-terms3-wg), then
 #            `profile_chunk_bwd [NAMES (gla1.3b-bf16)] --stages` with --scan-dv-wg, --scan-dv and
 #            neither
+#   wg:      (after a suite that ran the wgmma forms' tests) install, scripts/wgmma_probe.py, then
+#            the stages of every wgmma form in one call: the forward's of [NAMES
+#            (gla1.3b-bf16,gla340m-bf16)] with --scan-o-wg (v39), then GLA-1.3B's backward and
+#            kept forward + backward with --scan-dv-wg (v40, v41) and with neither
 #   fwdbwd-fla: (carry [".baselines"]) install, ours and fla's forward + backward rows at one
 #            shape in one run (SHAPE, default gla1.3b-bf16), fla's autotune given 480 s
 #   compare: `cupy-gda bench --shapes SHAPES --impl ours` of an older tree (its files in .old/,
@@ -57,6 +61,7 @@
 #   bash scripts/device_run.sh <commit> fwdbwd-fla [SHAPE (gla1.3b-bf16)]
 #   bash scripts/device_run.sh <commit> scan-o [NAMES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> scan-dv [NAMES (gla1.3b-bf16)]
+#   bash scripts/device_run.sh <commit> wg [NAMES (gla1.3b-bf16,gla340m-bf16)]
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
 commit="${1:-unknown}"
@@ -301,6 +306,21 @@ if [ "$phase" = "scan-dv" ]; then
     # wgmma form (v41): their tests, then the stages with both, with scan_dv alone and without
     tests_then_stages "planes-dv or scan_dv or terms3-wg" scan-dv "${3:-gla1.3b-bf16}" \
         --scan-dv-wg --scan-dv ""
+    exit 0
+fi
+if [ "$phase" = "wg" ]; then
+    # every wgmma form's stages beside the defaults in one call (perf-notes v39-v41): the probe
+    # first (which B layout reads as NumPy does), the forward's, then the backward's
+    timeout 120 python3 -m scripts.wgmma_probe > "$out/wgmma-probe.txt" 2>&1
+    cat "$out/wgmma-probe.txt"
+    timeout $(((560 - SECONDS) / 3)) python3 -m scripts.profile_chunk_bwd \
+        "${3:-gla1.3b-bf16,gla340m-bf16}" --forward --stages --scan-o-wg > "$out/wg-forward.txt" 2>&1
+    cat "$out/wg-forward.txt"
+    for flag in --scan-dv-wg ""; do
+        timeout $(((560 - SECONDS) / 2)) python3 -m scripts.profile_chunk_bwd gla1.3b-bf16 \
+            --stages $flag > "$out/wg-bwd-stages$flag.txt" 2>&1
+        cat "$out/wg-bwd-stages$flag.txt"
+    done
     exit 0
 fi
 if [ "$phase" = "fwdbwd-fla" ]; then
