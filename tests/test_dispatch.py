@@ -847,3 +847,76 @@ def test_scan_o_makes_the_s0_of_a_backward_with_scan_dv(monkeypatch):
     assert (d["SCAN_O_WG"], d["TERMS"], d["DV_TERMS"], d["SCAN_DV"]) == (1, 3, 2, 0)
     d = chunk_bwd.defines(p, wg._replace(SCAN_DV=True))                # the backward's build
     assert (d["SCAN_O_WG"], d["SCAN_DV"], d["KEEP"], d["FWD"]) == (1, 1, 0, 0)
+
+
+def _fake_launches(monkeypatch, scan_dv, scan_o_wg):
+    """chunk_bwd's plans made without a GPU: a Hopper GPU's limits, each Launch a record of
+    (entry, grid, block, shared memory bytes) and each build's defines in ``built``, the
+    fall-back plans stubs; USE_SCAN_DV and USE_SCAN_O_WG as given."""
+    from types import SimpleNamespace
+    from cupy_gda import recurrent_bwd
+    built = {}
+
+    def function(entry, defines, smem=0):
+        built[entry] = defines
+        return entry
+    monkeypatch.setattr(chunk_bwd, "FAMILY", SimpleNamespace(function=function))
+    monkeypatch.setattr(chunk_bwd, "Launch",
+                        lambda fn, params, grid, block, smem, **sizes: (fn, grid, block, smem))
+    monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, 232448))
+    monkeypatch.setattr(chunk_bwd, "hopper", lambda: True)
+    monkeypatch.setattr(recurrent_bwd, "plan", lambda p, i64: SimpleNamespace(ws=(0,)))
+    monkeypatch.setattr(chunk, "plan", lambda p, i64: None)
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_DV", scan_dv)
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_WG", scan_o_wg)
+    return built
+
+
+@pytest.mark.parametrize("scan_dv, scan_o_wg", [(False, False), (True, False), (True, True),
+                                                (False, True)])
+def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv, scan_o_wg):
+    """At GLA-1.3B's shape on a Hopper GPU (no GPU needed: the launches recorded), each plan of
+    the planes queues its stages in order with the grid, threads and shared memory of its
+    kernels: by default the scan, scores and dv's entry; with scan_dv (v40) the scan's forward
+    half, scores, then scan_dv (none of dv's entry; the kept backward no scan); with scan_o's
+    wgmma form too (v41) the backward's S0 by scan_o without o, and the forward that keeps its
+    stages by scan_o storing them; scan_o's wgmma form alone changes the lean forward only."""
+    p = Problem(B=8, T=4096, H=4, K=256, V=512, N=8, dtype="bfloat16", g_dtype="float32",
+                log_gate=False)
+    built = _fake_launches(monkeypatch, scan_dv, scan_o_wg)
+    NH, NB, TV = 32, 32 * 64, 8                         # sequence-heads, chunks, value tiles
+    dv, wg = scan_dv, scan_dv and scan_o_wg
+
+    def entries(stages):
+        return [(n, e[0][14:], e[1], e[2], e[3]) for n, e in stages]
+
+    scan = (3, "scan", NH * 4 * TV, 128, chunk_bwd.smem(chunk_bwd.planes_config(p)))
+    s0 = (3, "scan_o", NH * TV, 256, 108544) if wg else scan
+    want = ([(1, "pack", NB, 128, 0), s0, (5, "scores", NB, 128, 0),
+             (3, "scan_dv", NH * TV, 256, 229376), (4, "rows", NB * 3 * 4, 128, 0),
+             (6, "intra", NB * 4, 64, 0)] if dv else
+            [(1, "pack", NB, 128, 0), scan, (4, "rows", NB * 3 * 4, 128, 0),
+             (5, "scores", NB, 128, 0), (6, "intra", NB * 4, 64, 0), (7, "dv", NB * TV, 128, 0)])
+    plan = chunk_bwd.BackwardPlan(p)
+    assert (plan.cfg.PLANES, plan.cfg.SCAN_DV, plan.cfg.SCAN_O_WG) == (True, dv, wg)
+    assert entries(plan.stages) == want
+    assert (built["gda_chunk_bwd_pack"]["SCAN_DV"], built["gda_chunk_bwd_pack"]["SCAN_O_WG"]) == (
+        dv, wg)
+    assert plan.sizes["st"] == NB * 256 * 512           # (every S0, whichever kernel makes them)
+    kplan = chunk_bwd.BackwardPlan(p, keep=True)        # from the kept forward: no scores, and
+    gone = ("scores", "scan", "scan_o") if dv else ("scores",)   # the scan for E alone (none
+    assert entries(kplan.stages) == [w for w in want if w[1] not in gone]   # with scan_dv)
+    assert (kplan.cfg.SCAN_DV, kplan.cfg.SCAN_O_WG) == (dv, False)
+    assert built["gda_chunk_bwd_pack"]["KEEP"] == 1
+    fk = chunk_bwd.ForwardPlan(p, keep=True)            # the forward that keeps its stages
+    assert fk.scan_o == fk.cfg.SCAN_O_WG == wg
+    assert [e[1:] for e in entries([(0, s) for s in fk.stages])] == (
+        [("pack", NB, 128, 0), ("scores", NB, 128, 0), ("scan_o", NH * TV, 256, 225280)] if wg else
+        [("pack", NB, 128, 0), scan[1:], ("scores", NB, 128, 0), ("dv", NB * TV, 128, 0)])
+    assert built["gda_chunk_bwd_pack"]["SCAN_O_WG"] == wg and fk.sizes["st"] == NB * 256 * 512
+    assert all(fk.at[n] == kplan.kept_at[n] for n in chunk_bwd.KEPT)   # (where its backward reads)
+    fp = chunk_bwd.ForwardPlan(p)                       # the lean forward: scan_o, by wgmma
+    assert [e[1:] for e in entries([(0, s) for s in fp.stages])] == [  # with USE_SCAN_O_WG
+        ("pack", NB, 128, 0), ("scores", NB, 128, 0),
+        ("scan_o", NH * TV, 256, 209920 if scan_o_wg else 197632)]
+    assert fp.sizes["st"] == 0 and fp.cfg.SCAN_O_WG == scan_o_wg
