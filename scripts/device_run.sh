@@ -43,8 +43,10 @@
 #            neither
 #   wg:      (after a suite that ran the wgmma forms' tests) install, scripts/wgmma_probe.py, then
 #            the stages of every wgmma form in one call: the forward's of [NAMES
-#            (gla1.3b-bf16,gla340m-bf16)] with --scan-o-wg (v39), then GLA-1.3B's backward and
-#            kept forward + backward with --scan-dv-wg (v40, v41) and with neither
+#            (gla1.3b-bf16,gla340m-bf16,big128-bf16)] with --scan-o-wg (v39: at K = 128 too,
+#            where the dispatch keeps gda_chunk_fwd), then the backward and kept forward +
+#            backward of GLA-1.3B and GLA-340M with --scan-dv-wg --planes (v40, v41; the planes
+#            at K = 128 too) and with neither
 #   fwdbwd-fla: (carry [".baselines"]) install, ours and fla's forward + backward rows at one
 #            shape in one run (SHAPE, default gla1.3b-bf16), fla's autotune given 480 s
 #   compare: `cupy-gda bench --shapes SHAPES --impl ours` of an older tree (its files in .old/,
@@ -61,7 +63,7 @@
 #   bash scripts/device_run.sh <commit> fwdbwd-fla [SHAPE (gla1.3b-bf16)]
 #   bash scripts/device_run.sh <commit> scan-o [NAMES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> scan-dv [NAMES (gla1.3b-bf16)]
-#   bash scripts/device_run.sh <commit> wg [NAMES (gla1.3b-bf16,gla340m-bf16)]
+#   bash scripts/device_run.sh <commit> wg [NAMES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
 commit="${1:-unknown}"
@@ -314,12 +316,15 @@ if [ "$phase" = "wg" ]; then
     timeout 120 python3 -m scripts.wgmma_probe > "$out/wgmma-probe.txt" 2>&1
     cat "$out/wgmma-probe.txt"
     timeout $(((560 - SECONDS) / 3)) python3 -m scripts.profile_chunk_bwd \
-        "${3:-gla1.3b-bf16,gla340m-bf16}" --forward --stages --scan-o-wg > "$out/wg-forward.txt" 2>&1
+        "${3:-gla1.3b-bf16,gla340m-bf16,big128-bf16}" --forward --stages --scan-o-wg \
+        > "$out/wg-forward.txt" 2>&1
     cat "$out/wg-forward.txt"
-    for flag in --scan-dv-wg ""; do
-        timeout $(((560 - SECONDS) / 2)) python3 -m scripts.profile_chunk_bwd gla1.3b-bf16 \
-            --stages $flag > "$out/wg-bwd-stages$flag.txt" 2>&1
-        cat "$out/wg-bwd-stages$flag.txt"
+    for run in wg defaults; do
+        flags=()
+        [ "$run" = wg ] && flags=(--scan-dv-wg --planes)
+        timeout $(((560 - SECONDS) / 2)) python3 -m scripts.profile_chunk_bwd \
+            gla1.3b-bf16,gla340m-bf16 --stages "${flags[@]}" > "$out/wg-bwd-$run.txt" 2>&1
+        cat "$out/wg-bwd-$run.txt"
     done
     exit 0
 fi
