@@ -24,7 +24,8 @@
         from the planes and of the keeping forward by scan_o's wgmma form: v41).
         --planes: every backward of bfloat16 inputs with whole tiles of K and V (K over 64) from
         the planes, where chunk_bwd.config's rule would not take them (GLA-340M, big128: the
-        data for a rule with scan_dv and scan_o's S0, which replace the planes' scan).
+        data for a rule with scan_dv and scan_o's S0, which replace the planes' scan), and
+        scan_o and scan_dv at any number of blocks (SCAN_O_FROM, SCAN_DV_FROM 0).
     python -m scripts.profile_chunk_bwd --scan-o-sweep
         the forward that keeps nothing with scan_o (SCAN_O_FROM 0) by mma.sync, by wgmma (a
         Hopper GPU, where SCAN_O_WG can be) and with the scan and dv's entry, over SWEEP's
@@ -285,7 +286,9 @@ def main(argv):
             whole = p.K % chunk_bwd.GT == 0 and p.K > chunk_bwd.GT and p.V % chunk_bwd.GT == 0
             return cfg._replace(SCAN=True, PLANES=True) if p.dtype == "bfloat16" and whole else cfg
         chunk_bwd.config = planes_always
-        print("(chunk_bwd.config: the planes wherever they can be)", flush=True)
+        chunk_bwd.SCAN_O_FROM = chunk_bwd.SCAN_DV_FROM = 0.0
+        print("(chunk_bwd.config: the planes wherever they can be; SCAN_O_FROM, SCAN_DV_FROM 0)",
+              flush=True)
     if "--no-scan-o" in argv:
         from cupy_gda import chunk_bwd
         chunk_bwd.USE_SCAN_O = False
