@@ -132,6 +132,44 @@ def chunks(p, BT, varlen):
     return p.N * p.H, -(-p.T // BT)
 
 
+def backward_stages(cfg, keep=False):
+    """(stage number, entry) of a BackwardPlan of Config ``cfg`` (``keep``: from a ForwardPlan's
+    kept stages), in the order it launches them: run(stages=n) runs those numbered n or less.
+    With SCAN_DV, E and dv come by scan_dv, numbered 3 though it runs after W (5): stages 3
+    and 4 then hold E, S0 and rows' products, and dv, made from a W not yet written, is right
+    only from 5 on; the scan runs its forward half alone, or scan_o its S0 where SCAN_O_WG, and
+    none where the S0 are kept. KEEP launches no scores (W kept)."""
+    if cfg.SCAN_DV:
+        boundary = ([] if keep else [(3, "scan_o" if cfg.SCAN_O_WG else "scan"), (5, "scores")]
+                    ) + [(3, "scan_dv")]
+    elif cfg.SCAN:
+        boundary = [(3, "scan")]
+    else:
+        boundary = [(2, "local"), (3, "states")]
+    return ([(1, "pack")] + boundary + [(4, "rows")]
+            + ([] if keep or cfg.SCAN_DV else [(5, "scores")]) + [(6, "intra")]
+            + ([] if cfg.SCAN_DV else [(7, "dv")]))
+
+
+def forward_stages(scan_o):
+    """The entries of a ForwardPlan, in order: with ``scan_o`` pack, scores (W) and scan_o (S0 on
+    chip, and o); else pack, the scan's forward half (S0), scores and dv's entry (o)."""
+    return ("pack", "scores", "scan_o") if scan_o else ("pack", "scan", "scores", "dv")
+
+
+def entries(cfg, fwd=False, keep=False):
+    """The build's ENTRIES (bit i: ENTRIES[i]): the entries its plans launch, the others left
+    out of it (its compile a third faster at K = 256; a launch of one left out fails when the
+    plan is made). A forward that keeps nothing may run either form (scan_o_fits is the
+    device's); one that keeps its stages runs scan_o where it has SCAN_O_WG."""
+    if fwd:
+        names = set(forward_stages(cfg.SCAN_O_WG)) if cfg.TERMS == 3 else (
+            set(forward_stages(True)) | set(forward_stages(False)))
+    else:
+        names = {e for _, e in backward_stages(cfg, keep)}
+    return sum(1 << i for i, e in enumerate(ENTRIES) if e.removeprefix("gda_chunk_bwd_") in names)
+
+
 def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BT=cfg.BT, KT=cfg.KT,
@@ -139,7 +177,7 @@ def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
                 KEEP=int(keep), WGMMA=int(cfg.WGMMA), TERMS=cfg.TERMS,
                 DV_TERMS=min(cfg.TERMS, cfg.DV_TERMS) if fwd else cfg.DV_TERMS,
                 ROWS_TERMS=cfg.TERMS if fwd else cfg.ROWS_TERMS, SCAN_O_WG=int(cfg.SCAN_O_WG),
-                SCAN_DV=int(cfg.SCAN_DV and not fwd))
+                SCAN_DV=int(cfg.SCAN_DV and not fwd), ENTRIES=entries(cfg, fwd, keep))
 
 
 def planes_config(p, varlen=False, wgmma=False, keep=True, scan_o_wg=False):
@@ -359,36 +397,21 @@ class BackwardPlan:
         d = defines(p, self.cfg, seq_int64, keep=keep)
         n_kt = -(-K // self.cfg.KT)
 
-        def launch(entry, grid, block, smem=0):
-            return Launch(FAMILY.function(entry, d, smem), CHUNK_BACKWARD, grid, block, smem,
-                          T=p.T, NH=NH, N=p.N, H=p.H, NC=self.NC)
-
-        if self.cfg.SCAN_DV:                    # E and dv by scan_dv, after W (stage 5): the
-            # scan runs its forward half (S0) alone, or scan_o without o where SCAN_O_WG, and
-            # none where the forward's S0 are kept
-            scan_dv = launch("gda_chunk_bwd_scan_dv", NH * tiles(V), NTF, scan_dv_smem(p, self.cfg))
-            scan = (launch("gda_chunk_bwd_scan_o", NH * tiles(V), NTF,
-                           scan_o_smem(p, self.cfg, fwd=False)) if self.cfg.SCAN_O_WG else
-                    launch("gda_chunk_bwd_scan", NH * tiles(K) * tiles(V), NTG, d["SMEM_BYTES"]))
-            boundary = [] if keep else [(3, scan), (5, launch("gda_chunk_bwd_scores", NB, NTS))]
-            boundary.append((3, scan_dv))
-        elif self.cfg.SCAN:
-            scan = launch("gda_chunk_bwd_scan", NH * tiles(K) * tiles(V), NTG, d["SMEM_BYTES"])
-            boundary = [(3, scan)]
-        else:
-            vecs = V // 4 if V % 4 == 0 else V                           # loads a key row
-            rows = NTP // (128 if vecs >= 128 else -(-vecs // 32) * 32)  # key rows a block
-            boundary = [(2, launch("gda_chunk_bwd_local", NB * 2 * tiles(K) * tiles(V), NTG)),
-                        (3, launch("gda_chunk_bwd_states", -(-NH * K // rows), NTP))]
-        # (stage number, launch), in order: run(stages=n) runs those numbered n or less (with
-        # SCAN_DV, E and dv come with number 3, after W's 5: stages 3 and 4 then hold E, S0 and
-        # rows' products, and dv, made from a W not yet written, is right only from 5 on)
-        dv = self.cfg.SCAN_DV
-        self.stages = [(1, launch("gda_chunk_bwd_pack", NB, NTP))] + boundary + [
-            (4, launch("gda_chunk_bwd_rows", NB * 3 * tiles(K), NTG))] + (
-            [] if keep or dv else [(5, launch("gda_chunk_bwd_scores", NB, NTS))]) + [  # (KEEP:
-            (6, launch("gda_chunk_bwd_intra", NB * n_kt, self.cfg.KT))] + (      #  W kept)
-            [] if dv else [(7, launch("gda_chunk_bwd_dv", NB * tiles(V), NTG, dv_smem(self.cfg)))])
+        vecs = V // 4 if V % 4 == 0 else V                               # (states) loads a
+        rows = NTP // (128 if vecs >= 128 else -(-vecs // 32) * 32)      #  key row, rows a block
+        tk, tv = tiles(K), tiles(V)
+        shape = {"pack": (NB, NTP, 0), "local": (NB * 2 * tk * tv, NTG, 0),   # grid, threads,
+                 "states": (-(-NH * K // rows), NTP, 0),                      #  dynamic shared
+                 "scan": (NH * tk * tv, NTG, d["SMEM_BYTES"]),                #  memory
+                 "scan_o": (NH * tv, NTF, scan_o_smem(p, self.cfg, fwd=False)),
+                 "scan_dv": (NH * tv, NTF, scan_dv_smem(p, self.cfg)),
+                 "rows": (NB * 3 * tk, NTG, 0), "scores": (NB, NTS, 0),
+                 "intra": (NB * n_kt, self.cfg.KT, 0),
+                 "dv": (NB * tv, NTG, dv_smem(self.cfg))}
+        self.stages = [(n, Launch(FAMILY.function("gda_chunk_bwd_" + e, d, shape[e][2]),
+                                  CHUNK_BACKWARD, *shape[e], T=p.T, NH=NH, N=p.N, H=p.H,
+                                  NC=self.NC))
+                       for n, e in backward_stages(self.cfg, keep)]
         self.sizes = workspace(p, self.cfg, varlen, keep=keep)
         self.loop = recurrent_bwd.plan(p, seq_int64)
         self.at, floats = layout(self.sizes)
@@ -471,21 +494,15 @@ class ForwardPlan:
         self.NB = NH * self.NC if p.N else 0
         d = defines(p, self.cfg, seq_int64, fwd=True)
 
-        def launch(entry, grid, block, smem=0):
-            return Launch(FAMILY.function(entry, d, smem), CHUNK_BACKWARD, grid, block, smem,
-                          T=p.T, NH=NH, N=p.N, H=p.H, NC=self.NC)
-
-        self.scan_o = scan_o_fits(p, self.cfg, varlen)
-        pack, scores = (launch("gda_chunk_bwd_pack", self.NB, NTP),
-                        launch("gda_chunk_bwd_scores", self.NB, NTS))
-        if self.scan_o:                         # the scan and o as one kernel, after W
-            self.stages = [pack, scores, launch("gda_chunk_bwd_scan_o", NH * tiles(p.V), NTF,
-                                                scan_o_smem(p, self.cfg))]
-        else:
-            self.stages = [pack, launch("gda_chunk_bwd_scan", NH * tiles(p.K) * tiles(p.V), NTG,
-                                        d["SMEM_BYTES"]),
-                           scores,
-                           launch("gda_chunk_bwd_dv", self.NB * tiles(p.V), NTG, dv_smem(self.cfg))]
+        self.scan_o = scan_o_fits(p, self.cfg, varlen)     # (the scan and o as one kernel)
+        tv = tiles(p.V)
+        shape = {"pack": (self.NB, NTP, 0), "scores": (self.NB, NTS, 0),
+                 "scan_o": (NH * tv, NTF, scan_o_smem(p, self.cfg)),
+                 "scan": (NH * tiles(p.K) * tv, NTG, d["SMEM_BYTES"]),
+                 "dv": (self.NB * tv, NTG, dv_smem(self.cfg))}
+        self.stages = [Launch(FAMILY.function("gda_chunk_bwd_" + e, d, shape[e][2]), CHUNK_BACKWARD,
+                              *shape[e], T=p.T, NH=NH, N=p.N, H=p.H, NC=self.NC)
+                       for e in forward_stages(self.scan_o)]
         self.sizes = workspace(p, self.cfg, varlen, fwd=True,  # (one that keeps: every S0)
                                scan_o=self.scan_o and self.cfg.TERMS == 2)
         self.at, self.ws_floats = layout(self.sizes)

@@ -78,13 +78,15 @@
 //   wgmma, v39; with three terms it stores each chunk's S0, and in a backward, with SCAN_DV,
 //   it makes them alone, no o, in place of the scan: v41), SCAN_DV (1, built for sm_90a, a
 //   backward with PLANES: the scan's backward half and dv's entry as one kernel by wgmma,
-//   gda_chunk_bwd_scan_dv; the scan runs its forward half alone, and none where KEEP).
+//   gda_chunk_bwd_scan_dv; the scan runs its forward half alone, and none where KEEP), ENTRIES
+//   (the entries the build holds, bit i for entry i + 1 above: those its plans launch,
+//   chunk_bwd.entries; the others are left out, so a launch of one fails when its plan is made).
 //   Reference: cupy_gda.reference.gated_attention_backward_ref.
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
     || !defined(BT) || !defined(KT) || !defined(SCAN) || !defined(PLANES) || !defined(SMEM_BYTES) \
     || !defined(FWD) || !defined(KEEP) || !defined(WGMMA) || !defined(TERMS) || !defined(DV_TERMS) \
-    || !defined(ROWS_TERMS) || !defined(SCAN_O_WG) || !defined(SCAN_DV)
-#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA, TERMS, DV_TERMS, ROWS_TERMS, SCAN_O_WG and SCAN_DV are required"
+    || !defined(ROWS_TERMS) || !defined(SCAN_O_WG) || !defined(SCAN_DV) || !defined(ENTRIES)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA, TERMS, DV_TERMS, ROWS_TERMS, SCAN_O_WG, SCAN_DV and ENTRIES are required"
 #endif
 static_assert(BT % 16 == 0 && BT >= 16 && BT <= 64, "BT: 16..64, a multiple of 16");
 static_assert(!PLANES || (SCAN && IO_DTYPE == 2), "PLANES: the fused scan's, bfloat16 inputs");
@@ -101,6 +103,8 @@ static_assert(!SCAN_O_WG || (PLANES && BT == 64 && !WGMMA && (FWD ? DV_TERMS == 
               "a backward from the planes with scan_dv");
 static_assert(!SCAN_DV || (PLANES && !FWD && !WGMMA && BT == 64 && DV_TERMS == 2),
               "SCAN_DV: scan_dv, in a backward from the planes, chunks of 64 steps, dv in two terms");
+
+#define GDA_HAS(i) ((ENTRIES >> (i)) & 1)     // entry i (1. pack .. 9. scan_dv, from 0) in the build
 
 #define GDA_BWD_VAL_MAX 0x1p20f         // the guard: |q|, |k|, |v|, |do| at most this,
 #define GDA_BWD_GATE_MAX 1.09050773f    //   |g| at most 2^(1/8),
@@ -279,6 +283,7 @@ __device__ __forceinline__ void gda_store_cols(float* c, const float (&x)[CW]) {
 // value columns (each column's products and splits as one at a time: the same values).
 // (8 blocks an SM, at most 64 registers: with no minimum ptxas still kept to 64 at K = V = 192
 // bfloat16 and spilled 16 bytes there; with the bound none of 72 builds of a sweep spills)
+#if GDA_HAS(0)
 extern "C" __global__ void __launch_bounds__(NTP, 8) gda_chunk_bwd_pack(GDA_CHUNK_BWD_PARAMS)
 {
     const long long b = blockIdx.x;
@@ -376,6 +381,7 @@ extern "C" __global__ void __launch_bounds__(NTP, 8) gda_chunk_bwd_pack(GDA_CHUN
     }
     if (!ok) *flag = 1;
 }
+#endif
 
 // ---- The GEMMs (stages 2, 4, 7): C[b] = op(A[b]) op(B[b]) of each chunk b, summed over one or
 // two terms, exact to float32 on the tensor cores (never plain TF32):
@@ -755,6 +761,7 @@ __device__ __forceinline__ void gda_gemm_rows(float (&x)[2][2], const float* r, 
 
 // 2. The local states of chunk b: st = (k D)^T v (z = 0), et = scale (q A)^T do (z = 1).
 // Block: (b, z, tile of K x V).
+#if GDA_HAS(1)
 extern "C" __global__ void __launch_bounds__(NTG) gda_chunk_bwd_local(GDA_CHUNK_BWD_PARAMS)
 {
     __shared__ __align__(16) unsigned b_op[GDA_GEMM_SMEM / 4];
@@ -767,6 +774,7 @@ extern "C" __global__ void __launch_bounds__(NTG) gda_chunk_bwd_local(GDA_CHUNK_
                                             (z ? dp : vp) + b * BT * V_DIM, z ? scale : 1.f, m0, n0, b_op);
     gda_gemm_store<K_DIM, V_DIM>((z ? et : st) + b * K_DIM * V_DIM, acc, m0, n0);
 }
+#endif
 
 #define VW (V_DIM % 4 == 0 ? 4 : 1)                     // value columns a load of states
 #define NTC (V_DIM / VW >= 128 ? 128 : (V_DIM / VW + 31) / 32 * 32)  // threads a key row
@@ -793,6 +801,7 @@ __device__ __forceinline__ vpack gda_ld(const float* p, long long x, bool on) {
 // coff[n+1] - 1; else one, NC chunks), each forward then backward; the chunks go CU at a time,
 // their loads issued together (the scan's chain is the FMA, not the loads). Every row of a
 // block passes the same barriers (the chunk ranges are the same for every head).
+#if GDA_HAS(2)
 extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_states(GDA_CHUNK_BWD_PARAMS)
 {
     __shared__ float b_red[CU][NTP / 32];
@@ -917,6 +926,7 @@ extern "C" __global__ void __launch_bounds__(NTP) gda_chunk_bwd_states(GDA_CHUNK
     }
     if (!ok) *flag = 1;
 }
+#endif
 
 // A chunk of the scan on the thread's part of the state x (S forward, E backward), stored
 // before: the guard on each element, each(i, j, r) (the backward's rowsum), then x scaled by
@@ -1051,6 +1061,7 @@ __device__ __forceinline__ void gda_scan_mma(float (&x)[2][4][4], unsigned at, i
 // of no rows.
 // (FWD: 2 blocks an SM, as the forward half alone spilled 4-24 bytes at 168 registers; KEEP,
 // the backward half alone, and SCAN_DV, the forward half alone, likewise)
+#if GDA_HAS(3)
 extern "C" __global__ void __launch_bounds__(NTG, PLANES && !FWD && !KEEP && !SCAN_DV ? 3 : 2)
 gda_chunk_bwd_scan(GDA_CHUNK_BWD_PARAMS)
 {
@@ -1153,6 +1164,7 @@ gda_chunk_bwd_scan(GDA_CHUNK_BWD_PARAMS)
     }
     if (!ok) *flag = 1;
 }
+#endif
 
 // Stage 4's products of chunk b (z, the tile at column n0 as gda_chunk_bwd_rows's) from its rows
 // of v and of do, rv and rd: operands of type RO, k along V (float32 rows, or PLANES' planes)
@@ -1183,6 +1195,7 @@ __device__ __forceinline__ void gda_rows_of(int z, long long b, int n0, const ty
 // (3 blocks an SM, 168 registers: at big128 fp32 2 blocks took 1.17x the time; but where V is
 // not a multiple of GK, 168 registers spilled, and with no bound ptxas took 72 and spilled at
 // K = V = 24 bf16 sm_90)
+#if GDA_HAS(4)
 extern "C" __global__ void __launch_bounds__(NTG, V_DIM % GK ? 2 : 3)
 gda_chunk_bwd_rows(GDA_CHUNK_BWD_PARAMS)
 {
@@ -1203,6 +1216,7 @@ gda_chunk_bwd_rows(GDA_CHUNK_BWD_PARAMS)
                                                            scale, b_op);
     }
 }
+#endif
 
 #define KI 16                                           // key columns a step of scores
 #define NBK (BT / 16)                                   // 16-step blocks a chunk
@@ -1237,6 +1251,7 @@ __device__ __forceinline__ void gda_score_tiles(int warp, const F& f)
 // whole blocks between: products, never quotients). s and u in one block: thread (u, part),
 // part one of DP of a step's key columns, the running product from s = u down (0 above u, so
 // those terms add nothing). The key columns in steps of KI.
+#if GDA_HAS(5)
 extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CHUNK_BWD_PARAMS)
 {
     __shared__ float2 b_kg[KI][BT + 1];                 // (k, g) by key column (padded: its
@@ -1376,6 +1391,7 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
     for (int x = threadIdx.x; x < BT * BT; x += NTS)    // the blocks below the diagonal: 0
         if (x / BT / 16 > x % BT / 16) w[x] = 0.f;
 }
+#endif
 
 // 6. Block (chunk b, key tile kt), thread: key column i. Load: the chunk's k, g of the column into
 // shared memory, M into shared memory, and (Aex_t, R_t) forward into ar. Then the steps from the
@@ -1384,6 +1400,7 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
 // sums over s < tb with weights P(s+1..tb-1) k_s (a running product down from s = tb - 1) give
 // dq's and dg's terms of both steps (ta's: its s = tb term, plus g_tb times the sum over s < tb).
 // The blocks of s below the pair's block need no comparison with the steps.
+#if GDA_HAS(6)
 extern "C" __global__ void __launch_bounds__(KT) gda_chunk_bwd_intra(GDA_CHUNK_BWD_PARAMS)
 {
     static_assert(BT % 2 == 0, "BT: even (the steps go in pairs)");
@@ -1517,6 +1534,7 @@ extern "C" __global__ void __launch_bounds__(KT) gda_chunk_bwd_intra(GDA_CHUNK_B
         finish(tb, qb_, sdb, evb, arb, kgb, mtb.x, xb, aqb, t4b);
     }
 }
+#endif
 
 #if WGMMA
 // Stage 7 on Hopper (WGMMA, sm_90a; chunk_bwd.Config.WGMMA): dv's two GEMMs by wgmma, both
@@ -1816,6 +1834,7 @@ __device__ __forceinline__ void gda_wg_gemm(float (&acc)[8][4], LA& A, LB& B, fl
 #ifndef DV_BLOCKS
 #define DV_BLOCKS (WGMMA ? 2 : DV_TERMS == 2 && (PLANES || __CUDA_ARCH__ >= 900) ? 4 : 3)
 #endif
+#if GDA_HAS(7)
 extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GDA_CHUNK_BWD_PARAMS)
 {
     const long long b = blockIdx.x / GDA_TILES(V_DIM);
@@ -1895,6 +1914,7 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
     });
 #endif
 }
+#endif
 
 // 8. FWD with TERMS = 2 (a forward that keeps nothing): the scan's forward half and o (dv's
 // entry) as one kernel, so no chunk's S0 goes through memory (docs/perf-notes.md, v38). Block:
@@ -2139,6 +2159,7 @@ __device__ __forceinline__ void gda_so_decay(float (&x)[KH / 8][4], const float*
     });
 }
 
+#if GDA_HAS(8)
 extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 {
 #if (FWD && TERMS == 2) || SCAN_O_WG
@@ -2383,6 +2404,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
     if (!ok) *flag = 1;
 #endif
 }
+#endif
 
 // 9. SCAN_DV (sm_90a; a backward from the planes): the scan's backward half and dv's entry as
 // one kernel, scan_o's mirror (docs/perf-notes.md, "The backward's E scan and dv as one kernel
@@ -2427,6 +2449,7 @@ struct gda_rev_chunks {
     }
 };
 
+#if GDA_HAS(9)
 extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_CHUNK_BWD_PARAMS)
 {
 #if SCAN_DV
@@ -2559,3 +2582,4 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
     if (!ok) *flag = 1;
 #endif
 }
+#endif

@@ -163,11 +163,13 @@ def shape_line(name, stages):
     p = Problem(B, T, H, K, V, B, dtype, "float32", False)
     plan = chunk_bwd.plan(p)
     _, flag = plan.run(q, k, v, g, do, 1.0, None, None, fallback=False)
-    other = chunk_bwd.BackwardPlan(p, cfg=plan.cfg._replace(BT=96 - plan.cfg.BT, SCAN_DV=False))
-    # the other boundary scan: from the planes -> the fused one without; else fused <-> not
-    # (neither by scan_dv, which needs chunks of 64 from the planes)
-    flip = chunk_bwd.BackwardPlan(p, cfg=plan.cfg._replace(PLANES=False, SCAN_DV=False)
-                                  if plan.cfg.PLANES else plan.cfg._replace(SCAN=not plan.cfg.SCAN))
+    # the other chunk length, and the other boundary scan: from the planes -> the fused one
+    # without; else fused <-> not (neither by scan_dv nor scan_o's S0, which need chunks of 64
+    # from the planes)
+    plain = plan.cfg._replace(SCAN_DV=False, SCAN_O_WG=False)
+    other = chunk_bwd.BackwardPlan(p, cfg=plain._replace(BT=96 - plan.cfg.BT))
+    flip = chunk_bwd.BackwardPlan(p, cfg=plain._replace(PLANES=False)
+                                  if plan.cfg.PLANES else plain._replace(SCAN=not plan.cfg.SCAN))
 
     def form(cfg):
         return (("planes" + (" scan_dv" if cfg.SCAN_DV else "") + (" s0-wg" if cfg.SCAN_O_WG else ""))
