@@ -124,11 +124,12 @@ def refusal(p, sms, smem_max):
 
 
 def defines(p, cfg, seq_int64):
-    """The kernel's defines for Problem ``p`` and Config ``cfg``."""
+    """The kernel's defines for Problem ``p`` and Config ``cfg``: its entries (ENTRIES) those
+    its plan launches, gda_chunk_fwd and, in sequence segments (P > 1), gda_chunk_state."""
     return dict(K_DIM=p.K, V_DIM=p.V, IO_DTYPE=DTYPE_CODE[p.dtype], G_DTYPE=DTYPE_CODE[p.g_dtype],
                 LOG_GATE=int(p.log_gate), SEQ_INT64=int(seq_int64), BV=cfg.BV, DBUF=cfg.DBUF,
                 KT=cfg.KT, ASYNC_COPY=cfg.ASYNC_COPY, WGMMA=cfg.WGMMA,
-                SMEM_BYTES=smem(p.K, cfg.BV, cfg.DBUF, cfg.KT))
+                SMEM_BYTES=smem(p.K, cfg.BV, cfg.DBUF, cfg.KT), ENTRIES=1 | (cfg.P > 1) << 1)
 
 
 class ChunkPlan(SegmentedPlan):

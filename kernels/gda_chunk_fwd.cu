@@ -69,15 +69,17 @@
 //
 // Required defines: K_DIM (1..256), V_DIM (any), IO_DTYPE, G_DTYPE, LOG_GATE, SEQ_INT64,
 //   ASYNC_COPY (1 exactly where GDA_ASYNC_INPUTS), SMEM_BYTES (the launcher's dynamic shared
-//   memory, checked against the layout below). Tunable: BV (a multiple of 8, at most 64), KT
+//   memory, checked against the layout below), ENTRIES (bit 0: gda_chunk_fwd, bit 1:
+//   gda_chunk_state, which only a plan of sequence segments launches; an entry left out is not
+//   in the module, its compile half the build's). Tunable: BV (a multiple of 8, at most 64), KT
 //   (key columns a tile: a multiple of 16, at most 128; default K padded to 16), DBUF
 //   (ASYNC_COPY and one key tile only), WGMMA (KT a multiple of 64, BV of 16, no DBUF) and
 //   with it WG_4A (0: stage 5 only by wgmma).
 // Launcher: cupy_gda/chunk.py. Reference: cupy_gda.reference.gated_attention_ref (and
 //   gated_attention_chunked, the same stages in NumPy).
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
-    || !defined(ASYNC_COPY) || !defined(SMEM_BYTES)
-#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, ASYNC_COPY and SMEM_BYTES are required"
+    || !defined(ASYNC_COPY) || !defined(SMEM_BYTES) || !defined(ENTRIES)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, ASYNC_COPY, SMEM_BYTES and ENTRIES are required"
 #endif
 #ifndef BV
 #define BV 64
@@ -1260,14 +1262,18 @@ __device__ __forceinline__ void gda_chunk(GDA_FORWARD_PARAMS)
 
 // Grid: one block per (sequence n, head h, segment p < P, value tile iv), block id
 // (((n * H) + h) * P + p) * NV + iv. With P = 1: the whole sequence, no workspace.
+#if ENTRIES & 1
 extern "C" __global__ void __launch_bounds__(NT, 1) gda_chunk_fwd(GDA_FORWARD_PARAMS) {
     GDA_FORWARD_ONLY_IF;
     gda_chunk<false>(GDA_FORWARD_ARGS);
 }
+#endif
 
 // Grid: the same for the segments p < P - 1 (P >= 2), launched before gda_chunk_fwd on the
 // same stream; q, o, h0 and ht are not read.
+#if ENTRIES & 2
 extern "C" __global__ void __launch_bounds__(NT, 1) gda_chunk_state(GDA_FORWARD_PARAMS) {
     GDA_FORWARD_ONLY_IF;
     gda_chunk<true>(GDA_FORWARD_ARGS);
 }
+#endif
