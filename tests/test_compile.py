@@ -138,10 +138,10 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=Non
 def _cases():
     """Per kernel and arch: every shape with a rotating variant, and every variant at the largest
     shape (most registers), so each (dtype, gate dtype, log_gate) compiles on both archs, with
-    few and many sequence-heads: about 250 compiles, not the full product. The core builds run
+    few and many sequence-heads: about 300 compiles, not the full product. The core builds run
     by default (each shape once a kernel and arch, with few or many heads in turn, the variants
     rotating, the chunked kernels' shapes under K = 64 on sm_90 only; each special build once:
-    109 of its 299 builds, a third of the CPU time); the rest are marked
+    110 of its 305 builds, a quarter of the CPU time); the rest are marked
     full_compile, which the default run deselects (setup.cfg) and `-m ""`, or any -m that
     selects them, runs: scripts/device_run.sh's suite does, after every kernel change."""
     core, full = [], []
@@ -270,9 +270,9 @@ def _build(kernel, items, arch):
 
 
 # the kernels by the CPU time a compile takes (NVRTC 12.9, two at a time on a 2-core VM, the core
-# builds, 2026-12-02: chunk_fwd 2.5-13 s (its 18 took 104 s; 90 before b84c0ba's stepped-chunk
-# reload), chunk_bwd 1-5 (72 s for 19), recurrent_fwd 0.5-1.9, slice 3.4, recurrent_bwd 0.3-1,
-# step 0.1-0.3; 4 minutes in all, half of it chunk_fwd)
+# builds, 2026-12-05, each with only the entries its launcher runs: chunk_fwd 1.2-3.3 s (42 s for
+# its 18), chunk_bwd 1-3 (40 s for 20), recurrent_fwd 0.4-1, slice 2-3, recurrent_bwd 0.2-0.5,
+# step 0.1-0.2; 108 s in all)
 _COST = {"gda_chunk_fwd": 2, "gda_recurrent_fwd": 1, "gda_recurrent_bwd": 1, "gda_chunk_bwd": 1,
          "gda_step": 0, "gda_scan": 0, "gda_slice": 1, "gda_convert": 0}
 _jobs = {}          # (kernel, items, arch) -> its compile's Future
