@@ -28,7 +28,8 @@ only where the guard was hit; _dispatch.planes_forward says where it runs. One t
 nothing runs 2-3 and 7 as one kernel where it fits (8. scan_o: the state in registers, no
 chunk's S0 through memory; its products by wgmma on a Hopper GPU with USE_SCAN_O_WG, v39); one
 that keeps its stages runs scan_o's wgmma form, storing each S0, where its backward runs scan_dv
-and scan_o's S0 (v41).
+and scan_o's S0 (v41). With USE_SCAN_O_MC the wgmma form of the one that keeps nothing runs a
+sequence-head's blocks as a cluster that shares each chunk's planes (SCAN_O_MC, v42).
 """
 from typing import NamedTuple
 
@@ -66,6 +67,10 @@ USE_SCAN_O = True        # a ForwardPlan that keeps nothing runs the scan and o 
 NTF, FV = 256, 64        # scan_o's threads and value columns a block
 USE_SCAN_O_WG = False    # scan_o's products by wgmma on a Hopper GPU (Config.SCAN_O_WG; v39):
                          # off until a GPU has run it (built and compile-checked, not yet run)
+USE_SCAN_O_MC = False    # with SCAN_O_WG, a ForwardPlan that keeps nothing runs a sequence-head's
+                         # scan_o blocks as a cluster sharing each chunk's planes of q A and k D
+                         # (Config.SCAN_O_MC, scan_o_mc; v42): off until a GPU has run it (built
+                         # and compile-checked, not yet run)
 USE_SCAN_DV = False      # a backward from the planes on a Hopper GPU runs the scan's backward
                          # half and dv as one wgmma kernel (Config.SCAN_DV, scan_dv_fits): off
                          # until a GPU has run it (built and compile-checked, not yet run)
@@ -98,6 +103,10 @@ class Config(NamedTuple):
                              # stored) and in the backward (S0 alone, no o, for the scan)
     SCAN_DV: bool = False    # a backward's E scan and dv as one kernel, scan_dv (sm_90a;
                              # scan_dv_fits)
+    SCAN_O_MC: bool = False  # with SCAN_O_WG in a ForwardPlan that keeps nothing and runs scan_o:
+                             # a sequence-head's blocks a cluster, each chunk's planes of q A and
+                             # k D copied once into all of them, pack writing them as they lie
+                             # there (scan_o_mc; the build then holds no scan and dv entry)
 
 
 def config(p, varlen=False, sms=132, wgmma=False):
@@ -163,8 +172,8 @@ def entries(cfg, fwd=False, keep=False):
     plan is made). A forward that keeps nothing may run either form (scan_o_fits is the
     device's); one that keeps its stages runs scan_o where it has SCAN_O_WG."""
     if fwd:
-        names = set(forward_stages(cfg.SCAN_O_WG)) if cfg.TERMS == 3 else (
-            set(forward_stages(True)) | set(forward_stages(False)))
+        names = set(forward_stages(cfg.SCAN_O_WG or cfg.SCAN_O_MC)) if (
+            cfg.TERMS == 3 or cfg.SCAN_O_MC) else (set(forward_stages(True)) | set(forward_stages(False)))
     else:
         names = {e for _, e in backward_stages(cfg, keep)}
     return sum(1 << i for i, e in enumerate(ENTRIES) if e.removeprefix("gda_chunk_bwd_") in names)
@@ -177,7 +186,8 @@ def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
                 KEEP=int(keep), WGMMA=int(cfg.WGMMA), TERMS=cfg.TERMS,
                 DV_TERMS=min(cfg.TERMS, cfg.DV_TERMS) if fwd else cfg.DV_TERMS,
                 ROWS_TERMS=cfg.TERMS if fwd else cfg.ROWS_TERMS, SCAN_O_WG=int(cfg.SCAN_O_WG),
-                SCAN_DV=int(cfg.SCAN_DV and not fwd), ENTRIES=entries(cfg, fwd, keep))
+                SCAN_O_MC=int(cfg.SCAN_O_MC and fwd), SCAN_DV=int(cfg.SCAN_DV and not fwd),
+                ENTRIES=entries(cfg, fwd, keep))
 
 
 def planes_config(p, varlen=False, wgmma=False, keep=True, scan_o_wg=False):
@@ -251,6 +261,14 @@ def scan_o_fits(p, cfg, varlen=False):
     sms, smem = device_limits()
     return (USE_SCAN_O and cfg.TERMS == 2 and planes(p)[0] <= 256 and scan_o_smem(p, cfg) <= smem
             and chunks(p, cfg.BT, varlen)[0] * tiles(p.V) >= SCAN_O_FROM * sms)
+
+
+def scan_o_mc(p, cfg):
+    """Whether a ForwardPlan of Config ``cfg`` for Problem ``p`` that runs scan_o runs it as
+    clusters (SCAN_O_MC, v42): USE_SCAN_O_MC, scan_o's wgmma form (SCAN_O_WG, on a Hopper GPU) in
+    one that keeps nothing (two terms), and 2, 4 or 8 value tiles of FV (a cluster of a
+    sequence-head's blocks: at most 8 CTAs, and parts of the planes of whole 16 bytes)."""
+    return USE_SCAN_O_MC and cfg.SCAN_O_WG and cfg.TERMS == 2 and tiles(p.V) in (2, 4, 8)
 
 
 def scan_dv_smem(p, cfg):
@@ -477,8 +495,9 @@ class ForwardPlan:
     v24): pack (scale q A, k D and v as planes), the scan's forward half (each chunk's S0, and
     the final state in dh0's place), scores (W) and dv's entry computing o = (scale q A)^T S0 +
     scale W^T v; in one that keeps nothing, where scan_o_fits, pack, scores and scan_o, which
-    does the scan's and dv's work with the state on chip (v38), and likewise in one that keeps
-    its stages where planes_config gave it SCAN_O_WG (scan_o then stores each S0, v41). The
+    does the scan's and dv's work with the state on chip (v38; with scan_o_mc its blocks as
+    clusters that share each chunk's planes, v42), and likewise in one that keeps its stages
+    where planes_config gave it SCAN_O_WG (scan_o then stores each S0, v41). The
     guard's fall-back is the chunk forward (chunk.ChunkPlan), launched after them and run only
     where the guard was hit (only_if): it overwrites o and the final state, so every input is
     exact, without a host sync. The same call as chunk.ChunkPlan's. A plan made with ``keep``
@@ -489,12 +508,12 @@ class ForwardPlan:
 
     def __init__(self, p, varlen=False, seq_int64=False, keep=False):
         self.p, self.varlen = p, varlen
-        self.cfg = planes_config(p, varlen, use_wgmma(), keep, use_scan_o_wg())
+        cfg = planes_config(p, varlen, use_wgmma(), keep, use_scan_o_wg())
+        self.scan_o = scan_o_fits(p, cfg, varlen)          # (the scan and o as one kernel)
+        self.cfg = cfg._replace(SCAN_O_MC=self.scan_o and scan_o_mc(p, cfg))
         NH, self.NC = chunks(p, self.cfg.BT, varlen)
         self.NB = NH * self.NC if p.N else 0
         d = defines(p, self.cfg, seq_int64, fwd=True)
-
-        self.scan_o = scan_o_fits(p, self.cfg, varlen)     # (the scan and o as one kernel)
         tv = tiles(p.V)
         shape = {"pack": (self.NB, NTP, 0), "scores": (self.NB, NTS, 0),
                  "scan_o": (NH * tv, NTF, scan_o_smem(p, self.cfg)),

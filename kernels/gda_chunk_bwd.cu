@@ -76,7 +76,11 @@
 //   v37), ROWS_TERMS (those of S0 and E in rows' sd and ev: TERMS, or 2 in the backward of
 //   half inputs, with fresh sums: v36), SCAN_O_WG (1, built for sm_90a: scan_o's products by
 //   wgmma, v39; with three terms it stores each chunk's S0, and in a backward, with SCAN_DV,
-//   it makes them alone, no o, in place of the scan: v41), SCAN_DV (1, built for sm_90a, a
+//   it makes them alone, no o, in place of the scan: v41), SCAN_O_MC (1, with SCAN_O_WG in the
+//   forward that keeps nothing: scan_o's blocks of a sequence-head, one a tile of FV value
+//   columns, run as a cluster that shares each chunk's planes of q A and k D, each block copying
+//   its part into every block's shared memory, one bulk copy multicast to the cluster, from
+//   planes pack writes as they lie there: v42), SCAN_DV (1, built for sm_90a, a
 //   backward with PLANES: the scan's backward half and dv's entry as one kernel by wgmma,
 //   gda_chunk_bwd_scan_dv; the scan runs its forward half alone, and none where KEEP), ENTRIES
 //   (the entries the build holds, bit i for entry i + 1 above: those its plans launch,
@@ -85,8 +89,9 @@
 #if !defined(K_DIM) || !defined(V_DIM) || !defined(LOG_GATE) || !defined(SEQ_INT64) \
     || !defined(BT) || !defined(KT) || !defined(SCAN) || !defined(PLANES) || !defined(SMEM_BYTES) \
     || !defined(FWD) || !defined(KEEP) || !defined(WGMMA) || !defined(TERMS) || !defined(DV_TERMS) \
-    || !defined(ROWS_TERMS) || !defined(SCAN_O_WG) || !defined(SCAN_DV) || !defined(ENTRIES)
-#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA, TERMS, DV_TERMS, ROWS_TERMS, SCAN_O_WG, SCAN_DV and ENTRIES are required"
+    || !defined(ROWS_TERMS) || !defined(SCAN_O_WG) || !defined(SCAN_O_MC) || !defined(SCAN_DV) \
+    || !defined(ENTRIES)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA, TERMS, DV_TERMS, ROWS_TERMS, SCAN_O_WG, SCAN_O_MC, SCAN_DV and ENTRIES are required"
 #endif
 static_assert(BT % 16 == 0 && BT >= 16 && BT <= 64, "BT: 16..64, a multiple of 16");
 static_assert(!PLANES || (SCAN && IO_DTYPE == 2), "PLANES: the fused scan's, bfloat16 inputs");
@@ -105,6 +110,11 @@ static_assert(!SCAN_DV || (PLANES && !FWD && !WGMMA && BT == 64 && DV_TERMS == 2
               "SCAN_DV: scan_dv, in a backward from the planes, chunks of 64 steps, dv in two terms");
 
 #define GDA_HAS(i) ((ENTRIES >> (i)) & 1)     // entry i (1. pack .. 9. scan_dv, from 0) in the build
+// (SCAN_O_MC: pack's planes of q A and k D lie as scan_o's shared memory holds them, which the
+// scan and dv's entry would not read right, so the build holds neither)
+static_assert(!SCAN_O_MC || (SCAN_O_WG && FWD && TERMS == 2 && !GDA_HAS(3) && !GDA_HAS(7)),
+              "SCAN_O_MC: scan_o's wgmma form in a forward that keeps nothing, without the scan "
+              "and dv's entry");
 
 #define GDA_BWD_VAL_MAX 0x1p20f         // the guard: |q|, |k|, |v|, |do| at most this,
 #define GDA_BWD_GATE_MAX 1.09050773f    //   |g| at most 2^(1/8),
@@ -200,6 +210,16 @@ struct gda_planes_at {
         : q(pl + b * PA * BT * KP), k(pl + (NB + b) * PA * BT * KP),
           v(pl + 2 * NB * PA * BT * KP + b * PB * BT * VP), d(v + NB * PB * BT * VP) {}
 };
+
+// The element (step t, key i) of a chunk's plane of q A (KD false) or of k D at p: [t][KP], or
+// with SCAN_O_MC as scan_o's shared memory holds it with SCAN_O_WG (wgmma's core matrices of 8
+// rows of 8 bfloat16, 128 contiguous bytes; q A K-major: core (t / 8, i / 8) of 8 t by 8 i; k D
+// MN-major: core (i / 8, t / 8), the same), so that scan_o copies a chunk's planes as they lie
+template <bool KD>
+__device__ __forceinline__ unsigned short* gda_plane_at(unsigned short* p, int t, int i) {
+    if (!SCAN_O_MC) return p + t * KP + i;
+    return p + (KD ? i / 8 * 8 * BT + t / 8 * 64 : t / 8 * 8 * KP + i / 8 * 64) + t % 8 * 8 + i % 8;
+}
 
 // x into P planes at p, p + stride, ..: its gda_split3 terms h, m, l (P = 3), h, m (2) or h
 // (1: x is a bfloat16 value)
@@ -320,7 +340,7 @@ extern "C" __global__ void __launch_bounds__(NTP, 8) gda_chunk_bwd_pack(GDA_CHUN
             if (PLANES) {
                 #pragma unroll
                 for (int c = 0; c < CWK; ++c) x[c] *= scale;
-                gda_plane_put_cols<PA>(pc.q + t * KP + i, BT * KP, x);
+                gda_plane_put_cols<PA>(gda_plane_at<false>(pc.q, t, i), BT * KP, x);
             } else if (on) {
                 gda_store_cols(qa + (b * BT + t) * K_DIM + i, x);   // (PLANES: only sd's room)
             }
@@ -348,7 +368,7 @@ extern "C" __global__ void __launch_bounds__(NTP, 8) gda_chunk_bwd_pack(GDA_CHUN
             float x[CWK];
             #pragma unroll
             for (int c = 0; c < CWK; ++c) x[c] = kv[c] * d[c];
-            if (PLANES) gda_plane_put_cols<PA>(pc.k + t * KP + i, BT * KP, x);
+            if (PLANES) gda_plane_put_cols<PA>(gda_plane_at<true>(pc.k, t, i), BT * KP, x);
             else if (on) gda_store_cols(kd + (b * BT + t) * K_DIM + i, x);
             #pragma unroll
             for (int c = 0; c < CWK; ++c) d[c] *= gv[c];
@@ -1943,6 +1963,13 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 // W in two terms; the second key half's o^T through shared memory, the first's added there), and
 // in a backward with SCAN_DV without o (slot A: v alone), in place of the scan's forward half;
 // so the kept S0 and the backward's own are one code's, bit for bit.
+// With SCAN_O_MC (v42; the wgmma form that keeps nothing) a sequence-head's TN = VP / FV blocks
+// (2, 4 or 8) run as a cluster, so that a chunk's planes of q A and k D, the same for all of
+// them, are read from L2 once, not TN times: pack writes them as they lie in shared memory
+// (gda_plane_at), and each block's thread 0 copies its rank's TN-th of a chunk's into every
+// block at once (cp.async.bulk multicast), each slot behind two mbarriers a block: full (its
+// bytes landed) and empty (every block of the cluster done with its last chunk: TN arrivals).
+// The same bytes land as without, and the same products run: o bit for bit the form's without.
 // Launched (chunk_bwd.ForwardPlan) in place of the scan and dv where chunk_bwd.scan_o_fits:
 // USE_SCAN_O, its shared memory (scan_o_smem, checked here) and its blocks fill the device;
 // with SCAN_O_WG also by the ForwardPlan that keeps its stages and by BackwardPlan (before
@@ -1965,6 +1992,11 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 #else
 #define FQL (KP + 8)                                    // halves a staged row of q A, k D
 #define FO_BYTES (2 * (4 * BT * FQL + BT * FVL) + 4 * (BT * FWL + KP + 2 * FV * FOL))
+#endif
+#if SCAN_O_MC                                           // a cluster: a sequence-head's value tiles
+#define GDA_SCAN_O_CLUSTER __cluster_dims__(VP / FV, 1, 1)
+#else
+#define GDA_SCAN_O_CLUSTER
 #endif
 
 __device__ __forceinline__ void gda_cp4_at(unsigned dst, const void* src) {
@@ -2160,7 +2192,8 @@ __device__ __forceinline__ void gda_so_decay(float (&x)[KH / 8][4], const float*
 }
 
 #if GDA_HAS(8)
-extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
+extern "C" __global__ void __launch_bounds__(NTF, 1) GDA_SCAN_O_CLUSTER
+gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 {
 #if (FWD && TERMS == 2) || SCAN_O_WG
     static_assert(KH % 16 == 0 && KP <= 256, "scan_o: at most 256 keys, halves of whole k-steps");
@@ -2173,6 +2206,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
     unsigned char* const sk = sq + FO_O * 2 * FPB;                       // k D [TERMS][FPB]
     unsigned char* const sp = sk + TERMS * FPB;                          // scale W's h, m
     unsigned short* const sv = reinterpret_cast<unsigned short*>(sp + FO_O * 4 * BT * BT);  // v [BT][FVL]
+#if !SCAN_O_MC                                          // (SCAN_O_MC: as gda_plane_at's, copied)
     // (plane, step) r and 8 keys from c8 of q A, k D: their 16 bytes in wgmma's layouts
     const auto at_q = [&](int r, int c8) {
         return gda_shared_at(sq + r / BT * FPB + r % BT / 8 * FQS + c8 / 8 * 128 + r % 8 * 16);
@@ -2180,6 +2214,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
     const auto at_k = [&](int r, int c8) {
         return gda_shared_at(sk + r / BT * FPB + c8 / 8 * FKS + r % BT / 8 * 128 + r % 8 * 16);
     };
+#endif
 #else
     unsigned short* const sq = reinterpret_cast<unsigned short*>(f_sm);  // scale q A [2][BT][FQL]
     unsigned short* const sk = sq + 2 * BT * FQL;                        // k D [2][BT][FQL]
@@ -2200,6 +2235,32 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     if (dyn < FO_BYTES) __trap();                       // (the launcher's scan_o_smem is wrong)
     constexpr int TN = VP / FV;
+#if SCAN_O_MC
+    // The cluster (the sequence-head's TN blocks) shares each chunk's planes of q A and k D:
+    // each block's thread 0 copies its rank's part of them (pack wrote them as they lie here)
+    // into every block's slot at once (one bulk copy multicast), after every block has read
+    // the slot's last chunk (an arrival from each on its empty barrier); a block waits for a
+    // chunk's whole planes on its full barrier (the parts' bytes land on it).
+    static_assert(TN == 2 || TN == 4 || TN == 8, "SCAN_O_MC: clusters of 2, 4 or 8 value tiles");
+    constexpr unsigned short MC_MASK = (1 << TN) - 1;
+    constexpr unsigned MC_QB = 2 * FPB / TN, MC_KB = TERMS * FPB / TN;   // a rank's bytes of q A's,
+    static_assert(MC_QB % 16 == 0 && MC_KB % 16 == 0, "SCAN_O_MC: parts of whole 16 bytes");  // k D's
+    __shared__ __align__(8) unsigned long long f_bar[4];
+    const unsigned bar_fa = gda_shared_at(f_bar), bar_fb = bar_fa + 8;   // full: slot A's, B's
+    const unsigned bar_ea = bar_fa + 16, bar_eb = bar_fa + 24;           // empty: read by all
+    const unsigned rank = gda_cluster_rank();
+    unsigned ranks;
+    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(ranks));
+    if (ranks != TN) __trap();                          // (launched without its cluster)
+    if (threadIdx.x == 0) {
+        gda_mbar_init(bar_fa, 1);
+        gda_mbar_init(bar_fb, 1);
+        gda_mbar_init(bar_ea, TN);
+        gda_mbar_init(bar_eb, TN);
+        gda_mbar_init_fence();
+    }
+    gda_cluster_sync();
+#endif
     const long long nh = blockIdx.x / TN, NB = NH * NC;
     const int n0 = blockIdx.x % TN * FV;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4, tq = lane % 4;
@@ -2207,6 +2268,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
     const long long cend = coff ? coff[N] : NC;        // the sequence-head's chunks with rows
     for (int i = K_DIM + threadIdx.x; i < KP; i += NTF) sa[i] = 1.f;   // (keys past K: 0 stays 0)
 
+#if !SCAN_O_MC
     // the first np planes of q A (kd false) or k D of a chunk at src, to at_q or at_k (rows r:
     // plane * BT + step; with SCAN_O_WG 8 rows of 4 x 16 bytes a warp: whole sectors and
     // core matrices)
@@ -2220,11 +2282,21 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
             gda_cp16_at(kd ? at_k(r, c8) : at_q(r, c8), src + (long long)r * KP + c8);
         }
     };
+#endif
     const auto issue_a = [&](long long c) {             // slot A of chunk c (none past the last)
         if (c < cend) {
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
-#if SCAN_O_WG
+#if SCAN_O_MC
+            if (threadIdx.x == 0) {                     // this rank's part of q A's h, m planes,
+                if (c > 0) gda_mbar_wait(bar_ea, (unsigned)(c - 1) & 1);   // into every block
+                gda_mbar_expect(bar_fa, 2 * FPB);       //  once all have read chunk c - 1's
+                gda_bulk_multicast(gda_shared_at(sq) + rank * MC_QB,
+                                   reinterpret_cast<const unsigned char*>(pc.q) + rank * MC_QB,
+                                   MC_QB, bar_fa, MC_MASK);
+            }
+            gda_stage_vw<true>(sv, pc.v, n0, sw, ww, b);
+#elif SCAN_O_WG
             if constexpr (FO_O) stage_planes(false, pc.q, 2);   // (o from q A's h, m)
             gda_stage_vw<FO_O>(sv, pc.v, n0, sw, ww, b);
 #else
@@ -2238,7 +2310,17 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
         if (c < cend) {
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
+#if SCAN_O_MC
+            if (threadIdx.x == 0) {                     // this rank's part of k D's planes
+                if (c > 0) gda_mbar_wait(bar_eb, (unsigned)(c - 1) & 1);
+                gda_mbar_expect(bar_fb, TERMS * FPB);
+                gda_bulk_multicast(gda_shared_at(sk) + rank * MC_KB,
+                                   reinterpret_cast<const unsigned char*>(pc.k) + rank * MC_KB,
+                                   MC_KB, bar_fb, MC_MASK);
+            }
+#else
             stage_planes(true, pc.k, TERMS);
+#endif
             gda_stage_ae(sa, ae, b);
         }
         gda_cp_commit();
@@ -2259,6 +2341,9 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
         const long long b = nh * NC + c;
         GDA_CHUNK;
         gda_cp_wait<1>();                               // slot A's copies (B's may be in flight)
+#if SCAN_O_MC
+        gda_mbar_wait(bar_fa, (unsigned)c & 1);         // (and the cluster's of q A's planes)
+#endif
 #if SCAN_O_WG
         if constexpr (FO_O) {
             gda_proxy_fence();                          // (read by wgmma)
@@ -2284,6 +2369,9 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
             gda_fo_halves<FO_HALVES>(so, o, kh, vr + g8, tq);
         }
         __syncthreads();                                // (slot A read: the next chunk's copies)
+#if SCAN_O_MC
+        if (c + 1 < cend && threadIdx.x < TN) gda_mbar_arrive_at(bar_ea, threadIdx.x);
+#endif
         issue_a(c + 1);
         if constexpr (FO_O) gda_fo_store<FO_HALVES>(so, ch, n0, dv);   // o
 #else
@@ -2353,6 +2441,9 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
         }
 #endif
         gda_cp_wait<1>();                               // slot B's copies (A's next in flight)
+#if SCAN_O_MC
+        gda_mbar_wait(bar_fb, (unsigned)c & 1);         // (and the cluster's of k D's planes)
+#endif
 #if SCAN_O_WG
         gda_proxy_fence();
 #endif
@@ -2390,6 +2481,9 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
         }
 #endif
         __syncthreads();                                // (slot B read: the next chunk's copies)
+#if SCAN_O_MC
+        if (c + 1 < cend && threadIdx.x < TN) gda_mbar_arrive_at(bar_eb, threadIdx.x);
+#endif
         issue_b(c + 1);
         if (c == j1 - 1) {                              // sequence n's last chunk: its final
             if (FWD && dh0)                             //  state (a forward's), then the next
@@ -2401,6 +2495,9 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_o(GDA_CH
         }
     }
     gda_cp_wait<0>();
+#if SCAN_O_MC
+    gda_cluster_sync();                                 // (no block leaves while another may
+#endif                                                  //  still reach into its shared memory)
     if (!ok) *flag = 1;
 #endif
 }

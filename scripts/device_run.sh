@@ -4,7 +4,8 @@
 #   Every suite phase runs every test, the kernel builds marked full_compile too (a -m of its
 #   own in place of setup.cfg's default, which deselects them).
 #   suite:   install, the whole test suite in pytest-xdist's workers (SUITE_WORKERS, 6) within
-#            one call, the whole_gpu test alone before them, then cupy-gda verify. The property
+#            one call, the clusters tests (a hang cut at 150 s) and the whole_gpu test alone
+#            before them, then cupy-gda verify. The property
 #            tests (tests/test_properties.py: their GPU draws compile some 70 kernels) need
 #            hypothesis and the workers pytest-xdist, which the device may lack: carry
 #            [".vendor"] from scripts/vendor_tests.sh. Without pytest-xdist the suite runs in one
@@ -44,7 +45,8 @@
 #   wg:      (after a suite that ran the wgmma forms' tests) install, scripts/wgmma_probe.py, then
 #            the stages of every wgmma form in one call: the forward's of [NAMES
 #            (gla1.3b-bf16,gla340m-bf16,big128-bf16)] with --scan-o-wg (v39: at K = 128 too,
-#            where the dispatch keeps gda_chunk_fwd), then the backward and kept forward +
+#            where the dispatch keeps gda_chunk_fwd) and with --scan-o-mc (v42: as clusters
+#            sharing the planes), then the backward and kept forward +
 #            backward of GLA-1.3B and GLA-340M with --scan-dv-wg --planes (v40, v41; the planes
 #            at K = 128 too) and with neither
 #   fwdbwd-fla: (carry [".baselines"]) install, ours and fla's forward + backward rows at one
@@ -83,6 +85,11 @@ echo "hypothesis: $(python3 -c 'import hypothesis as h; print(h.__version__, "at
 if [ "$phase" = "suite" ]; then
     end=580                  # s since the call began: the call's 600 s less slack
     pytest=(python3 -m pytest -q -p no:cacheprovider tests)
+    # the tests that launch thread-block clusters (scan_o's SCAN_O_MC) first, alone, within 150
+    # s: a cluster's barrier never completing would hang them, and the suite after them leaves
+    # them out
+    timeout -k 10 150 "${pytest[@]}" -m clusters > "$out/pytest-clusters.txt" 2>&1
+    echo "clusters: rc $? $(tail -1 "$out/pytest-clusters.txt")"
     if python3 -c "import xdist" 2>/dev/null; then
         workers="${SUITE_WORKERS:-6}"
         echo "pytest-xdist $(python3 -c 'import xdist; print(xdist.__version__)'): $workers workers"
@@ -95,11 +102,12 @@ if [ "$phase" = "suite" ]; then
         # loadfile would leave the longest file to one; loadgroup's marks are lost on pytest
         # 9.2's node ids (pytest-xdist issue 1386)
         timeout -k 10 $((end - 60 - SECONDS)) "${pytest[@]}" --durations=15 -n "$workers" \
-            --dist worksteal -m "not whole_gpu" > "$out/pytest.txt" 2>&1
+            --dist worksteal -m "not whole_gpu and not clusters" > "$out/pytest.txt" 2>&1
     else
         echo "pytest-xdist: none (carry [\".vendor\"] of scripts/vendor_tests.sh); the suite in" \
             "one process, cut at the call's cap (suite-a and suite-b run it all in two calls)"
-        timeout -k 10 $((end - 60 - SECONDS)) "${pytest[@]}" -m "" --durations=15 > "$out/pytest.txt" 2>&1
+        timeout -k 10 $((end - 60 - SECONDS)) "${pytest[@]}" -m "not clusters" --durations=15 \
+            > "$out/pytest.txt" 2>&1
     fi
     tail -3 "$out/pytest.txt"
     left=$((end - SECONDS))
@@ -114,7 +122,10 @@ if [ "$phase" = "suite-a" ]; then
     exit 0
 fi
 if [ "$phase" = "suite-b" ]; then
-    timeout 450 python3 -m pytest -q -m "" tests $(for f in $SUITE_A; do echo "--ignore=tests/test_$f.py"; done) \
+    timeout -k 10 90 python3 -m pytest -q -m clusters tests > "$out/pytest-clusters.txt" 2>&1
+    echo "clusters: rc $? $(tail -1 "$out/pytest-clusters.txt")"      # (alone: as suite's)
+    timeout 380 python3 -m pytest -q -m "not clusters" tests \
+        $(for f in $SUITE_A; do echo "--ignore=tests/test_$f.py"; done) \
         > "$out/pytest-b.txt" 2>&1; tail -3 "$out/pytest-b.txt"
     timeout 90 cupy-gda verify > "$out/verify.txt" 2>&1; tail -1 "$out/verify.txt"
     exit 0
@@ -315,10 +326,14 @@ if [ "$phase" = "wg" ]; then
     # first (which B layout reads as NumPy does), the forward's, then the backward's
     timeout 120 python3 -m scripts.wgmma_probe > "$out/wgmma-probe.txt" 2>&1
     cat "$out/wgmma-probe.txt"
-    timeout $(((560 - SECONDS) / 3)) python3 -m scripts.profile_chunk_bwd \
-        "${3:-gla1.3b-bf16,gla340m-bf16,big128-bf16}" --forward --stages --scan-o-wg \
-        > "$out/wg-forward.txt" 2>&1
-    cat "$out/wg-forward.txt"
+    for run in wg mc; do            # (mc: scan_o's wgmma form as clusters, v42)
+        share=4
+        [ "$run" = mc ] && share=3
+        timeout $(((560 - SECONDS) / share)) python3 -m scripts.profile_chunk_bwd \
+            "${3:-gla1.3b-bf16,gla340m-bf16,big128-bf16}" --forward --stages --scan-o-$run \
+            > "$out/wg-forward-$run.txt" 2>&1
+        cat "$out/wg-forward-$run.txt"
+    done
     for run in wg defaults; do
         flags=()
         [ "$run" = wg ] && flags=(--scan-dv-wg --planes)

@@ -18,6 +18,8 @@
         scan and dv's entry, not gda_chunk_bwd_scan_o: v38), likewise.
         --scan-o-wg: with chunk_bwd.USE_SCAN_O_WG on (scan_o's products by wgmma on a Hopper
         GPU, where its chunks are of 64 steps and its planes of 128 or 256 keys: v39).
+        --scan-o-mc: with USE_SCAN_O_WG and USE_SCAN_O_MC on (scan_o's wgmma form as clusters
+        of a sequence-head's 2, 4 or 8 value tiles sharing each chunk's planes: v42).
         --scan-dv: with chunk_bwd.USE_SCAN_DV on (a backward from the planes, and the one from
         the kept forward, by gda_chunk_bwd_scan_dv where scan_dv_fits: v40).
         --scan-dv-wg: with USE_SCAN_DV and USE_SCAN_O_WG on (and there the S0 of the backward
@@ -28,8 +30,9 @@
         scan_o and scan_dv at any number of blocks (SCAN_O_FROM, SCAN_DV_FROM 0).
     python -m scripts.profile_chunk_bwd --scan-o-sweep
         the forward that keeps nothing with scan_o (SCAN_O_FROM 0) by mma.sync, by wgmma (a
-        Hopper GPU, where SCAN_O_WG can be) and with the scan and dv's entry, over SWEEP's
-        bfloat16 shapes (few blocks to many), to place SCAN_O_FROM.
+        Hopper GPU, where SCAN_O_WG can be), by wgmma as clusters (where SCAN_O_MC can be) and
+        with the scan and dv's entry, over SWEEP's bfloat16 shapes (few blocks to many), to
+        place SCAN_O_FROM.
     python -m scripts.profile_chunk_bwd --varlen
         the packed batches of VARLEN instead (cu_seqlens, initial states): chunk against loop.
 """
@@ -231,35 +234,38 @@ def varlen_line(name, lens, H, K, V, dtype):
 
 def scan_o_sweep():
     """A line a SWEEP shape: the forward that keeps nothing by scan_o with mma.sync, with wgmma
-    (where SCAN_O_WG can be: else '-') and by the scan and dv's entry (plans built apart,
-    SCAN_O_FROM 0), median ms, each scan_o's ratio to the pair, scan_o's blocks an SM, and the
-    largest difference of the wgmma form's o from the mma.sync form's."""
+    (where SCAN_O_WG can be: else '-'), with wgmma as clusters (where SCAN_O_MC can be: else
+    '-') and by the scan and dv's entry (plans built apart, SCAN_O_FROM 0), median ms, each
+    scan_o's ratio to the pair, scan_o's blocks an SM, and the largest difference of the wgmma
+    forms' o from the mma.sync form's."""
     import cupy
     from cupy_gda import chunk_bwd
     from cupy_gda._checks import Problem
     chunk_bwd.SCAN_O_FROM = 0.0
     sms = chunk_bwd.device_limits()[0]
-    forms = {"mma": (True, False), "wgmma": (True, True), "pair": (False, False)}
+    forms = {"mma": (True, False, False), "wgmma": (True, True, False), "mc": (True, True, True),
+             "pair": (False, False, False)}
     for B, T, H, K, V in SWEEP:
         args, _ = inputs(_verify.Case(B, T, H, K, V, dtype="bfloat16", init=False))
         x = tuple(args[n] for n in ("q", "k", "v", "gate")) + (1.0, None, None, False, None)
         p = Problem(B, T, H, K, V, B, "bfloat16", "float32", False)
         ms, out = {}, {}
-        for form, (use, wg) in forms.items():
-            chunk_bwd.USE_SCAN_O, chunk_bwd.USE_SCAN_O_WG = use, wg
+        for form, (use, wg, mc) in forms.items():
+            chunk_bwd.USE_SCAN_O, chunk_bwd.USE_SCAN_O_WG, chunk_bwd.USE_SCAN_O_MC = use, wg, mc
             fp = chunk_bwd.ForwardPlan(p)
             assert fp.scan_o == use
-            if wg and not fp.cfg.SCAN_O_WG:
+            if wg and not fp.cfg.SCAN_O_WG or mc and not fp.cfg.SCAN_O_MC:
                 continue
             out[form] = fp(*x)[0].astype(cupy.float32)
             ms[form] = median_ms(lambda: fp(*x))
-        chunk_bwd.USE_SCAN_O, chunk_bwd.USE_SCAN_O_WG = True, False
+        chunk_bwd.USE_SCAN_O, chunk_bwd.USE_SCAN_O_WG, chunk_bwd.USE_SCAN_O_MC = True, False, False
         blocks = B * H * chunk_bwd.tiles(V) / sms
-        wg = (f"{ms['wgmma']:8.3f} ({ms['wgmma'] / ms['pair']:.3f}, |o - o_mma| "
-              f"{float(abs(out['wgmma'] - out['mma']).max()):.1e})" if "wgmma" in ms else "       -")
+        wg = {f: (f"{ms[f]:8.3f} ({ms[f] / ms['pair']:.3f}, |o - o_mma| "
+                  f"{float(abs(out[f] - out['mma']).max()):.1e})" if f in ms else "       -")
+              for f in ("wgmma", "mc")}
         print(f"B {B:2d} T {T:5d} H {H:2d} K {K:3d} V {V:3d}  blocks/SM {blocks:5.2f}  scan_o mma "
-              f"{ms['mma']:8.3f} ({ms['mma'] / ms['pair']:.3f})  wgmma {wg}  scan + dv "
-              f"{ms['pair']:8.3f} ms", flush=True)
+              f"{ms['mma']:8.3f} ({ms['mma'] / ms['pair']:.3f})  wgmma {wg['wgmma']}  clusters "
+              f"{wg['mc']}  scan + dv {ms['pair']:8.3f} ms", flush=True)
 
 
 def main(argv):
@@ -271,10 +277,14 @@ def main(argv):
         from cupy_gda import chunk_bwd
         chunk_bwd.USE_SCAN_DV = True
         print("(chunk_bwd.USE_SCAN_DV on)", flush=True)
-    if "--scan-o-wg" in argv or "--scan-dv-wg" in argv:
+    if "--scan-o-wg" in argv or "--scan-dv-wg" in argv or "--scan-o-mc" in argv:
         from cupy_gda import chunk_bwd
         chunk_bwd.USE_SCAN_O_WG = True
         print("(chunk_bwd.USE_SCAN_O_WG on)", flush=True)
+    if "--scan-o-mc" in argv:
+        from cupy_gda import chunk_bwd
+        chunk_bwd.USE_SCAN_O_MC = True
+        print("(chunk_bwd.USE_SCAN_O_MC on)", flush=True)
     if "--scan-dv-wg" in argv:
         from cupy_gda import chunk_bwd
         chunk_bwd.USE_SCAN_DV = True

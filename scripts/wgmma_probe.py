@@ -9,8 +9,15 @@ A warpgroup computes D = A B, A (64 x 16) from registers in mma.cuh's fragment l
 k / 8) at n / 8 * SBO + k / 8 * 128), MN-major as scan_o reads k D (core (n / 8, k / 8) at n / 8 *
 SBO + k / 8 * LBO, LBO = 128: CUTLASS's make_gmma_desc<Major::MN> for INTERLEAVE), and the same
 bytes with LBO and SBO swapped (the other reading of PTX's text). Small integers: every sum is
-exact, so each line is "exact" or the count of wrong elements. With --compile-only: NVRTC's
-build for sm_90a alone (no GPU).
+exact, so each line is "exact" or the count of wrong elements.
+
+Then the cluster protocol of scan_o's SCAN_O_MC (v42), alone: clusters of 8 CTAs (compile-time
+dims, launched as CuPy launches any kernel); each round every CTA's thread 0 waits on its empty
+barrier (every CTA done with the last round's buffer), tells its full barrier the round's bytes
+and copies its eighth of the round's buffer into all 8 CTAs (one bulk copy multicast); every
+thread waits on the full barrier, the CTA copies the buffer out, and 8 threads arrive on each
+CTA's empty barrier. A line: exact, or the count of wrong words; a hang is cut by the caller's
+timeout. With --compile-only: NVRTC's build for sm_90a alone (no GPU).
 """
 import os
 import sys
@@ -60,6 +67,42 @@ extern "C" __global__ void __launch_bounds__(128) gda_wgmma_probe(
     }
 }
 """
+CLUSTER = r"""
+#define CL 8                                            // CTAs a cluster
+#define PART 2048                                       // bytes a CTA copies into all, a round
+#define ROUNDS 5
+// src: [ROUNDS][CL * PART] bytes; out: [gridDim.x][ROUNDS][CL * PART / 4] floats
+extern "C" __global__ void __launch_bounds__(256) __cluster_dims__(CL, 1, 1) gda_cluster_probe(
+    const unsigned char* src, float* out)
+{
+    __shared__ __align__(128) unsigned char buf[CL * PART];
+    __shared__ __align__(8) unsigned long long bar[2];          // full, empty
+    const unsigned full = gda_smem_addr(&bar[0]), empty = gda_smem_addr(&bar[1]);
+    const unsigned rank = gda_cluster_rank();
+    if (threadIdx.x == 0) {
+        gda_mbar_init(full, 1);
+        gda_mbar_init(empty, CL);
+        gda_mbar_init_fence();
+    }
+    gda_cluster_sync();
+    for (int c = 0; c < ROUNDS; ++c) {
+        if (threadIdx.x == 0) {
+            if (c > 0) gda_mbar_wait(empty, (c - 1) & 1);
+            gda_mbar_expect(full, CL * PART);
+            gda_bulk_multicast(gda_smem_addr(buf) + rank * PART, src + (c * CL + rank) * PART, PART,
+                               full, (1 << CL) - 1);
+        }
+        gda_mbar_wait(full, c & 1);
+        const float* b = reinterpret_cast<const float*>(buf);
+        for (int i = threadIdx.x; i < CL * PART / 4; i += 256)
+            out[((long long)blockIdx.x * ROUNDS + c) * (CL * PART / 4) + i] = b[i];
+        __syncthreads();
+        if (c + 1 < ROUNDS && threadIdx.x < CL) gda_mbar_arrive_at(empty, threadIdx.x);
+    }
+    gda_cluster_sync();
+}
+"""
+CL, PART, ROUNDS = 8, 2048, 5
 # (a descriptor with LBO given, for the swapped reading: SBO 128, LBO 256)
 DESC = r"""
 __device__ __forceinline__ unsigned long long gda_wg_desc_lbo(unsigned addr, unsigned lbo, unsigned sbo) {
@@ -75,7 +118,7 @@ def build():
     """(cubin, log) of the probe for sm_90a."""
     pre = "".join(f"#define {k} {v}\n" for k, v in DEFINES.items())
     text = pre + "".join(_compile._read(h) + "\n" for h in ("common.cuh", "mma.cuh", "wgmma.cuh"))
-    text += DESC + PROBE
+    text += DESC + PROBE + CLUSTER
     log, cubin, _ = _compile._nvrtc("gda_wgmma_probe", DEFINES, text,
                                     _compile._options(("--gpu-architecture=sm_90a",), "sm_90a"))
     return cubin, log
@@ -108,6 +151,17 @@ def main(argv):
     for form, x in zip(FORMS, got):
         bad = int((x != want).sum())
         print(f"{form:45s} {'exact' if bad == 0 else f'{bad} of 4096 elements wrong'}", flush=True)
+    src = rng.standard_normal(ROUNDS * CL * PART // 4).astype(np.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "probe.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        fn = cupy.RawModule(path=path).get_function("gda_cluster_probe")
+        out = cupy.full((2 * CL, ROUNDS, CL * PART // 4), np.nan, np.float32)   # two clusters
+        fn((2 * CL,), (256,), (cupy.asarray(src), out))
+        bad = int((cupy.asnumpy(out) != src.reshape(1, ROUNDS, -1)).sum())
+    print(f"{'multicast in clusters of 8, 5 rounds':45s} "
+          f"{'exact' if bad == 0 else f'{bad} of {out.size} words wrong'}", flush=True)
 
 
 if __name__ == "__main__":

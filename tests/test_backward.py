@@ -371,6 +371,7 @@ FORWARD_FROM_PLANES = [
     *(_verify.Case(1, 150, 2, 192, 64, dtype="bfloat16", gate=g)
       for g in ("unif", "ones", "tiny")),
     _verify.Case(1, 100, 2, 256, 128, dtype="bfloat16", g_dtype="bfloat16", log=True),
+    _verify.Case(2, 260, 2, 128, 256, dtype="bfloat16", gate="tiny"),
 ]
 
 
@@ -388,28 +389,32 @@ def _forward_plan_inputs(case, seed=0):
     return p, (dev["q"], dev["k"], dev["v"], g, 1.0, h0, cu, True, None), ref, emu
 
 
-def _chunks_of_64(monkeypatch, on):
+def _chunks_of_64(monkeypatch, on, mc=False):
     """Where ``on``, every plan made after takes chunks of 64 steps (chunk_bwd.CHUNKS_64 at 0:
     the small cases here would take 32) and, on a Hopper GPU, scan_o's wgmma form where it can
-    (USE_SCAN_O_WG on: SCAN_O_WG needs chunks of 64)."""
+    (USE_SCAN_O_WG on: SCAN_O_WG needs chunks of 64); ``mc``: and its clusters where it can
+    (USE_SCAN_O_MC on: 2, 4 or 8 value tiles, v42)."""
     from cupy_gda import chunk_bwd
     if on:
         monkeypatch.setattr(chunk_bwd, "CHUNKS_64", 0)
         monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_WG", True)
+        monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_MC", mc)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("keep, scan_o, bt64", [(False, True, False), (False, True, True),
-                                                (False, False, False), (True, False, False),
-                                                (True, True, True)],
-                         ids=["terms2-scan_o", "terms2-scan_o-bt64", "terms2", "keep-terms3",
-                              "keep-terms3-wg"])
+@pytest.mark.parametrize("keep, scan_o, bt64, mc", [
+    (False, True, False, False), (False, True, True, False),
+    pytest.param(False, True, True, True, marks=pytest.mark.clusters),
+    (False, False, False, False), (True, False, False, False), (True, True, True, False)],
+    ids=["terms2-scan_o", "terms2-scan_o-bt64", "terms2-scan_o-mc", "terms2", "keep-terms3",
+         "keep-terms3-wg"])
 @pytest.mark.parametrize("case", FORWARD_FROM_PLANES, ids=lambda c: c.id)
-def test_gpu_forward_from_the_backward_stages(case, keep, scan_o, bt64, monkeypatch):
+def test_gpu_forward_from_the_backward_stages(case, keep, scan_o, bt64, mc, monkeypatch):
     """chunk_bwd.ForwardPlan, the one that keeps none (operands in two bfloat16 terms), by
     scan_o (the scan and o as one kernel, where it fits: every case here on a Hopper GPU, its
     rule's minimum of blocks set aside; bt64: chunks of 64 steps, and there by wgmma at planes
-    of 128 or 256 keys, SCAN_O_WG) and by the scan and dv's entry (USE_SCAN_O off), and the one
+    of 128 or 256 keys, SCAN_O_WG; mc: and as clusters sharing the planes at 2, 4 or 8 value
+    tiles, SCAN_O_MC) and by the scan and dv's entry (USE_SCAN_O off), and the one
     that can keep its stages (three; keep-terms3-wg: with scan_dv on for its backward, by
     scan_o's wgmma form storing each S0 where K is whole key tiles of 128 or 256): o and the
     final state within the contract (poisoned outputs: the plan allocates them unwritten), the
@@ -420,7 +425,7 @@ def test_gpu_forward_from_the_backward_stages(case, keep, scan_o, bt64, monkeypa
     monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)
     monkeypatch.setattr(chunk_bwd, "USE_SCAN_DV", keep and bt64)
     monkeypatch.setattr(chunk_bwd, "SCAN_DV_FROM", 0)
-    _chunks_of_64(monkeypatch, bt64)
+    _chunks_of_64(monkeypatch, bt64, mc)
     p, call, ref, emu = _forward_plan_inputs(case)
     flag = cupy.full((1,), 7, np.int32)
     plan = chunk_bwd.ForwardPlan(p, call[6] is not None, False, keep)
@@ -431,6 +436,8 @@ def test_gpu_forward_from_the_backward_stages(case, keep, scan_o, bt64, monkeypa
     if scan_o and not keep and _launch.device_limits()[1] >= chunk_bwd.scan_o_smem(p, plan.cfg):
         assert plan.scan_o
     assert plan.scan_o == (scan_o and chunk_bwd.scan_o_fits(p, plan.cfg, call[6] is not None))
+    assert plan.cfg.SCAN_O_MC == (mc and plan.scan_o and plan.cfg.SCAN_O_WG
+                                  and chunk_bwd.tiles(p.V) in (2, 4, 8))
     o, ht = plan(*call, flag=flag)
     assert int(flag[0]) == 0
     for name, x, r, e in zip(("o", "state"), (o, ht), ref, emu):
@@ -439,17 +446,47 @@ def test_gpu_forward_from_the_backward_stages(case, keep, scan_o, bt64, monkeypa
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bt64", [False, True], ids=["bt-config", "bt64"])
+@pytest.mark.clusters
+@pytest.mark.parametrize("case", [c for c in FORWARD_FROM_PLANES
+                                  if c.K > 64 and c.K != 192 and -(-c.V // 64) in (2, 4, 8)],
+                         ids=lambda c: c.id)
+def test_gpu_scan_o_clusters_are_bit_for_bit_its_wgmma_form(case, monkeypatch):
+    """scan_o's wgmma form as clusters (SCAN_O_MC, v42: each chunk's planes copied once into
+    the cluster's blocks, from planes pack wrote as they lie there) puts the same bytes in each
+    block's shared memory as the form without (each block copying them from planes in rows),
+    and runs the same products: o and the final state bit for bit the same (clusters of 8, 4
+    and 2 value tiles, cut key and value tiles, packed sequences; a Hopper GPU)."""
+    import cupy
+    from cupy_gda import _launch, chunk_bwd
+    if not _launch.hopper():
+        pytest.skip("scan_o's wgmma form needs a Hopper GPU (sm_90a)")
+    monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)
+    p, call, _, _ = _forward_plan_inputs(case)
+    got = []
+    for mc in (False, True):
+        _chunks_of_64(monkeypatch, True, mc)
+        plan = chunk_bwd.ForwardPlan(p, call[6] is not None, False)
+        assert plan.scan_o and plan.cfg.SCAN_O_WG and plan.cfg.SCAN_O_MC == mc
+        flag = cupy.zeros((1,), np.int32)
+        got.append(plan(*call, flag=flag))
+        assert int(flag[0]) == 0
+    for x, y in zip(*got):
+        assert cupy.array_equal(x, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bt64", ["", "bt64", pytest.param("bt64-mc", marks=pytest.mark.clusters)],
+                         ids=["bt-config", "bt64", "bt64-mc"])
 @pytest.mark.parametrize("case", FORWARD_FROM_PLANES[:2], ids=lambda c: c.id)
 def test_gpu_forward_from_planes_takes_the_scale(case, bt64, monkeypatch):
     """The forward that keeps nothing (scan_o where it fits, its rule's minimum of blocks set
-    aside; by wgmma on a Hopper GPU with chunks of 64 steps) at a scale other than 1, which pack
-    bakes into q A's planes and scan_o into W as it splits it: o and the final state within the
-    contract against the references at that scale."""
+    aside; by wgmma on a Hopper GPU with chunks of 64 steps; bt64-mc: and as clusters) at a
+    scale other than 1, which pack bakes into q A's planes and scan_o into W as it splits it: o
+    and the final state within the contract against the references at that scale."""
     import cupy
     from cupy_gda import chunk_bwd
     monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)
-    _chunks_of_64(monkeypatch, bt64)
+    _chunks_of_64(monkeypatch, bool(bt64), bt64 == "bt64-mc")
     p, call, _, _ = _forward_plan_inputs(case)
     args = _verify.make_inputs(case, 0)
     scale = 0.37
@@ -467,23 +504,26 @@ def test_gpu_forward_from_planes_takes_the_scale(case, bt64, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("what", ["big-gate", "grow-gate", "nan-q", "large-v", "large-state",
-                                  "varlen-big-gate", "bt64-big-gate", "bt64-large-state"])
+                                  "varlen-big-gate", "bt64-big-gate", "bt64-large-state",
+                                  *(pytest.param(w, marks=pytest.mark.clusters)
+                                    for w in ("bt64-mc-big-gate", "bt64-mc-large-state"))])
 def test_gpu_forward_from_planes_guard_falls_back(what, monkeypatch):
     """Inputs or states outside the range the planes are exact in set the flag, and the chunk
     forward (the fall-back) then overwrites o and the final state: bit for bit its own result
     (NaN where it has NaN), within the contract where the inputs are finite. (scan_o's guard:
     its rule's minimum of blocks set aside; bt64: chunks of 64 steps at 128 keys, scan_o by
-    wgmma on a Hopper GPU.)"""
+    wgmma on a Hopper GPU; bt64-mc: and as clusters of 2, at 128 value columns.)"""
     import cupy
-    from cupy_gda import chunk, chunk_bwd
+    from cupy_gda import _launch, chunk, chunk_bwd
     monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)
-    bt64 = what.startswith("bt64")
-    _chunks_of_64(monkeypatch, bt64)
-    what = what.removeprefix("bt64-")
+    bt64, mc = what.startswith("bt64"), what.startswith("bt64-mc")
+    _chunks_of_64(monkeypatch, bt64, mc)
+    what = what.removeprefix("bt64-").removeprefix("mc-")
     gate = {"big-gate": "big", "grow-gate": "grow", "varlen-big-gate": "big"}.get(what, "unif")
     case = (_verify.varlen_case((130, 0, 70), K=192, V=64, dtype="bfloat16", gate=gate)
             if what.startswith("varlen") else
-            _verify.Case(2, 150, 2, 128 if bt64 else 192, 64, dtype="bfloat16", gate=gate))
+            _verify.Case(2, 150, 2, 128 if bt64 else 192, 128 if mc else 64, dtype="bfloat16",
+                         gate=gate))
     p, call, ref, emu = _forward_plan_inputs(case, seed=3)
     q, k, v, g, scale, h0, cu, _, _ = call
     if what == "nan-q":
@@ -493,7 +533,9 @@ def test_gpu_forward_from_planes_guard_falls_back(what, monkeypatch):
     elif what == "large-state":
         h0[1, 0, 5, 5] = 2.0 ** 41
     flag = cupy.zeros((1,), np.int32)
-    o, ht = chunk_bwd.ForwardPlan(p, cu is not None, False)(*call, flag=flag)
+    plan = chunk_bwd.ForwardPlan(p, cu is not None, False)
+    assert plan.cfg.SCAN_O_MC == (mc and _launch.hopper())
+    o, ht = plan(*call, flag=flag)
     assert int(flag[0]) == 1
     o_cf, ht_cf = chunk.plan(p, False)(*call)
     for x, y in ((o, o_cf), (ht, ht_cf)):

@@ -85,7 +85,7 @@ SPILLS = pytest.mark.xfail(reason="known: gda_chunk_fwd spills at 255 registers 
 
 
 def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=None, marks=(),
-          terms3=False, scan_o_wg=False, scan_dv=False):
+          terms3=False, scan_o_wg=False, scan_dv=False, scan_o_mc=False):
     dt, gdt, log_gate, int64 = variant
     B, H = BH
     p = Problem(B=B, T=64, H=H, K=K, V=V, N=B, dtype=dt, g_dtype=gdt, log_gate=log_gate)
@@ -119,14 +119,15 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=Non
         if terms3:      # the backward's dv and rows' S0, E in three terms, not half inputs'
             cfg = cfg._replace(DV_TERMS=3, ROWS_TERMS=3)    # two (DV_TWO_TERMS etc. off)
         if scan_o_wg:   # scan_o by wgmma (the forward's two-term stages, sm_90a)
-            cfg = cfg._replace(SCAN_O_WG=True)
+            cfg = cfg._replace(SCAN_O_WG=True, SCAN_O_MC=scan_o_mc)   # (and as clusters)
         if scan_dv:     # the backward's E and dv by scan_dv (sm_90a; dv in two terms)
             cfg = cfg._replace(SCAN_DV=True, DV_TERMS=2)
         defines = chunk_bwd.defines(p, cfg, int64, fwd=planes in ("fwd", "fwdkeep"),
                                     keep=planes == "keep")
         where = (f"-BT{cfg.BT}-KT{cfg.KT}" + (f"-{planes}" if planes else "")
                  + ("-wgmma" if wgmma else "") + ("-t3" if terms3 else "")
-                 + ("-sowg" if scan_o_wg else "") + ("-scandv" if scan_dv else ""))
+                 + ("-sowg" if scan_o_wg else "") + ("-mc" if scan_o_mc else "")
+                 + ("-scandv" if scan_dv else ""))
     else:
         defines = step.defines(p, idx_int64=int64, align=align)
         where = "" if align == 16 else f"-align{align}"
@@ -222,6 +223,11 @@ def _cases():
                                       (256, 72, "fwdkeep"))):
         add(_case("gda_chunk_bwd", "sm_90", K, V, BF16[i % len(BF16)], MANY, planes=mode,
                   scan_o_wg=True), False)
+    # and as clusters sharing the planes (SCAN_O_MC): clusters of 8, 4 and 2 value tiles, cut
+    # key and value tiles; core: GLA-1.3B's
+    for i, (K, V) in enumerate(((256, 512), (128, 256), (100, 72))):
+        add(_case("gda_chunk_bwd", "sm_90", K, V, BF16[(i + 1) % len(BF16)], MANY, planes="fwd",
+                  scan_o_wg=True, scan_o_mc=True), i == 0)
     # gda_chunk_bwd's scan_dv (SCAN_DV, built for sm_90a): the backward from the planes and from
     # the kept forward at planes of 256 and 128 keys, whole and cut tiles; from the planes with
     # the S0 by scan_o's wgmma form too (SCAN_O_WG, whole key tiles); core: GLA-340M's backward
@@ -359,13 +365,17 @@ def test_kernel_compiles_without_local_memory(compiled, kernel, arch, items):
     # does where a wgmma sits in a branch it cannot prove uniform: C7520)
     assert ("wgmma.mma_async" in res["ptx"]) == hopper, f"{what}: wgmma in its PTX?"
     assert "wgmma.mma_async instructions are serialized" not in log, f"{what}: {log}"
+    # scan_o as clusters (SCAN_O_MC) of its value tiles, and no other build a cluster
+    d = dict(items)
+    tiles = -(-d.get("V_DIM", 0) // 64)
+    want = [f".reqnctapercluster {tiles}, 1, 1"] if d.get("SCAN_O_MC") else []
+    assert re.findall(r"\.reqnctapercluster [^\n]*", res["ptx"]) == want, f"{what}: clusters?"
     usage = {k: res[k] for k in ("registers", "stack", "spill_stores", "spill_loads")}
     assert None not in usage.values(), f"{what}: no ptxas resource line in the log\n{log}"
     assert usage["stack"] == usage["spill_stores"] == usage["spill_loads"] == 0, (
         f"{what}: local memory in a hot kernel: {usage}\n{log}")
     if kernel == "gda_recurrent_fwd":
         # static (ptxas) + the dynamic bytes the launcher asks for fit the arch's opt-in limit
-        d = dict(items)
         m = _SMEM.search(log)
         static = int(m.group(1)) if m else 0
         dynamic = d["SMEM_BYTES"]

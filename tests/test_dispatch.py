@@ -643,10 +643,11 @@ def test_forward_from_the_planes_where_the_rule_says(p, varlen, want):
 def test_chunk_backward_config(p, want):
     # dv's entry and rows' S0 and E in two terms for half inputs, three for float32 ones
     t = 2 if p.dtype == "bfloat16" else 3
-    assert tuple(chunk_bwd.config(p)) == want + (False, 3, t, t, False, False)
+    assert tuple(chunk_bwd.config(p)) == want + (False, 3, t, t, False, False, False)
     # on a Hopper GPU dv's wgmma entry (three terms), where the chunks are of 64 steps (m64)
     wg = want[0] == 64
-    assert tuple(chunk_bwd.config(p, wgmma=True)) == want + (wg, 3, 3 if wg else t, t, False, False)
+    assert tuple(chunk_bwd.config(p, wgmma=True)) == want + (wg, 3, 3 if wg else t, t, False, False,
+                                                             False)
     # the forward from the planes: three terms where it keeps them for the backward, else two
     # and no wgmma
     keep, lean = (chunk_bwd.planes_config(p, wgmma=True, keep=x) for x in (True, False))
@@ -921,3 +922,37 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
         ("pack", NB, 128, 0), ("scores", NB, 128, 0),
         ("scan_o", NH * TV, 256, 209920 if scan_o_wg else 197632)]
     assert fp.sizes["st"] == 0 and fp.cfg.SCAN_O_WG == scan_o_wg
+
+
+@pytest.mark.parametrize("V, K, mc", [(512, 256, True), (256, 128, True), (128, 128, True),
+                                      (64, 256, False), (1024, 256, False), (192, 256, False)])
+def test_lean_forward_runs_scan_o_as_clusters_where_it_can(monkeypatch, V, K, mc):
+    """With USE_SCAN_O_MC (v42) the forward that keeps nothing runs scan_o's wgmma form as
+    clusters of a sequence-head's value tiles where they are 2, 4 or 8 (V = 128 .. 512; not 1,
+    not 3, not 16): its build then holds pack, scores and scan_o alone (pack writes the planes as
+    scan_o's shared memory holds them, which the scan and dv's entry would not read right), with
+    scan_o's launch as before (a block a sequence-head's tile, one cluster the tiles). Off without
+    scan_o's wgmma form, in the forward that keeps its stages, and where USE_SCAN_O_MC is off."""
+    p = Problem(B=8, T=4096, H=4, K=K, V=V, N=8, dtype="bfloat16", g_dtype="float32",
+                log_gate=False)
+    built = _fake_launches(monkeypatch, False, True)
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_MC", True)
+    monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)    # (GLA-340M's 128 blocks: under 1 an SM)
+    fp = chunk_bwd.ForwardPlan(p)
+    NH, TV = 32, chunk_bwd.tiles(V)
+    assert fp.scan_o and fp.cfg.SCAN_O_WG and fp.cfg.SCAN_O_MC == mc
+    d = built["gda_chunk_bwd_scan_o"]
+    assert d["SCAN_O_MC"] == int(mc) and built["gda_chunk_bwd_pack"] is d
+    held = {e for i, e in enumerate(chunk_bwd.ENTRIES) if d["ENTRIES"] >> i & 1}
+    assert held == {"gda_chunk_bwd_" + e for e in (("pack", "scores", "scan_o") if mc else
+                                                   ("pack", "scores", "scan_o", "scan", "dv"))}
+    assert [s[0] for s in fp.stages] == ["gda_chunk_bwd_" + e for e in ("pack", "scores", "scan_o")]
+    assert fp.stages[2][1:3] == (NH * TV, 256)
+    assert chunk_bwd.scan_o_mc(p, fp.cfg._replace(SCAN_O_MC=False)) == mc
+    fk = chunk_bwd.ForwardPlan(p, keep=True)            # (the one that keeps: never)
+    assert not fk.cfg.SCAN_O_MC and built["gda_chunk_bwd_pack"]["SCAN_O_MC"] == 0
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_MC", False)
+    assert not chunk_bwd.ForwardPlan(p._replace(B=7)).cfg.SCAN_O_MC
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_MC", True)
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_WG", False)
+    assert not chunk_bwd.ForwardPlan(p._replace(B=6)).cfg.SCAN_O_MC

@@ -72,9 +72,12 @@ def test_profile_chunk_bwd_names_unknown_shapes():
 
 
 def test_wgmma_probe_builds_for_sm90a_without_a_gpu():
-    """scripts/wgmma_probe.py (one gda_wgmma_rs a B layout, against NumPy on a Hopper GPU)
-    builds without a GPU: a cubin, its wgmma not serialized by ptxas."""
+    """scripts/wgmma_probe.py (one gda_wgmma_rs a B layout, against NumPy on a Hopper GPU; the
+    cluster protocol of SCAN_O_MC) builds without a GPU: a cubin with both entries, its wgmma
+    not serialized by ptxas, the cluster probe's dims in it."""
     from scripts import wgmma_probe
     cubin, log = wgmma_probe.build()
     assert cubin[:4] == b"\x7fELF", log
     assert "serialized" not in log and "warning" not in log.lower(), log
+    for entry in ("gda_wgmma_probe", "gda_cluster_probe"):
+        assert entry.encode() in cubin, entry
