@@ -49,6 +49,9 @@
 #            sharing the planes), then the backward and kept forward +
 #            backward of GLA-1.3B and GLA-340M with --scan-dv-wg --planes (v40, v41; the planes
 #            at K = 128 too) and with neither
+#   forms:   install, the bench's model rows [SHAPES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
+#            (forward, forward + backward, kept) with every opt-in Hopper form on (USE_SCAN_O_WG,
+#            USE_SCAN_O_MC, USE_SCAN_DV), then with the defaults
 #   fwdbwd-fla: (carry [".baselines"]) install, ours and fla's forward + backward rows at one
 #            shape in one run (SHAPE, default gla1.3b-bf16), fla's autotune given 480 s
 #   compare: `cupy-gda bench --shapes SHAPES --impl ours` of an older tree (its files in .old/,
@@ -66,6 +69,7 @@
 #   bash scripts/device_run.sh <commit> scan-o [NAMES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> scan-dv [NAMES (gla1.3b-bf16)]
 #   bash scripts/device_run.sh <commit> wg [NAMES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
+#   bash scripts/device_run.sh <commit> forms [SHAPES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
 commit="${1:-unknown}"
@@ -340,6 +344,22 @@ if [ "$phase" = "wg" ]; then
         timeout $(((560 - SECONDS) / 2)) python3 -m scripts.profile_chunk_bwd \
             gla1.3b-bf16,gla340m-bf16 --stages "${flags[@]}" > "$out/wg-bwd-$run.txt" 2>&1
         cat "$out/wg-bwd-$run.txt"
+    done
+    exit 0
+fi
+if [ "$phase" = "forms" ]; then
+    # the model rows (bench: ours, forward, forward + backward, kept) with every opt-in Hopper
+    # form on (scan_o by wgmma as clusters, scan_dv, scan_o's S0: v39-v42), then with the
+    # defaults, in one call: the A/B that decides whether they go on
+    on="from cupy_gda import chunk_bwd as c; c.USE_SCAN_O_WG = c.USE_SCAN_O_MC = c.USE_SCAN_DV = True"
+    share=2
+    for run in forms defaults; do
+        [ "$run" = defaults ] && on="pass" && share=1
+        timeout $(((560 - SECONDS) / share)) python3 -c "$on; from cupy_gda.cli import main; main()" \
+            bench --shapes "${3:-gla1.3b-bf16,gla340m-bf16,big128-bf16}" --budget 2 \
+            --impl ours-auto,ours-auto-fwd+bwd,ours-keep-fwd+bwd --json "$out/forms-$run.json" \
+            > "$out/forms-$run.txt" 2>&1
+        cat "$out/forms-$run.txt"
     done
     exit 0
 fi
