@@ -66,14 +66,15 @@ USE_SCAN_O = True        # a ForwardPlan that keeps nothing runs the scan and o 
                          # (gda_chunk_bwd_scan_o) where it fits (scan_o_fits; v38)
 NTF, FV = 256, 64        # scan_o's threads and value columns a block
 USE_SCAN_O_WG = False    # scan_o's products by wgmma on a Hopper GPU (Config.SCAN_O_WG; v39):
-                         # off until a GPU has run it (built and compile-checked, not yet run)
+                         # off: right but slower (an H100, GLA-1.3B bf16: scan_o 1.57 ms against
+                         # mma.sync's 1.16; perf-notes "v39-v42 measured")
 USE_SCAN_O_MC = False    # with SCAN_O_WG, a ForwardPlan that keeps nothing runs a sequence-head's
                          # scan_o blocks as a cluster sharing each chunk's planes of q A and k D
-                         # (Config.SCAN_O_MC, scan_o_mc; v42): off until a GPU has run it (built
-                         # and compile-checked, not yet run)
+                         # (Config.SCAN_O_MC, scan_o_mc; v42): off, right but slower (clusters
+                         # of 8 leave SMs idle, and pack's stores of the planes cost more)
 USE_SCAN_DV = False      # a backward from the planes on a Hopper GPU runs the scan's backward
-                         # half and dv as one wgmma kernel (Config.SCAN_DV, scan_dv_fits): off
-                         # until a GPU has run it (built and compile-checked, not yet run)
+                         # half and dv as one wgmma kernel (Config.SCAN_DV, scan_dv_fits): off,
+                         # right but slower with scan_o's S0 (the backward 6.8 ms against 6.0)
 SCAN_DV_FROM = 1.0       # scan_dv's blocks an SM from which it runs (its blocks are scan_o's:
                          # SCAN_O_FROM's reason; not measured)
 SCAN_O_FROM = 1.0        # scan_o's blocks (sequence-heads x tiles of FV value columns) an SM
