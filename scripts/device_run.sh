@@ -19,6 +19,8 @@
 #            its autotuning at a new shape can take minutes, so it runs apart and cannot cost ours)
 #   sanitize-bwd: install, the backward's own GPU tests once (the kernel cache), then under
 #            memcheck, racecheck, synccheck and initcheck (each within the call's time left)
+#   sanitize-wg: the same (memcheck, racecheck, synccheck) for the opt-in wgmma forms' tests:
+#            scan_o as clusters against its wgmma form, the kept backward by scan_dv and scan_o's S0
 #   sanitize-dist: the same for gda_scan and gda_slice (tests/test_scan.py, test_slices.py) and
 #            the distributed GPU tests over simulated ranks
 #   sanitize: install, compute-sanitizer's memcheck, racecheck and synccheck over `cupy-gda
@@ -62,7 +64,7 @@
 #            K=V=128 against one GPU, CuPy's NCCL and torch.distributed, fp32 and bf16
 # Usage (device tool; carry [".vendor"] for suite and suite-a, [".baselines"] for fla, [".old"]
 # for compare):
-#   bash scripts/device_run.sh <commit> suite|suite-a|suite-b|sanitize|sanitize-bwd|sanitize-dist|bench|fla|dist2
+#   bash scripts/device_run.sh <commit> suite|suite-a|suite-b|sanitize|sanitize-bwd|sanitize-wg|sanitize-dist|bench|fla|dist2
 #   bash scripts/device_run.sh <commit> bwd [NAMES (all)]
 #   bash scripts/device_run.sh <commit> terms [NAMES (gla1.3b-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> fwdbwd-fla [SHAPE (gla1.3b-bf16)]
@@ -175,6 +177,21 @@ forward_from_the_backward_stages or forward_from_planes_guard)"
         n=4                  # tools left: each the time left's share
         for tool in memcheck racecheck synccheck initcheck; do
             san "$tool" backward $(((end - SECONDS) / n)) "${pytest[@]}" tests/test_backward.py -k "$sel"
+            n=$((n - 1))
+        done
+        exit 0
+    fi
+    if [ "$phase" = "sanitize-wg" ]; then
+        # the wgmma forms' own tests, opt-in (v39-v42): scan_o as clusters bit for bit its
+        # wgmma form (v39 and v42, every cluster size), the kept backward by scan_dv and scan_o's
+        # S0 (v40, v41); one plain run first fills the kernel cache
+        sel="gpu and (bit_for_bit_its_wgmma or (kept_forward and scan_dv-wg))"
+        timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py -k "$sel" \
+            > "$out/sanitize-plain.txt" 2>&1
+        echo "plain: $(tail -1 "$out/sanitize-plain.txt") in $SECONDS s"
+        n=3
+        for tool in memcheck racecheck synccheck; do
+            san "$tool" wgmma-forms $(((end - SECONDS) / n)) "${pytest[@]}" tests/test_backward.py -k "$sel"
             n=$((n - 1))
         done
         exit 0
