@@ -172,9 +172,9 @@ def entries(cfg, fwd=False, keep=False):
     out of it (its compile a third faster at K = 256; a launch of one left out fails when the
     plan is made). A forward that keeps nothing may run either form (scan_o_fits is the
     device's); one that keeps its stages runs scan_o where it has SCAN_O_WG."""
-    if fwd:
-        names = set(forward_stages(cfg.SCAN_O_WG or cfg.SCAN_O_MC)) if (
-            cfg.TERMS == 3 or cfg.SCAN_O_MC) else (set(forward_stages(True)) | set(forward_stages(False)))
+    if fwd:                                     # (SCAN_O_MC: one form, scan_o's; it has SCAN_O_WG)
+        names = (set(forward_stages(cfg.SCAN_O_WG)) if cfg.TERMS == 3 or cfg.SCAN_O_MC
+                 else set(forward_stages(True)) | set(forward_stages(False)))
     else:
         names = {e for _, e in backward_stages(cfg, keep)}
     return sum(1 << i for i, e in enumerate(ENTRIES) if e.removeprefix("gda_chunk_bwd_") in names)

@@ -2260,6 +2260,17 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
         gda_mbar_init_fence();
     }
     gda_cluster_sync();
+    // thread 0: chunk c's part of this rank, part bytes of planes at src, into every block's dst
+    // (all TN parts on the full barrier), once all have read chunk c - 1's (the empty barrier)
+    const auto share = [&](long long c, unsigned empty, unsigned full, unsigned char* dst,
+                           const unsigned short* src, unsigned part) {
+        if (threadIdx.x != 0) return;
+        if (c > 0) gda_mbar_wait(empty, (unsigned)(c - 1) & 1);
+        gda_mbar_expect(full, TN * part);
+        gda_bulk_multicast(gda_shared_at(dst) + rank * part,
+                           reinterpret_cast<const unsigned char*>(src) + rank * part, part, full,
+                           MC_MASK);
+    };
 #endif
     const long long nh = blockIdx.x / TN, NB = NH * NC;
     const int n0 = blockIdx.x % TN * FV;
@@ -2288,13 +2299,7 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
 #if SCAN_O_MC
-            if (threadIdx.x == 0) {                     // this rank's part of q A's h, m planes,
-                if (c > 0) gda_mbar_wait(bar_ea, (unsigned)(c - 1) & 1);   // into every block
-                gda_mbar_expect(bar_fa, 2 * FPB);       //  once all have read chunk c - 1's
-                gda_bulk_multicast(gda_shared_at(sq) + rank * MC_QB,
-                                   reinterpret_cast<const unsigned char*>(pc.q) + rank * MC_QB,
-                                   MC_QB, bar_fa, MC_MASK);
-            }
+            share(c, bar_ea, bar_fa, sq, pc.q, MC_QB);  // (q A's h, m planes)
             gda_stage_vw<true>(sv, pc.v, n0, sw, ww, b);
 #elif SCAN_O_WG
             if constexpr (FO_O) stage_planes(false, pc.q, 2);   // (o from q A's h, m)
@@ -2311,13 +2316,7 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
 #if SCAN_O_MC
-            if (threadIdx.x == 0) {                     // this rank's part of k D's planes
-                if (c > 0) gda_mbar_wait(bar_eb, (unsigned)(c - 1) & 1);
-                gda_mbar_expect(bar_fb, TERMS * FPB);
-                gda_bulk_multicast(gda_shared_at(sk) + rank * MC_KB,
-                                   reinterpret_cast<const unsigned char*>(pc.k) + rank * MC_KB,
-                                   MC_KB, bar_fb, MC_MASK);
-            }
+            share(c, bar_eb, bar_fb, sk, pc.k, MC_KB);  // (k D's planes)
 #else
             stage_planes(true, pc.k, TERMS);
 #endif
