@@ -5,7 +5,8 @@
 #   own in place of setup.cfg's default, which deselects them).
 #   suite:   install, the whole test suite in pytest-xdist's workers (SUITE_WORKERS, 6) within
 #            one call, the clusters tests (a hang cut at 150 s) and the whole_gpu test alone
-#            before them, then cupy-gda verify. The property
+#            before them, then cupy-gda verify, then (carry [".old"] too) the forward's stages of
+#            .old's tree and this one where time is left (STAGES, gla1.3b-bf16). The property
 #            tests (tests/test_properties.py: their GPU draws compile some 70 kernels) need
 #            hypothesis and the workers pytest-xdist, which the device may lack: carry
 #            [".vendor"] from scripts/vendor_tests.sh. Without pytest-xdist the suite runs in one
@@ -59,6 +60,11 @@
 #   compare: `cupy-gda bench --shapes SHAPES --impl ours` of an older tree (its files in .old/,
 #            e.g. `git archive <commit> | tar -x -C .old`) and of this one, in one run, ROUNDS
 #            times each, interleaved (old, new, old, new, ...), and the ratios of the best times
+#   sass:    install, the forward's GPU tests (forward_from), the forward's stages of [NAMES
+#            (gla1.3b-bf16)] (profile_chunk_bwd --forward --stages) of this tree and of .old's
+#            (carry [".old"], as compare's) interleaved, every build's SASS (cuobjdump), and ncu's
+#            source view (SASS, executed instructions and stall samples a line) of one launch
+#            each of scan_o and scores
 #   dist2:   (nvidia-h200-x2) install, the distributed and scan GPU tests (the two-process
 #            ones need the second GPU), then scripts/dist_ranks.py over 2 ranks at B1 T512K H16
 #            K=V=128 against one GPU, CuPy's NCCL and torch.distributed, fp32 and bf16
@@ -72,6 +78,7 @@
 #   bash scripts/device_run.sh <commit> scan-dv [NAMES (gla1.3b-bf16)]
 #   bash scripts/device_run.sh <commit> wg [NAMES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> forms [SHAPES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
+#   bash scripts/device_run.sh <commit> sass [NAMES (gla1.3b-bf16)]
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
 commit="${1:-unknown}"
@@ -119,6 +126,20 @@ if [ "$phase" = "suite" ]; then
     left=$((end - SECONDS))
     timeout $((left < 90 ? left : 90)) cupy-gda verify > "$out/verify.txt" 2>&1
     tail -1 "$out/verify.txt"
+    # then, where .old is carried (as sass's) and time is left, the forward's stages of both
+    # trees (old, new) at STAGES (gla1.3b-bf16)
+    if [ -d .old/cupy_gda ]; then
+        for t in old new; do
+            path=$PWD
+            [ "$t" = old ] && path=$PWD/.old
+            left=$((end - SECONDS))
+            [ "$left" -lt 30 ] && break
+            echo "== $t"
+            (cd "$path" && CUPY_CACHE_DIR=/tmp/cache-$t timeout $((left / 2)) \
+                python3 -m scripts.profile_chunk_bwd "${STAGES:-gla1.3b-bf16}" --forward --stages) \
+                2>&1 | tee -a "$out/ab-stages.txt" | grep -v "^bench"
+        done
+    fi
     exit 0
 fi
 SUITE_A="dispatch interop packaging reference scripts segments validation chunk edges properties"
@@ -362,6 +383,46 @@ if [ "$phase" = "wg" ]; then
             gla1.3b-bf16,gla340m-bf16 --stages "${flags[@]}" > "$out/wg-bwd-$run.txt" 2>&1
         cat "$out/wg-bwd-$run.txt"
     done
+    exit 0
+fi
+if [ "$phase" = "sass" ]; then
+    # where the lean forward's instructions go, this tree against an older one (carry [".old"],
+    # `git archive <commit> | tar -x -C .old`, as compare's) where there is one: the forward's
+    # tests, the stages' times of both trees interleaved (old, new, old, new), the SASS of every
+    # build each compiled (its own kernel cache), and ncu's per-instruction counts of scan_o's and
+    # scores' launches (this tree)
+    names="${3:-gla1.3b-bf16}"
+    xd=()
+    python3 -c "import xdist" 2>/dev/null && xd=(-n 8)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py -k forward_from \
+        "${xd[@]}" > "$out/pytest-forward.txt" 2>&1
+    tail -2 "$out/pytest-forward.txt"
+    trees=(new)
+    [ -d .old/cupy_gda ] && trees=(old new old new)
+    for t in "${trees[@]}"; do
+        path=$PWD
+        [ "$t" = old ] && path=$PWD/.old
+        echo "== $t"
+        (cd "$path" && CUPY_CACHE_DIR=/tmp/cache-$t timeout 100 python3 -m scripts.profile_chunk_bwd \
+            "$names" --forward --stages) 2>&1 | tee -a "$out/sass-stages.txt" | grep -v "^bench"
+    done
+    for t in old new; do
+        for f in $(find /tmp/cache-$t -name "*.cubin" 2>/dev/null); do
+            echo "### $t $f"
+            cuobjdump -sass "$f"
+        done
+    done > "$out/sass.txt" 2>&1
+    gzip -f "$out/sass.txt"
+    CUPY_CACHE_DIR=/tmp/cache-new timeout $((540 - SECONDS)) ncu -k regex:"gda_chunk_bwd_(scan_o|scores)" \
+        -c 2 --section SourceCounters --section WarpStateStats --section SchedulerStats \
+        --import-source yes -o "$out/src" python3 -m scripts.profile_chunk_bwd "$names" --forward \
+        > "$out/ncu-log.txt" 2>&1
+    tail -3 "$out/ncu-log.txt"
+    ncu -i "$out/src.ncu-rep" --page source --print-source sass --csv > "$out/src.csv" 2>&1
+    ncu -i "$out/src.ncu-rep" --page details > "$out/src-details.txt" 2>&1
+    gzip -f "$out/src.csv"
+    rm -f "$out/src.ncu-rep"
+    ls -la "$out"
     exit 0
 fi
 if [ "$phase" = "forms" ]; then
