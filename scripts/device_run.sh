@@ -5,7 +5,9 @@
 #   own in place of setup.cfg's default, which deselects them).
 #   suite:   install, the whole test suite in pytest-xdist's workers (SUITE_WORKERS, 6) within
 #            one call, the clusters tests (a hang cut at 150 s) and the whole_gpu test alone
-#            before them, then cupy-gda verify, then (carry [".old"] too) the forward's stages of
+#            before them (SUITE_MARK: the rest's -m, e.g. "gpu and not whole_gpu and not
+#            clusters" where the CPU tests and the compile tests ran on a CPU machine after the
+#            same change), then cupy-gda verify, then (carry [".old"] too) the forward's stages of
 #            .old's tree and this one where time is left (STAGES, gla1.3b-bf16). The property
 #            tests (tests/test_properties.py: their GPU draws compile some 70 kernels) need
 #            hypothesis and the workers pytest-xdist, which the device may lack: carry
@@ -115,7 +117,8 @@ if [ "$phase" = "suite" ]; then
         # loadfile would leave the longest file to one; loadgroup's marks are lost on pytest
         # 9.2's node ids (pytest-xdist issue 1386)
         timeout -k 10 $((end - 60 - SECONDS)) "${pytest[@]}" --durations=15 -n "$workers" \
-            --dist worksteal -m "not whole_gpu and not clusters" > "$out/pytest.txt" 2>&1
+            --dist worksteal -m "${SUITE_MARK:-not whole_gpu and not clusters}" \
+            > "$out/pytest.txt" 2>&1
     else
         echo "pytest-xdist: none (carry [\".vendor\"] of scripts/vendor_tests.sh); the suite in" \
             "one process, cut at the call's cap (suite-a and suite-b run it all in two calls)"
