@@ -1,7 +1,8 @@
 """The product-only chunked designs, checked against the float64 loop references on every gate
 regime, gates above 1 too: the forward (scripts/chunk_exact.py) that the tensor-core kernel
-follows, the backward (scripts/chunk_backward_exact.py) a chunked backward kernel would, and
-the sub-block form of that backward's intra-chunk sums (scripts/intra_blocks_exact.py)."""
+follows, the backward (scripts/chunk_backward_exact.py) a chunked backward kernel would, the
+sub-block form of that backward's intra-chunk sums (scripts/intra_blocks_exact.py), and the
+scores' W with its diagonal blocks anchored at sub-blocks (scripts/scores_subanchors_exact.py)."""
 import numpy as np
 import pytest
 
@@ -10,6 +11,7 @@ from cupy_gda.reference import gated_attention_backward_ref, gated_attention_ref
 from scripts.chunk_backward_exact import chunk_backward
 from scripts.chunk_exact import chunk_forward
 from scripts.intra_blocks_exact import intra_blocks, intra_direct
+from scripts.scores_subanchors_exact import scalar_pairs, scores_direct, scores_subanchored
 
 REGIMES = dict(GATES, above1=lambda rng, shape: rng.uniform(0.6, 1.4, shape))
 
@@ -153,3 +155,23 @@ def test_intra_sub_blocks_equal_the_sums(C, SB, gate):
         assert np.isfinite(a).all(), name
         np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12 * max(1, np.abs(b).max()),
                                    err_msg=name)
+
+
+@pytest.mark.parametrize("gate", list(REGIMES))
+@pytest.mark.parametrize("C, BS, SUB", [pytest.param(64, 16, 4, id="C64"),
+                                        pytest.param(32, 16, 4, id="C32"),
+                                        pytest.param(64, 16, 8, id="C64-SUB8")])
+def test_scores_sub_anchors_equal_the_sums(C, BS, SUB, gate):
+    """The scores' W with the diagonal blocks' sub-blocks before the diagonal as matmuls of keys
+    and queries anchored at each sub-block (the tensor cores' share), only SUB x SUB triangles
+    by running products, equals its defining sum in float64, gates of 0, tiny, negative and
+    above 1 included (every decay a product), and leaves the CUDA cores 40 of a block's 136
+    pairs at SUB = 4."""
+    rng = np.random.default_rng(C + SUB)
+    q, k = rng.standard_normal((C, 3)), rng.standard_normal((C, 3))
+    g = REGIMES[gate](rng, q.shape).astype(np.float64)
+    got, want = scores_subanchored(q, k, g, BS, SUB), scores_direct(q, k, g)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-12 * max(1, np.abs(want).max()))
+    assert (got[np.tril_indices(C, -1)] == 0).all()
+    assert (scalar_pairs(64, 16), scalar_pairs(64, 16, 4)) == (4 * 136, 4 * 40)
