@@ -97,6 +97,17 @@ if [ -d .vendor ] && PYTHONPATH="$PWD/.vendor" python3 -c "import hypothesis" 2>
     export PYTHONPATH="$PWD/.vendor${PYTHONPATH:+:$PYTHONPATH}"
 fi
 echo "hypothesis: $(python3 -c 'import hypothesis as h; print(h.__version__, "at", h.__file__)' 2>&1 | tail -1)"
+# the forward's stages (profile_chunk_bwd NAMES --forward --stages) of this tree (new) or
+# .old's (old), within SECS s, appended to FILE: run in the tree's own folder (python -m puts the
+# working folder first on the path) with its own kernel cache
+forward_stages() {
+    local tree="$1" secs="$2" file="$3" names="$4" path=$PWD
+    [ "$tree" = old ] && path=$PWD/.old
+    echo "== $tree"
+    (cd "$path" && CUPY_CACHE_DIR=/tmp/cache-$tree timeout "$secs" \
+        python3 -m scripts.profile_chunk_bwd "$names" --forward --stages) \
+        2>&1 | tee -a "$file" | grep -v "^bench"
+}
 if [ "$phase" = "suite" ]; then
     end=580                  # s since the call began: the call's 600 s less slack
     pytest=(python3 -m pytest -q -p no:cacheprovider tests)
@@ -133,14 +144,9 @@ if [ "$phase" = "suite" ]; then
     # trees (old, new) at STAGES (gla1.3b-bf16)
     if [ -d .old/cupy_gda ]; then
         for t in old new; do
-            path=$PWD
-            [ "$t" = old ] && path=$PWD/.old
             left=$((end - SECONDS))
             [ "$left" -lt 30 ] && break
-            echo "== $t"
-            (cd "$path" && CUPY_CACHE_DIR=/tmp/cache-$t timeout $((left / 2)) \
-                python3 -m scripts.profile_chunk_bwd "${STAGES:-gla1.3b-bf16}" --forward --stages) \
-                2>&1 | tee -a "$out/ab-stages.txt" | grep -v "^bench"
+            forward_stages "$t" $((left / 2)) "$out/ab-stages.txt" "${STAGES:-gla1.3b-bf16}"
         done
     fi
     exit 0
@@ -403,11 +409,7 @@ if [ "$phase" = "sass" ]; then
     trees=(new)
     [ -d .old/cupy_gda ] && trees=(old new old new)
     for t in "${trees[@]}"; do
-        path=$PWD
-        [ "$t" = old ] && path=$PWD/.old
-        echo "== $t"
-        (cd "$path" && CUPY_CACHE_DIR=/tmp/cache-$t timeout 100 python3 -m scripts.profile_chunk_bwd \
-            "$names" --forward --stages) 2>&1 | tee -a "$out/sass-stages.txt" | grep -v "^bench"
+        forward_stages "$t" 100 "$out/sass-stages.txt" "$names"
     done
     for t in old new; do
         for f in $(find /tmp/cache-$t -name "*.cubin" 2>/dev/null); do

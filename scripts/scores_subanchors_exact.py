@@ -20,10 +20,7 @@ every gate regime.
 """
 import numpy as np
 
-
-def _prod(g, a, b):
-    """P(a..b) over the rows of g [C, K] (ones where a > b)."""
-    return np.prod(g[a:b + 1], axis=0) if a <= b else np.ones(g.shape[1], g.dtype)
+from scripts.intra_blocks_exact import _prod
 
 
 def scores_direct(q, k, g):
