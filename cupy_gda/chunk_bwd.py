@@ -29,7 +29,9 @@ nothing runs 2-3 and 7 as one kernel where it fits (8. scan_o: the state in regi
 chunk's S0 through memory; its products by wgmma on a Hopper GPU with USE_SCAN_O_WG, v39); one
 that keeps its stages runs scan_o's wgmma form, storing each S0, where its backward runs scan_dv
 and scan_o's S0 (v41). With USE_SCAN_O_MC the wgmma form of the one that keeps nothing runs a
-sequence-head's blocks as a cluster that shares each chunk's planes (SCAN_O_MC, v42).
+sequence-head's blocks as a cluster that shares each chunk's planes (SCAN_O_MC, v42). One that
+keeps nothing and runs scan_o copies v's rows from v itself, where V is a multiple of 8, and
+pack writes no plane of v (VROWS, v43).
 """
 from typing import NamedTuple
 
@@ -75,6 +77,9 @@ USE_SCAN_O_MC = False    # with SCAN_O_WG, a ForwardPlan that keeps nothing runs
 USE_SCAN_DV = False      # a backward from the planes on a Hopper GPU runs the scan's backward
                          # half and dv as one wgmma kernel (Config.SCAN_DV, scan_dv_fits): off,
                          # right but slower with scan_o's S0 (the backward 6.8 ms against 6.0)
+USE_VROWS = True         # a ForwardPlan that keeps nothing and runs scan_o reads v's rows from v
+                         # itself (Config.VROWS, scan_o_vrows; v43): pack then neither reads v nor
+                         # writes its plane (a third of its bytes at GLA-1.3B), scan_o checks v
 SCAN_DV_FROM = 1.0       # scan_dv's blocks an SM from which it runs (its blocks are scan_o's:
                          # SCAN_O_FROM's reason; not measured)
 SCAN_O_FROM = 1.0        # scan_o's blocks (sequence-heads x tiles of FV value columns) an SM
@@ -108,6 +113,9 @@ class Config(NamedTuple):
                              # a sequence-head's blocks a cluster, each chunk's planes of q A and
                              # k D copied once into all of them, pack writing them as they lie
                              # there (scan_o_mc; the build then holds no scan and dv entry)
+    VROWS: bool = False      # a ForwardPlan that keeps nothing and runs scan_o: scan_o copies
+                             # v's rows from v itself and checks them for the guard, pack writes
+                             # no plane of v (scan_o_vrows; the build holds no scan and dv entry)
 
 
 def config(p, varlen=False, sms=132, wgmma=False):
@@ -172,8 +180,9 @@ def entries(cfg, fwd=False, keep=False):
     out of it (its compile a third faster at K = 256; a launch of one left out fails when the
     plan is made). A forward that keeps nothing may run either form (scan_o_fits is the
     device's); one that keeps its stages runs scan_o where it has SCAN_O_WG."""
-    if fwd:                                     # (SCAN_O_MC: one form, scan_o's; it has SCAN_O_WG)
-        names = (set(forward_stages(cfg.SCAN_O_WG)) if cfg.TERMS == 3 or cfg.SCAN_O_MC
+    if fwd:                                     # (SCAN_O_MC, VROWS: one form, scan_o's)
+        names = (set(forward_stages(cfg.SCAN_O_WG or cfg.VROWS))
+                 if cfg.TERMS == 3 or cfg.SCAN_O_MC or cfg.VROWS
                  else set(forward_stages(True)) | set(forward_stages(False)))
     else:
         names = {e for _, e in backward_stages(cfg, keep)}
@@ -188,7 +197,7 @@ def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
                 DV_TERMS=min(cfg.TERMS, cfg.DV_TERMS) if fwd else cfg.DV_TERMS,
                 ROWS_TERMS=cfg.TERMS if fwd else cfg.ROWS_TERMS, SCAN_O_WG=int(cfg.SCAN_O_WG),
                 SCAN_O_MC=int(cfg.SCAN_O_MC and fwd), SCAN_DV=int(cfg.SCAN_DV and not fwd),
-                ENTRIES=entries(cfg, fwd, keep))
+                VROWS=int(cfg.VROWS and fwd), ENTRIES=entries(cfg, fwd, keep))
 
 
 def planes_config(p, varlen=False, wgmma=False, keep=True, scan_o_wg=False):
@@ -270,6 +279,13 @@ def scan_o_mc(p, cfg):
     one that keeps nothing (two terms), and 2, 4 or 8 value tiles of FV (a cluster of a
     sequence-head's blocks: at most 8 CTAs, and parts of the planes of whole 16 bytes)."""
     return USE_SCAN_O_MC and cfg.SCAN_O_WG and cfg.TERMS == 2 and tiles(p.V) in (2, 4, 8)
+
+
+def scan_o_vrows(p, cfg):
+    """Whether a ForwardPlan of Config ``cfg`` for Problem ``p`` that runs scan_o reads v's rows
+    from v itself (VROWS, v43): USE_VROWS, one that keeps nothing (two terms: one that keeps its
+    stages keeps v's plane for the backward), V a multiple of 8 (scan_o's copies of 16 bytes)."""
+    return USE_VROWS and cfg.TERMS == 2 and p.V % 8 == 0
 
 
 def scan_dv_smem(p, cfg):
@@ -511,7 +527,8 @@ class ForwardPlan:
         self.p, self.varlen = p, varlen
         cfg = planes_config(p, varlen, use_wgmma(), keep, use_scan_o_wg())
         self.scan_o = scan_o_fits(p, cfg, varlen)          # (the scan and o as one kernel)
-        self.cfg = cfg._replace(SCAN_O_MC=self.scan_o and scan_o_mc(p, cfg))
+        self.cfg = cfg._replace(SCAN_O_MC=self.scan_o and scan_o_mc(p, cfg),
+                                VROWS=self.scan_o and scan_o_vrows(p, cfg))
         NH, self.NC = chunks(p, self.cfg.BT, varlen)
         self.NB = NH * self.NC if p.N else 0
         d = defines(p, self.cfg, seq_int64, fwd=True)

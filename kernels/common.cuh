@@ -194,10 +194,39 @@ __device__ __forceinline__ unsigned gda_shared_at(const void* p) {
 __device__ __forceinline__ void gda_cp16_at(unsigned dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
 }
+// cp.async of 16 bytes, zeros where !on (nothing read)
+__device__ __forceinline__ void gda_cp16_or_0(unsigned dst, const void* src, bool on) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(on ? 16 : 0)
+                 : "memory");
+}
 __device__ __forceinline__ void gda_cp16(float* dst, const float* src) {
     gda_cp16_at(gda_shared_at(dst), src);
 }
 __device__ __forceinline__ void gda_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void gda_cp_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+
+// f(r0, dr, c) for each item (row r0 + dr, column c) of a ROWS x COLS grid that this thread of NT
+// takes: the items r COLS + c from threadIdx.x on, NT apart. Where COLS divides NT a thread keeps
+// one column and its rows are NT / COLS apart: r0 its first, dr the same in every thread (a
+// constant once unrolled: UNROLL rows at a time, all by default), so that its copies are one
+// address plus constants.
+template <int ROWS, int COLS, int NT, int UNROLL = ROWS, typename F>
+__device__ __forceinline__ void gda_grid_each(const F& f) {
+    if constexpr (NT % COLS == 0) {
+        constexpr int STEP = NT / COLS, FULL = ROWS / STEP;
+        const int r0 = threadIdx.x / COLS, c = threadIdx.x % COLS;
+        #pragma unroll (UNROLL)
+        for (int i = 0; i < FULL; ++i) f(r0, i * STEP, c);
+        if constexpr (ROWS % STEP != 0)
+            if (r0 + FULL * STEP < ROWS) f(r0, FULL * STEP, c);
+    } else {
+        for (int x = threadIdx.x; x < ROWS * COLS; x += NT) f(x / COLS, 0, x % COLS);
+    }
+}
+
+// m = max(m, |x|); a NaN propagates (max.NaN), so it fails the guard's range check that follows
+__device__ __forceinline__ void gda_absmax(float& m, float x) {
+    asm("max.NaN.f32 %0, %0, %1;" : "+f"(m) : "f"(fabsf(x)));
 }

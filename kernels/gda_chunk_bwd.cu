@@ -80,7 +80,10 @@
 //   forward that keeps nothing: scan_o's blocks of a sequence-head, one a tile of FV value
 //   columns, run as a cluster that shares each chunk's planes of q A and k D, each block copying
 //   its part into every block's shared memory, one bulk copy multicast to the cluster, from
-//   planes pack writes as they lie there: v42), SCAN_DV (1, built for sm_90a, a
+//   planes pack writes as they lie there: v42), VROWS (1, a forward that keeps nothing and
+//   runs scan_o, V a multiple of 8: scan_o copies v's rows from v itself and checks them for
+//   the guard, and pack writes no plane of v: v43; the build holds no scan and dv entry),
+//   SCAN_DV (1, built for sm_90a, a
 //   backward with PLANES: the scan's backward half and dv's entry as one kernel by wgmma,
 //   gda_chunk_bwd_scan_dv; the scan runs its forward half alone, and none where KEEP), ENTRIES
 //   (the entries the build holds, bit i for entry i + 1 above: those its plans launch,
@@ -90,8 +93,8 @@
     || !defined(BT) || !defined(KT) || !defined(SCAN) || !defined(PLANES) || !defined(SMEM_BYTES) \
     || !defined(FWD) || !defined(KEEP) || !defined(WGMMA) || !defined(TERMS) || !defined(DV_TERMS) \
     || !defined(ROWS_TERMS) || !defined(SCAN_O_WG) || !defined(SCAN_O_MC) || !defined(SCAN_DV) \
-    || !defined(ENTRIES)
-#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA, TERMS, DV_TERMS, ROWS_TERMS, SCAN_O_WG, SCAN_O_MC, SCAN_DV and ENTRIES are required"
+    || !defined(VROWS) || !defined(ENTRIES)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA, TERMS, DV_TERMS, ROWS_TERMS, SCAN_O_WG, SCAN_O_MC, SCAN_DV, VROWS and ENTRIES are required"
 #endif
 static_assert(BT % 16 == 0 && BT >= 16 && BT <= 64, "BT: 16..64, a multiple of 16");
 static_assert(!PLANES || (SCAN && IO_DTYPE == 2), "PLANES: the fused scan's, bfloat16 inputs");
@@ -114,6 +117,10 @@ static_assert(!SCAN_DV || (PLANES && !FWD && !WGMMA && BT == 64 && DV_TERMS == 2
 // scan and dv's entry would not read right, so the build holds neither)
 static_assert(!SCAN_O_MC || (SCAN_O_WG && FWD && TERMS == 2 && !GDA_HAS(3) && !GDA_HAS(7)),
               "SCAN_O_MC: scan_o's wgmma form in a forward that keeps nothing, without the scan "
+              "and dv's entry");
+// (VROWS: pack writes no plane of v, which the scan and dv's entry read)
+static_assert(!VROWS || (FWD && TERMS == 2 && V_DIM % 8 == 0 && !GDA_HAS(3) && !GDA_HAS(7)),
+              "VROWS: scan_o in a forward that keeps nothing, V a multiple of 8, without the scan "
               "and dv's entry");
 
 #define GDA_BWD_VAL_MAX 0x1p20f         // the guard: |q|, |k|, |v|, |do| at most this,
@@ -374,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(NTP, 8) gda_chunk_bwd_pack(GDA_CHUN
             for (int c = 0; c < CWK; ++c) d[c] *= gv[c];
         }
     }
-    for (int j = threadIdx.x * CWV; j < (PLANES ? VP : V_DIM); j += NTP * CWV) {
+    for (int j = threadIdx.x * CWV; j < (VROWS ? 0 : PLANES ? VP : V_DIM); j += NTP * CWV) {
         const bool on = j < V_DIM;
         #pragma unroll (PA == 2 ? 4 : 8)                // (two terms at 8: ptxas spilled 4
                                                         //  bytes at K = 100, V = 72)
@@ -1295,19 +1302,20 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
     float acc[NTILE > 0 ? (NTILE + 3) / 4 : 1][4] = {};  // tiles warp, warp + 4, ... (below)
     for (int i0 = 0; i0 < K_DIM; i0 += KI) {
         __syncthreads();                                // the last step's reads are done
-        #pragma unroll
-        for (int x = threadIdx.x; x < KI * BT; x += NTS) {
-            const int t = x / KI, ii = x % KI, i = i0 + ii;
+        gda_grid_each<BT, KI, NTS, 4>([&](int r0, int dr, int ii) {    // (a thread's column
+            const int t = r0 + dr, i = i0 + ii;                 //  ii, its rows NTS / KI apart;
+                                                                //  4 at once: all of them spilled
+                                                                //  on sm_80)
             float kv = 0.f, gv = 1.f, qv = 0.f;
             if (t < ch.rows && i < K_DIM) {
-                const long long e = ch.at(t, K_DIM, i);
+                const long long e = ch.at(r0, K_DIM, i) + (long long)dr * H * K_DIM;
                 kv = io::load(k[e]);
                 gv = gda_gate(g[e]);
                 qv = io::load(q[e]);
             }
             b_kg[ii][t] = make_float2(kv, gv);
             b_q[t][ii] = qv;
-        }
+        });
         __syncthreads();
         if (threadIdx.x < KI * NBK) {                   // thread (column, block): its products
             const int ii = threadIdx.x % KI, s0 = threadIdx.x / KI * 16;
@@ -1327,10 +1335,11 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
         }
         __syncthreads();
         // the split operands, item (step t, pair of columns): the keys anchored at every block
-        // after t's, and q P(start of t's block..t)
-        #pragma unroll
-        for (int x = threadIdx.x; x < BT * KI / 2; x += NTS) {
-            const int t = x / (KI / 2), ip = x % (KI / 2), ii = 2 * ip, blk = t / 16;
+        // after t's, and q P(start of t's block..t) (a thread's rows 16 apart from r0 < 16: t's
+        // block is dr / 16, known once unrolled)
+        static_assert(NTS / (KI / 2) == 16, "scores: a thread's split items a 16-step block apart");
+        gda_grid_each<BT, KI / 2, NTS>([&](int r0, int dr, int ip) {
+            const int t = r0 + dr, ii = 2 * ip, blk = dr / 16;
             float k0 = b_kg[ii][t].x * b_sp[t][ii], k1 = b_kg[ii + 1][t].x * b_sp[t][ii + 1];
             #pragma unroll
             for (int tau = 1; tau < NBK; ++tau) {
@@ -1353,7 +1362,7 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
                 b_qa[1][t - 16][ip] = m;
                 if (DV_TERMS == 3) b_qa[DV_TERMS - 1][t - 16][ip] = l;
             }
-        }
+        });
         __syncthreads();
         // this warp's tiles: one m16n8k16 k-step, A's terms l, m, h each with B's down to 2^-16
         // of the product (DV_TERMS = 2: m, h, to 2^-8)
@@ -1687,12 +1696,6 @@ __device__ __forceinline__ void gda_wg_add(float (&acc)[8][4], float (&d)[WS / 1
     }
 }
 
-// cp.async of 16 bytes, zeros where !on (nothing read)
-__device__ __forceinline__ void gda_cp16_or_0(unsigned dst, const void* src, bool on) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(on ? 16 : 0)
-                 : "memory");
-}
-
 // B of the first product with PLANES (S0 or E: float32, row-major KMAX x LD, LD a multiple of
 // 4, the block's 64 columns from src, omax of them inside): copied by cp.async as it is (a
 // stage: WS rows of 64 floats, WF bytes) and split in shared memory
@@ -2015,22 +2018,63 @@ __device__ __forceinline__ void gda_stage_ae(float* sa, const float* ae, long lo
 template <bool W = true>
 __device__ __forceinline__ void gda_stage_vw(unsigned short* dst, const unsigned short* src, int n0,
                                              float* sw, const float* ww, long long b) {
-    for (int x = threadIdx.x; x < BT * FV / 8; x += NTF) {
-        const int r = x / (FV / 8), c8 = x % (FV / 8) * 8;
-        gda_cp16_at(gda_shared_at(dst + r * FVL + c8), src + (long long)r * VP + n0 + c8);
+    if (src) {
+        const unsigned d = gda_shared_at(dst);
+        gda_grid_each<BT, FV / 8, NTF>([&](int r0, int dr, int c) {
+            gda_cp16_at(d + 2 * (r0 * FVL + 8 * c) + 2 * dr * FVL,
+                        src + (long long)r0 * VP + n0 + 8 * c + dr * VP);
+        });
     }
     if constexpr (W) {
-        for (int x = threadIdx.x; x < BT * BT / 4; x += NTF) {
-            const int r = x / (BT / 4), c4 = x % (BT / 4) * 4;
-            gda_cp16_at(gda_shared_at(sw + r * FWL + c4), ww + (b * BT + r) * BT + c4);
+        const unsigned d = gda_shared_at(sw);
+        const float* const w = ww + b * BT * BT;
+        gda_grid_each<BT, BT / 4, NTF>([&](int r0, int dr, int c) {
+            gda_cp16_at(d + 4 * (r0 * FWL + 4 * c) + 4 * dr * FWL, w + r0 * BT + 4 * c + dr * BT);
+        });
+    }
+}
+
+// (VROWS) scan_o's copy of a chunk's (cb's) rows of v, FV columns from n0, from v itself into dst
+// (rows FVL apart), 0 past its rows and past V: by cp.async where v is 16-byte aligned (V is a
+// multiple of 8, so every row is), else 8 loads and one store a thread an item
+__device__ __forceinline__ void gda_stage_v_rows(unsigned short* dst, const io::t* v,
+                                                 const gda_chunk_at& cb, int n0) {
+    const unsigned d = gda_shared_at(dst);
+    const bool aligned = (reinterpret_cast<unsigned long long>(v) & 15) == 0;
+    gda_grid_each<BT, FV / 8, NTF>([&](int r0, int dr, int c) {
+        const int r = r0 + dr, col = n0 + 8 * c;
+        const bool on = r < cb.rows && col < V_DIM;
+        const io::t* const src = v + (on ? cb.at(r, V_DIM, col) : 0);
+        if (aligned) {
+            gda_cp16_or_0(d + 2 * (r * FVL + 8 * c), src, on);
+        } else {
+            unsigned y[4] = {};
+            #pragma unroll
+            for (int i = 0; i < 4 && on; ++i)
+                y[i] = reinterpret_cast<const unsigned short*>(src)[2 * i]
+                       | (unsigned)reinterpret_cast<const unsigned short*>(src)[2 * i + 1] << 16;
+            *reinterpret_cast<uint4*>(dst + r * FVL + 8 * c) = make_uint4(y[0], y[1], y[2], y[3]);
         }
+    });
+}
+
+// (VROWS) the guard's running max of |v| over a warp's fragments of v^T (m: two bfloat16, whose
+// magnitudes' bits the masks keep; a NaN stays), k-steps sg with sg % 2 == kh (every k-step in
+// the first half where there is one): the two halves' warps see every element of the chunk's
+// rows once
+__device__ __forceinline__ void gda_fv_absmax(unsigned& m, const unsigned (&fv)[NBK][4], int kh) {
+    #pragma unroll
+    for (int sg = 0; sg < NBK; ++sg) {
+        if ((NBK == 1 ? 0 : sg % 2) != kh) continue;
+        #pragma unroll
+        for (int x = 0; x < 4; ++x)
+            asm("max.NaN.bf16x2 %0, %0, %1;" : "+r"(m) : "r"(fv[sg][x] & 0x7fff7fffu));
     }
 }
 
 // o (scan_o) or dv (scan_dv) of a chunk's rows (ch) at value columns n0.. into out, from the
 // sum of HALVES arrays of o^T [FV][FOL] at so (FV apart): 8 value columns (16 bytes) a thread,
-// a warp's steps consecutive. (scan_o keeps its own copy of this loop, HALVES = 2, until a
-// device has run its build with this one: the call reorders its PTX at K = 256.)
+// a warp's steps consecutive.
 template <int HALVES>
 __device__ __forceinline__ void gda_fo_store(const float* so, const gda_chunk_at& ch, int n0,
                                              io::t* out) {
@@ -2183,10 +2227,11 @@ __device__ __forceinline__ void gda_so_put(const float (&x)[KH / 8][4], float* d
     });
 }
 
-// the guard on the thread's elements x (ok false past GDA_BWD_STATE_MAX), then x diag(a)
-__device__ __forceinline__ void gda_so_decay(float (&x)[KH / 8][4], const float* a, int key0, bool& ok) {
+// the guard's running max of |x| over the thread's elements (m: checked against
+// GDA_BWD_STATE_MAX once, at the end; a NaN stays), then x diag(a)
+__device__ __forceinline__ void gda_so_decay(float (&x)[KH / 8][4], const float* a, int key0, float& m) {
     gda_so_each(key0, 0, [&](int j, int r, int key, int) {
-        ok &= gda_bwd_in(x[j][r], GDA_BWD_STATE_MAX);
+        gda_absmax(m, x[j][r]);
         x[j][r] *= a[key];
     });
 }
@@ -2219,9 +2264,10 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
     unsigned short* const sq = reinterpret_cast<unsigned short*>(f_sm);  // scale q A [2][BT][FQL]
     unsigned short* const sk = sq + 2 * BT * FQL;                        // k D [2][BT][FQL]
     unsigned short* const sv = sk + 2 * BT * FQL;                        // v [BT][FVL]
-    const auto at_q = [&](int r, int c8) { return gda_shared_at(sq + r * FQL + c8); };
-    const auto at_k = [&](int r, int c8) { return gda_shared_at(sk + r * FQL + c8); };
-#endif
+    const unsigned sq_at = gda_shared_at(sq), sk_at = gda_shared_at(sk);  // (their addresses:
+    const auto at_q = [&](int r, int c8) { return sq_at + 2 * (r * FQL + c8); };   //  one a
+    const auto at_k = [&](int r, int c8) { return sk_at + 2 * (r * FQL + c8); };   //  thread
+#endif                                                                   //  plus constants)
 #if SCAN_O_WG
     float* const sw = reinterpret_cast<float*>(sv + BT * FVL);           // W [BT][FWL] (FO_O)
     float* const sa = sw + FO_O * BT * FWL;                              // A_end [KP]
@@ -2231,6 +2277,7 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
     float* const sa = sw + BT * FWL;                                     // A_end [KP]
     float* const so = sa + KP;                                           // o^T's halves [2][FV][FOL]
 #endif
+    const unsigned sv_at = gda_shared_at(sv);
     unsigned dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     if (dyn < FO_BYTES) __trap();                       // (the launcher's scan_o_smem is wrong)
@@ -2284,29 +2331,34 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
     // plane * BT + step; with SCAN_O_WG 8 rows of 4 x 16 bytes a warp: whole sectors and
     // core matrices)
     const auto stage_planes = [&](bool kd, const unsigned short* src, int np) {
-        for (int x = threadIdx.x; x < np * BT * KP / 8; x += NTF) {
 #if SCAN_O_WG
+        for (int x = threadIdx.x; x < np * BT * KP / 8; x += NTF) {
             const int r = x / KP * 8 + x % 8, c8 = x / 8 % (KP / 8) * 8;
-#else
-            const int r = x / (KP / 8), c8 = x % (KP / 8) * 8;
-#endif
             gda_cp16_at(kd ? at_k(r, c8) : at_q(r, c8), src + (long long)r * KP + c8);
         }
+#else
+        gda_grid_each<2 * BT, KP / 8, NTF>([&](int r0, int dr, int c) {   // (np = TERMS = 2)
+            gda_cp16_at((kd ? at_k(r0, 8 * c) : at_q(r0, 8 * c)) + 2 * dr * FQL,
+                        src + (long long)r0 * KP + 8 * c + dr * KP);
+        });
+#endif
     };
 #endif
     const auto issue_a = [&](long long c) {             // slot A of chunk c (none past the last)
         if (c < cend) {
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
+            if constexpr (VROWS) gda_stage_v_rows(sv, v, gda_chunk_at(b, T, H, NC, cu_seqlens, coff, N), n0);
+            unsigned short* const vplane = VROWS ? nullptr : pc.v;   // (VROWS: none)
 #if SCAN_O_MC
             share(c, bar_ea, bar_fa, sq, pc.q, MC_QB);  // (q A's h, m planes)
-            gda_stage_vw<true>(sv, pc.v, n0, sw, ww, b);
+            gda_stage_vw<true>(sv, vplane, n0, sw, ww, b);
 #elif SCAN_O_WG
             if constexpr (FO_O) stage_planes(false, pc.q, 2);   // (o from q A's h, m)
-            gda_stage_vw<FO_O>(sv, pc.v, n0, sw, ww, b);
+            gda_stage_vw<FO_O>(sv, vplane, n0, sw, ww, b);
 #else
             stage_planes(false, pc.q, 2);
-            gda_stage_vw(sv, pc.v, n0, sw, ww, b);
+            gda_stage_vw(sv, vplane, n0, sw, ww, b);
 #endif
         }
         gda_cp_commit();
@@ -2335,7 +2387,8 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
     get_state();
     issue_a(0);
     issue_b(0);
-    bool ok = true;
+    float smax = 0.f;                                   // (the guard's: |S0|, and with
+    unsigned vmax = 0;                                  //  VROWS |v| as two bfloat16)
     for (long long c = 0; c < cend; ++c) {
         const long long b = nh * NC + c;
         GDA_CHUNK;
@@ -2357,8 +2410,9 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
         unsigned fv[NBK][4];                           // v^T's A fragments, a k-step of steps each
         #pragma unroll
         for (int sg = 0; sg < NBK; ++sg)
-            gda_ldsm4_t(fv[sg], gda_shared_at(sv + (16 * sg + lane / 16 * 8 + lane % 8) * FVL
-                                              + vr + lane / 8 % 2 * 8));
+            gda_ldsm4_t(fv[sg], sv_at + 2 * ((16 * sg + lane / 16 * 8 + lane % 8) * FVL
+                                             + vr + lane / 8 % 2 * 8));
+        if constexpr (VROWS) gda_fv_absmax(vmax, fv, kh);   // (the guard on v: pack's without)
 #if SCAN_O_WG
         if constexpr (FO_S0)                            // S0, for the backward
             gda_so_put<K_DIM != KP>(s, st + b * K_DIM * V_DIM, key0, col0);
@@ -2376,8 +2430,9 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 #else
         float o[BT / 8][4] = {};                        // o^T: [step tile][C fragment]
         #pragma unroll
-        for (int sg = 0; sg < NBK; ++sg) {             // scale W^T v: this half's k-steps
-            if (2 * sg / NBK != kh) continue;
+        for (int sg = 0; sg < NBK; ++sg) {             // scale W^T v: this half's k-steps, k-step
+            if ((sg % 4 == 1 || sg % 4 == 2) != kh) continue;   //  sg's tiles 8 - 2 sg (NBK 4):
+                                                        //  halves 0, 3 and 1, 2 take 10 each
             #pragma unroll
             for (int j = 0; j < BT / 8; ++j) {
                 if (8 * j + 7 < 16 * sg) continue;      // (W[s][u] = 0 for s > u)
@@ -2401,9 +2456,9 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
             for (int jp = 0; jp < BT / 16; ++jp) {      //  (no two dependent products in a row)
                 const int row = 16 * jp + lane / 16 * 8 + lane % 8, col = kb + 16 * kk + lane / 8 % 2 * 8;
                 unsigned r[4];
-                gda_ldsm4(r, gda_shared_at(sq + row * FQL + col));
+                gda_ldsm4(r, at_q(row, col));
                 bh[2 * jp][0] = r[0], bh[2 * jp][1] = r[1], bh[2 * jp + 1][0] = r[2], bh[2 * jp + 1][1] = r[3];
-                gda_ldsm4(r, gda_shared_at(sq + (BT + row) * FQL + col));
+                gda_ldsm4(r, at_q(BT + row, col));
                 bm[2 * jp][0] = r[0], bm[2 * jp][1] = r[1], bm[2 * jp + 1][0] = r[2], bm[2 * jp + 1][1] = r[3];
             }
             #pragma unroll
@@ -2421,23 +2476,7 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
         }
         __syncthreads();                                // (slot A read: the next chunk's copies)
         issue_a(c + 1);
-        for (int x = threadIdx.x; x < BT * FV / 8; x += NTF) {   // o: 8 value columns of step t
-            const int t = x % BT, v8 = x / BT * 8;                //  a thread, a warp's steps
-            if (t >= ch.rows || n0 + v8 >= V_DIM) continue;       //  consecutive
-            unsigned short y[8];
-            #pragma unroll
-            for (int i = 0; i < 8; ++i)
-                y[i] = io::store(so[(v8 + i) * FOL + t] + so[(FV + v8 + i) * FOL + t]);
-            io::t* dst = dv + ch.at(t, V_DIM, n0 + v8);
-            if (V_DIM % 8 == 0) {
-                *reinterpret_cast<uint4*>(dst) = make_uint4(y[0] | (unsigned)y[1] << 16,
-                    y[2] | (unsigned)y[3] << 16, y[4] | (unsigned)y[5] << 16, y[6] | (unsigned)y[7] << 16);
-            } else {
-                #pragma unroll
-                for (int i = 0; i < 8; ++i)
-                    if (n0 + v8 + i < V_DIM) reinterpret_cast<unsigned short*>(dst)[i] = y[i];
-            }
-        }
+        gda_fo_store<2>(so, ch, n0, dv);                // o
 #endif
         gda_cp_wait<1>();                               // slot B's copies (A's next in flight)
 #if SCAN_O_MC
@@ -2447,7 +2486,7 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
         gda_proxy_fence();
 #endif
         __syncthreads();
-        gda_so_decay(s, sa, key0, ok);                  // the guard on S0, then S0 diag(A_end)
+        gda_so_decay(s, sa, key0, smax);                // the guard on S0, then S0 diag(A_end)
 #if SCAN_O_WG                                            // + v^T (k D): fresh sums of 64 keys
         float d[KH / 64][8][4] = {};                    // (its first product does not add)
         gda_wg_state<TERMS>(s, fv, gda_shared_at(sk) + kb / 8 * FKS, 0, NBK, d);
@@ -2463,9 +2502,9 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
                     const int row = 16 * sg + lane / 8 % 2 * 8 + lane % 8;
                     const int col = kb + 8 * j0 + 16 * p + lane / 16 * 8;
                     unsigned r[4];
-                    gda_ldsm4_t(r, gda_shared_at(sk + row * FQL + col));
+                    gda_ldsm4_t(r, at_k(row, col));
                     fh[2 * p][0] = r[0], fh[2 * p][1] = r[1], fh[2 * p + 1][0] = r[2], fh[2 * p + 1][1] = r[3];
-                    gda_ldsm4_t(r, gda_shared_at(sk + (BT + row) * FQL + col));
+                    gda_ldsm4_t(r, at_k(BT + row, col));
                     fm[2 * p][0] = r[0], fm[2 * p][1] = r[1], fm[2 * p + 1][0] = r[2], fm[2 * p + 1][1] = r[3];
                 }
                 #pragma unroll
@@ -2497,7 +2536,9 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 #if SCAN_O_MC
     gda_cluster_sync();                                 // (no block leaves while another may
 #endif                                                  //  still reach into its shared memory)
-    if (!ok) *flag = 1;
+    const bool vin = (__uint_as_float(vmax << 16) <= GDA_BWD_VAL_MAX)
+                     & (__uint_as_float(vmax & 0xffff0000u) <= GDA_BWD_VAL_MAX);
+    if (!(smax <= GDA_BWD_STATE_MAX) || !vin) *flag = 1;     // (NaN fails)
 #endif
 }
 #endif
@@ -2612,7 +2653,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
     next_a.next();
     issue_b(next_b);
     next_b.next();
-    bool ok = true;
+    float smax = 0.f;                                   // (the guard's)
     while (cur.c >= 0) {
         const long long b = nh * NC + cur.c;
         GDA_CHUNK;
@@ -2661,7 +2702,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
         __syncthreads();
         for (int i = threadIdx.x; i < K_DIM; i += NTF)  // this tile's part of rowsum(E S0)
             es[((long long)n0 / GN * NH * NC + b) * K_DIM + i] = sr[i] + sr[KP + i] + sr[2 * KP + i] + sr[3 * KP + i];
-        gda_so_decay(s, sa, key0, ok);                  // the guard on E_b, then E_b diag(A_end)
+        gda_so_decay(s, sa, key0, smax);                // the guard on E_b, then E_b diag(A_end)
         float d[KH / 64][8][4] = {};                    // + do^T (scale q A): a k-step's planes
         #pragma unroll                                  //  l, m, h into fresh sums, added after
         for (int sg = 0; sg < NBK; ++sg)
@@ -2675,7 +2716,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
         if (coff && cur.c >= 0 && cur.c == cur.j1 - 1) get_e();   // the next sequence's
     }
     gda_cp_wait<0>();
-    if (!ok) *flag = 1;
+    if (!(smax <= GDA_BWD_STATE_MAX)) *flag = 1;    // (NaN fails)
 #endif
 }
 #endif

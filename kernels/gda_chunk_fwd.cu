@@ -220,11 +220,6 @@ template <int W> __device__ __forceinline__ void gda_st(float* p, const gda_pack
     else p[0] = x.e[0];
 }
 
-// m = max(m, |x|); a NaN propagates (max.NaN), so it fails the guard's range check that follows
-__device__ __forceinline__ void gda_absmax(float& m, float x) {
-    asm("max.NaN.f32 %0, %0, %1;" : "+f"(m) : "f"(fabsf(x)));
-}
-
 // Stage 1 through registers (half inputs, log gates, unaligned pointers) into the set at b_set:
 // q (when Q), k, g in packs of W (PR packs a row, key columns c < nk of the tile), v (when
 // load_v) in packs of WV (PRV a row, tile columns c < nc), rows t < n of the chunk starting at

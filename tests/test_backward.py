@@ -503,7 +503,7 @@ def test_gpu_forward_from_planes_takes_the_scale(case, bt64, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("what", ["big-gate", "grow-gate", "nan-q", "large-v", "large-state",
+@pytest.mark.parametrize("what", ["big-gate", "grow-gate", "nan-q", "large-v", "nan-v", "large-state",
                                   "varlen-big-gate", "bt64-big-gate", "bt64-large-state",
                                   *(pytest.param(w, marks=pytest.mark.clusters)
                                     for w in ("bt64-mc-big-gate", "bt64-mc-large-state"))])
@@ -530,6 +530,8 @@ def test_gpu_forward_from_planes_guard_falls_back(what, monkeypatch):
         q[0, 7, 1, 0] = np.nan
     elif what == "large-v":
         v[1, 3, 0, 0] = 2.0 ** 21
+    elif what == "nan-v":                               # (scan_o's guard on v's rows: VROWS)
+        v[1, 140, 1, 63] = np.nan
     elif what == "large-state":
         h0[1, 0, 5, 5] = 2.0 ** 41
     flag = cupy.zeros((1,), np.int32)
@@ -544,6 +546,40 @@ def test_gpu_forward_from_planes_guard_falls_back(what, monkeypatch):
         for name, x, r, e in zip(("o", "state"), (o, ht), ref, emu):
             res = compare(name, cupy.asnumpy(x.astype(np.float32) if name == "o" else x), r, e)
             assert res.ok, res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [FORWARD_FROM_PLANES[i] for i in (0, 2, 4)], ids=lambda c: c.id)
+def test_gpu_forward_from_planes_reads_v_rows_at_any_alignment(case, monkeypatch):
+    """scan_o copying v's rows from v itself (VROWS, v43) by 16-byte copies where v is 16-byte
+    aligned and by 2-byte loads where it is not (v a contiguous view 2 bytes into its
+    allocation): the same bytes in shared memory as the plan that reads pack's plane of v
+    (USE_VROWS off; zeros past the rows and past V), so o and the final state bit for bit the
+    same all three ways, and within the contract (whole and cut value tiles, packed
+    sequences)."""
+    import cupy
+    from cupy_gda import chunk_bwd
+    monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)
+    p, call, ref, emu = _forward_plan_inputs(case)
+    v = call[2]
+    buf = cupy.empty(v.size + 8, v.dtype)
+    off = buf[1:v.size + 1].reshape(v.shape)            # (2 bytes past a 256-byte allocation)
+    off[...] = v
+    assert off.data.ptr % 16 == 2 and off.flags.c_contiguous
+    got = []
+    for vrows, vin in ((True, v), (True, off), (False, v)):
+        monkeypatch.setattr(chunk_bwd, "USE_VROWS", vrows)
+        plan = chunk_bwd.ForwardPlan(p, call[6] is not None, False)
+        assert plan.scan_o and plan.cfg.VROWS == vrows
+        flag = cupy.zeros((1,), np.int32)
+        got.append(plan(*call[:2], vin, *call[3:], flag=flag))
+        assert int(flag[0]) == 0
+    for other in got[1:]:
+        for x, y in zip(got[0], other):
+            assert cupy.array_equal(x, y)
+    for name, x, r, e in zip(("o", "state"), got[0], ref, emu):
+        res = compare(name, cupy.asnumpy(x.astype(np.float32) if name == "o" else x), r, e)
+        assert res.ok, res
 
 
 # the backward from the forward's kept stages (BackwardPlan(keep=True)): whole and cut tiles, a

@@ -85,7 +85,7 @@ SPILLS = pytest.mark.xfail(reason="known: gda_chunk_fwd spills at 255 registers 
 
 
 def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=None, marks=(),
-          terms3=False, scan_o_wg=False, scan_dv=False, scan_o_mc=False):
+          terms3=False, scan_o_wg=False, scan_dv=False, scan_o_mc=False, vrows=False):
     dt, gdt, log_gate, int64 = variant
     B, H = BH
     p = Problem(B=B, T=64, H=H, K=K, V=V, N=B, dtype=dt, g_dtype=gdt, log_gate=log_gate)
@@ -122,12 +122,14 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=Non
             cfg = cfg._replace(SCAN_O_WG=True, SCAN_O_MC=scan_o_mc)   # (and as clusters)
         if scan_dv:     # the backward's E and dv by scan_dv (sm_90a; dv in two terms)
             cfg = cfg._replace(SCAN_DV=True, DV_TERMS=2)
+        if vrows:       # scan_o copying v's rows from v (the forward's two-term stages)
+            cfg = cfg._replace(VROWS=True)
         defines = chunk_bwd.defines(p, cfg, int64, fwd=planes in ("fwd", "fwdkeep"),
                                     keep=planes == "keep")
         where = (f"-BT{cfg.BT}-KT{cfg.KT}" + (f"-{planes}" if planes else "")
                  + ("-wgmma" if wgmma else "") + ("-t3" if terms3 else "")
                  + ("-sowg" if scan_o_wg else "") + ("-mc" if scan_o_mc else "")
-                 + ("-scandv" if scan_dv else ""))
+                 + ("-scandv" if scan_dv else "") + ("-vrows" if vrows else ""))
     else:
         defines = step.defines(p, idx_int64=int64, align=align)
         where = "" if align == 16 else f"-align{align}"
@@ -198,10 +200,13 @@ def _cases():
         # the planes (bfloat16 inputs): GLA-1.3B's widths and cut tiles, the backward's scan,
         # the forward's stages (FWD: two terms, and three as kept) and the backward from them
         # (KEEP); core: GLA-1.3B's on sm_90 (the forward's two-term form)
+        # (and the forward's two-term stages as the plan runs scan_o: v's rows from v, VROWS;
+        # core: GLA-1.3B's, its forward's build)
         for K, V in ((256, 512), (100, 72)):
-            for f, mode in enumerate(("planes", "fwd", "fwdkeep", "keep")):
+            for f, mode in enumerate(("planes", "fwd", "fwdkeep", "keep", "fwd-vrows")):
                 add(_case("gda_chunk_bwd", arch, K, V, BF16[(2 * a + f) % len(BF16)], MANY,
-                          planes=mode), arch == "sm_90" and K == 256 and mode != "fwdkeep")
+                          planes=mode.removesuffix("-vrows"), vrows=mode.endswith("-vrows")),
+                    arch == "sm_90" and K == 256 and mode != "fwdkeep")
     # gda_chunk_bwd's dv by wgmma (WGMMA, built for sm_90a): the planes' three modes at
     # GLA-1.3B's widths and cut tiles (the forward's: three terms, as a kept one; the two-term
     # forward takes no wgmma), the float32 rows of each IO dtype (cut tiles, V not a multiple
@@ -222,12 +227,12 @@ def _cases():
                                       (256, 64, "fwd"), (256, 512, "fwdkeep"), (128, 130, "fwdkeep"),
                                       (256, 72, "fwdkeep"))):
         add(_case("gda_chunk_bwd", "sm_90", K, V, BF16[i % len(BF16)], MANY, planes=mode,
-                  scan_o_wg=True), False)
+                  scan_o_wg=True, vrows=mode == "fwd" and i % 2 == 0), False)
     # and as clusters sharing the planes (SCAN_O_MC): clusters of 8, 4 and 2 value tiles, cut
     # key and value tiles; core: GLA-1.3B's
     for i, (K, V) in enumerate(((256, 512), (128, 256), (100, 72))):
         add(_case("gda_chunk_bwd", "sm_90", K, V, BF16[(i + 1) % len(BF16)], MANY, planes="fwd",
-                  scan_o_wg=True, scan_o_mc=True), i == 0)
+                  scan_o_wg=True, scan_o_mc=True, vrows=i != 1), i == 0)
     # gda_chunk_bwd's scan_dv (SCAN_DV, built for sm_90a): the backward from the planes and from
     # the kept forward at planes of 256 and 128 keys, whole and cut tiles; from the planes with
     # the S0 by scan_o's wgmma form too (SCAN_O_WG, whole key tiles); core: GLA-340M's backward

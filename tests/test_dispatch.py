@@ -643,11 +643,11 @@ def test_forward_from_the_planes_where_the_rule_says(p, varlen, want):
 def test_chunk_backward_config(p, want):
     # dv's entry and rows' S0 and E in two terms for half inputs, three for float32 ones
     t = 2 if p.dtype == "bfloat16" else 3
-    assert tuple(chunk_bwd.config(p)) == want + (False, 3, t, t, False, False, False)
+    assert tuple(chunk_bwd.config(p)) == want + (False, 3, t, t, False, False, False, False)
     # on a Hopper GPU dv's wgmma entry (three terms), where the chunks are of 64 steps (m64)
     wg = want[0] == 64
     assert tuple(chunk_bwd.config(p, wgmma=True)) == want + (wg, 3, 3 if wg else t, t, False, False,
-                                                             False)
+                                                             False, False)
     # the forward from the planes: three terms where it keeps them for the backward, else two
     # and no wgmma
     keep, lean = (chunk_bwd.planes_config(p, wgmma=True, keep=x) for x in (True, False))
@@ -930,7 +930,8 @@ def test_lean_forward_runs_scan_o_as_clusters_where_it_can(monkeypatch, V, K, mc
     """With USE_SCAN_O_MC (v42) the forward that keeps nothing runs scan_o's wgmma form as
     clusters of a sequence-head's value tiles where they are 2, 4 or 8 (V = 128 .. 512; not 1,
     not 3, not 16): its build then holds pack, scores and scan_o alone (pack writes the planes as
-    scan_o's shared memory holds them, which the scan and dv's entry would not read right), with
+    scan_o's shared memory holds them, which the scan and dv's entry would not read right; as
+    without clusters, where scan_o reads v's rows from v: VROWS, every V here), with
     scan_o's launch as before (a block a sequence-head's tile, one cluster the tiles). Off without
     scan_o's wgmma form, in the forward that keeps its stages, and where USE_SCAN_O_MC is off."""
     p = Problem(B=8, T=4096, H=4, K=K, V=V, N=8, dtype="bfloat16", g_dtype="float32",
@@ -944,8 +945,8 @@ def test_lean_forward_runs_scan_o_as_clusters_where_it_can(monkeypatch, V, K, mc
     d = built["gda_chunk_bwd_scan_o"]
     assert d["SCAN_O_MC"] == int(mc) and built["gda_chunk_bwd_pack"] is d
     held = {e for i, e in enumerate(chunk_bwd.ENTRIES) if d["ENTRIES"] >> i & 1}
-    assert held == {"gda_chunk_bwd_" + e for e in (("pack", "scores", "scan_o") if mc else
-                                                   ("pack", "scores", "scan_o", "scan", "dv"))}
+    assert fp.cfg.VROWS and d["VROWS"] == 1
+    assert held == {"gda_chunk_bwd_" + e for e in ("pack", "scores", "scan_o")}
     assert [s[0] for s in fp.stages] == ["gda_chunk_bwd_" + e for e in ("pack", "scores", "scan_o")]
     assert fp.stages[2][1:3] == (NH * TV, 256)
     assert chunk_bwd.scan_o_mc(p, fp.cfg._replace(SCAN_O_MC=False)) == mc
@@ -956,3 +957,35 @@ def test_lean_forward_runs_scan_o_as_clusters_where_it_can(monkeypatch, V, K, mc
     monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_MC", True)
     monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_WG", False)
     assert not chunk_bwd.ForwardPlan(p._replace(B=6)).cfg.SCAN_O_MC
+
+
+@pytest.mark.parametrize("V, vrows", [(512, True), (72, True), (8, True), (65, False), (100, False)])
+def test_lean_forward_reads_v_rows_where_it_runs_scan_o(monkeypatch, V, vrows):
+    """The forward that keeps nothing, where it runs scan_o and V is a multiple of 8, has
+    scan_o copy v's rows from v itself (VROWS, v43): its build holds pack, scores and scan_o
+    alone (pack writes no plane of v, which the scan and dv's entry read) and its defines say
+    VROWS. Not where V is not a multiple of 8 (scan_o's copies are of 16 bytes), not where the
+    plan runs the scan and dv's entry, not in the forward that keeps its stages (the backward
+    reads v's plane), not with USE_VROWS off; the workspace is the same either way."""
+    p = Problem(B=8, T=4096, H=4, K=256, V=V, N=8, dtype="bfloat16", g_dtype="float32",
+                log_gate=False)
+    built = _fake_launches(monkeypatch, False, False)
+    monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)
+    fp = chunk_bwd.ForwardPlan(p)
+    d = built["gda_chunk_bwd_scan_o"]
+    held = {e for i, e in enumerate(chunk_bwd.ENTRIES) if d["ENTRIES"] >> i & 1}
+    assert fp.scan_o and fp.cfg.VROWS == vrows and d["VROWS"] == int(vrows)
+    assert held == {"gda_chunk_bwd_" + e for e in (("pack", "scores", "scan_o") if vrows else
+                                                   ("pack", "scores", "scan_o", "scan", "dv"))}
+    assert built["gda_chunk_bwd_pack"] is d
+    assert chunk_bwd.scan_o_vrows(p, fp.cfg) == vrows
+    fk = chunk_bwd.ForwardPlan(p, keep=True)            # (the one that keeps: never)
+    assert not fk.cfg.VROWS and built["gda_chunk_bwd_pack"]["VROWS"] == 0
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_O", False)     # (the scan and dv's entry: never)
+    fs = chunk_bwd.ForwardPlan(p._replace(B=7))
+    assert not fs.scan_o and not fs.cfg.VROWS and built["gda_chunk_bwd_pack"]["VROWS"] == 0
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_O", True)
+    monkeypatch.setattr(chunk_bwd, "USE_VROWS", False)
+    fo = chunk_bwd.ForwardPlan(p)
+    assert fo.scan_o and not fo.cfg.VROWS and built["gda_chunk_bwd_scan_o"]["VROWS"] == 0
+    assert fo.sizes == fp.sizes
