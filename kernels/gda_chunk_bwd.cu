@@ -2012,26 +2012,26 @@ __device__ __forceinline__ void gda_stage_ae(float* sa, const float* ae, long lo
         gda_cp4_at(gda_shared_at(sa + i), ae + b * K_DIM + i);
 }
 
+// scan_o's and scan_dv's cp.async of chunk b's W (of ww) into sw (rows FWL apart)
+__device__ __forceinline__ void gda_stage_w(float* sw, const float* ww, long long b) {
+    const unsigned d = gda_shared_at(sw);
+    const float* const w = ww + b * BT * BT;
+    gda_grid_each<BT, BT / 4, NTF>([&](int r0, int dr, int c) {
+        gda_cp16_at(d + 4 * (r0 * FWL + 4 * c) + 4 * dr * FWL, w + r0 * BT + 4 * c + dr * BT);
+    });
+}
+
 // scan_o's and scan_dv's cp.async of a chunk's FV columns from n0 of a plane of v or do (src,
-// rows VP apart) into dst (rows FVL apart) and (W) of its W (chunk b's of ww) into sw (rows FWL
-// apart)
+// rows VP apart) into dst (rows FVL apart) and (W) of its W (gda_stage_w)
 template <bool W = true>
 __device__ __forceinline__ void gda_stage_vw(unsigned short* dst, const unsigned short* src, int n0,
                                              float* sw, const float* ww, long long b) {
-    if (src) {
-        const unsigned d = gda_shared_at(dst);
-        gda_grid_each<BT, FV / 8, NTF>([&](int r0, int dr, int c) {
-            gda_cp16_at(d + 2 * (r0 * FVL + 8 * c) + 2 * dr * FVL,
-                        src + (long long)r0 * VP + n0 + 8 * c + dr * VP);
-        });
-    }
-    if constexpr (W) {
-        const unsigned d = gda_shared_at(sw);
-        const float* const w = ww + b * BT * BT;
-        gda_grid_each<BT, BT / 4, NTF>([&](int r0, int dr, int c) {
-            gda_cp16_at(d + 4 * (r0 * FWL + 4 * c) + 4 * dr * FWL, w + r0 * BT + 4 * c + dr * BT);
-        });
-    }
+    const unsigned d = gda_shared_at(dst);
+    gda_grid_each<BT, FV / 8, NTF>([&](int r0, int dr, int c) {
+        gda_cp16_at(d + 2 * (r0 * FVL + 8 * c) + 2 * dr * FVL,
+                    src + (long long)r0 * VP + n0 + 8 * c + dr * VP);
+    });
+    if constexpr (W) gda_stage_w(sw, ww, b);
 }
 
 // (VROWS) scan_o's copy of a chunk's (cb's) rows of v, FV columns from n0, from v itself into dst
@@ -2348,18 +2348,19 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
         if (c < cend) {
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
-            if constexpr (VROWS) gda_stage_v_rows(sv, v, gda_chunk_at(b, T, H, NC, cu_seqlens, coff, N), n0);
-            unsigned short* const vplane = VROWS ? nullptr : pc.v;   // (VROWS: none)
 #if SCAN_O_MC
             share(c, bar_ea, bar_fa, sq, pc.q, MC_QB);  // (q A's h, m planes)
-            gda_stage_vw<true>(sv, vplane, n0, sw, ww, b);
 #elif SCAN_O_WG
             if constexpr (FO_O) stage_planes(false, pc.q, 2);   // (o from q A's h, m)
-            gda_stage_vw<FO_O>(sv, vplane, n0, sw, ww, b);
 #else
             stage_planes(false, pc.q, 2);
-            gda_stage_vw(sv, vplane, n0, sw, ww, b);
 #endif
+            if constexpr (VROWS) {                      // v's rows from v, then W
+                gda_stage_v_rows(sv, v, gda_chunk_at(b, T, H, NC, cu_seqlens, coff, N), n0);
+                gda_stage_w(sw, ww, b);
+            } else {                                    // v's plane, and W where o is made
+                gda_stage_vw<FWD>(sv, pc.v, n0, sw, ww, b);     //  (FWD: FO_O's)
+            }
         }
         gda_cp_commit();
     };
