@@ -31,7 +31,8 @@ that keeps its stages runs scan_o's wgmma form, storing each S0, where its backw
 and scan_o's S0 (v41). With USE_SCAN_O_MC the wgmma form of the one that keeps nothing runs a
 sequence-head's blocks as a cluster that shares each chunk's planes (SCAN_O_MC, v42). One that
 keeps nothing and runs scan_o copies v's rows from v itself, where V is a multiple of 8, and
-pack writes no plane of v (VROWS, v43).
+pack writes no plane of v (VROWS, v43); there scores does what pack did of q, k and g from its
+own loads, and pack is not launched (v44).
 """
 from typing import NamedTuple
 
@@ -79,7 +80,8 @@ USE_SCAN_DV = False      # a backward from the planes on a Hopper GPU runs the s
                          # right but slower with scan_o's S0 (the backward 6.8 ms against 6.0)
 USE_VROWS = True         # a ForwardPlan that keeps nothing and runs scan_o reads v's rows from v
                          # itself (Config.VROWS, scan_o_vrows; v43): pack then neither reads v nor
-                         # writes its plane (a third of its bytes at GLA-1.3B), scan_o checks v
+                         # writes its plane (a third of its bytes at GLA-1.3B), scan_o checks v;
+                         # and scores writes the planes of q A and k D, pack not launched (v44)
 SCAN_DV_FROM = 1.0       # scan_dv's blocks an SM from which it runs (its blocks are scan_o's:
                          # SCAN_O_FROM's reason; not measured)
 SCAN_O_FROM = 1.0        # scan_o's blocks (sequence-heads x tiles of FV value columns) an SM
@@ -114,8 +116,9 @@ class Config(NamedTuple):
                              # k D copied once into all of them, pack writing them as they lie
                              # there (scan_o_mc; the build then holds no scan and dv entry)
     VROWS: bool = False      # a ForwardPlan that keeps nothing and runs scan_o: scan_o copies
-                             # v's rows from v itself and checks them for the guard, pack writes
-                             # no plane of v (scan_o_vrows; the build holds no scan and dv entry)
+                             # v's rows from v itself and checks them for the guard, scores
+                             # writes the planes of q A and k D and checks q, k, g, and pack is
+                             # not launched (scan_o_vrows; the build holds scores and scan_o)
 
 
 def config(p, varlen=False, sms=132, wgmma=False):
@@ -169,10 +172,13 @@ def backward_stages(cfg, keep=False):
             + ([] if cfg.SCAN_DV else [(7, "dv")]))
 
 
-def forward_stages(scan_o):
+def forward_stages(scan_o, vrows=False):
     """The entries of a ForwardPlan, in order: with ``scan_o`` pack, scores (W) and scan_o (S0 on
-    chip, and o); else pack, the scan's forward half (S0), scores and dv's entry (o)."""
-    return ("pack", "scores", "scan_o") if scan_o else ("pack", "scan", "scores", "dv")
+    chip, and o), and with ``vrows`` (VROWS) scores and scan_o, scores writing pack's planes;
+    else pack, the scan's forward half (S0), scores and dv's entry (o)."""
+    if not scan_o:
+        return ("pack", "scan", "scores", "dv")
+    return ("scores", "scan_o") if vrows else ("pack", "scores", "scan_o")
 
 
 def entries(cfg, fwd=False, keep=False):
@@ -181,7 +187,7 @@ def entries(cfg, fwd=False, keep=False):
     plan is made). A forward that keeps nothing may run either form (scan_o_fits is the
     device's); one that keeps its stages runs scan_o where it has SCAN_O_WG."""
     if fwd:                                     # (SCAN_O_MC, VROWS: one form, scan_o's)
-        names = (set(forward_stages(cfg.SCAN_O_WG or cfg.VROWS))
+        names = (set(forward_stages(cfg.SCAN_O_WG or cfg.VROWS, cfg.VROWS))
                  if cfg.TERMS == 3 or cfg.SCAN_O_MC or cfg.VROWS
                  else set(forward_stages(True)) | set(forward_stages(False)))
     else:
@@ -513,7 +519,8 @@ class ForwardPlan:
     the final state in dh0's place), scores (W) and dv's entry computing o = (scale q A)^T S0 +
     scale W^T v; in one that keeps nothing, where scan_o_fits, pack, scores and scan_o, which
     does the scan's and dv's work with the state on chip (v38; with scan_o_mc its blocks as
-    clusters that share each chunk's planes, v42), and likewise in one that keeps its stages
+    clusters that share each chunk's planes, v42; with VROWS, v43 and v44, scores and scan_o, v's
+    rows from v and scores writing the planes of q A and k D), and likewise in one that keeps its stages
     where planes_config gave it SCAN_O_WG (scan_o then stores each S0, v41). The
     guard's fall-back is the chunk forward (chunk.ChunkPlan), launched after them and run only
     where the guard was hit (only_if): it overwrites o and the final state, so every input is
@@ -539,7 +546,7 @@ class ForwardPlan:
                  "dv": (self.NB * tv, NTG, dv_smem(self.cfg))}
         self.stages = [Launch(FAMILY.function("gda_chunk_bwd_" + e, d, shape[e][2]), CHUNK_BACKWARD,
                               *shape[e], T=p.T, NH=NH, N=p.N, H=p.H, NC=self.NC)
-                       for e in forward_stages(self.scan_o)]
+                       for e in forward_stages(self.scan_o, self.cfg.VROWS)]
         self.sizes = workspace(p, self.cfg, varlen, fwd=True,  # (one that keeps: every S0)
                                scan_o=self.scan_o and self.cfg.TERMS == 2)
         self.at, self.ws_floats = layout(self.sizes)

@@ -307,7 +307,11 @@ __device__ __forceinline__ void gda_store_cols(float* c, const float (&x)[CW]) {
 #define CWV (V_DIM % PACK_CW == 0 ? PACK_CW : V_DIM % 2 == 0 ? 2 : 1)
 
 // 1. Block (chunk b): a thread per CWK key columns (q A forward, k D backward), then per CWV
-// value columns (each column's products and splits as one at a time: the same values).
+// value columns (each column's products and splits as one at a time: the same values). A_t and
+// D_t by 16-step blocks: A_t = (the products of the whole blocks before t's) P(start of t's
+// block..t), D_t = P(t+1..end of t's block) (those of the whole blocks after it, from the last
+// down), each block's product in the order scores makes it, so that scores, which writes the
+// planes itself where VROWS (gda_scores_planes), writes the same bits.
 // (8 blocks an SM, at most 64 registers: with no minimum ptxas still kept to 64 at K = V = 192
 // bfloat16 and spilled 16 bytes there; with the bound none of 72 builds of a sweep spills)
 #if GDA_HAS(0)
@@ -319,11 +323,11 @@ extern "C" __global__ void __launch_bounds__(NTP, 8) gda_chunk_bwd_pack(GDA_CHUN
     bool ok = true;
     for (int i = threadIdx.x * CWK; i < (KEEP ? 0 : PLANES ? KP : K_DIM); i += NTP * CWK) {
         const bool on = i < K_DIM;                      // (KEEP: kept; i >= K_DIM: the planes'
-        float a[CWK];                                   //  zeros) A_t: q A, A_end
+        float a[CWK], pre[CWK];                         //  zeros) A_t = pre a: q A, A_end
         #pragma unroll
-        for (int c = 0; c < CWK; ++c) a[c] = 1.f;
-        #pragma unroll 8
-        for (int t = 0; t < BT; ++t) {
+        for (int c = 0; c < CWK; ++c) a[c] = 1.f, pre[c] = 1.f;
+        #pragma unroll 4                                // (8 spilled 44 bytes at K = 32, BT
+        for (int t = 0; t < BT; ++t) {                  //  = 32, with A_t as pre a)
             float qv[CWK], gv[CWK];
             if (on && t < ch.rows) {
                 const long long e = ch.at(t, K_DIM, i);
@@ -342,7 +346,7 @@ extern "C" __global__ void __launch_bounds__(NTP, 8) gda_chunk_bwd_pack(GDA_CHUN
             #pragma unroll
             for (int c = 0; c < CWK; ++c) {
                 a[c] *= gv[c];
-                x[c] = qv[c] * a[c];
+                x[c] = qv[c] * (pre[c] * a[c]);
             }
             if (PLANES) {
                 #pragma unroll
@@ -351,11 +355,15 @@ extern "C" __global__ void __launch_bounds__(NTP, 8) gda_chunk_bwd_pack(GDA_CHUN
             } else if (on) {
                 gda_store_cols(qa + (b * BT + t) * K_DIM + i, x);   // (PLANES: only sd's room)
             }
+            if (t % 16 == 15) {                         // (a block's end)
+                #pragma unroll
+                for (int c = 0; c < CWK; ++c) pre[c] *= a[c], a[c] = 1.f;
+            }
         }
-        if (on) gda_store_cols(ae + b * K_DIM + i, a);
-        float d[CWK];                                   // D_t: k D
+        if (on) gda_store_cols(ae + b * K_DIM + i, pre);
+        float d[CWK], suf[CWK];                         // D_t = d suf: k D
         #pragma unroll
-        for (int c = 0; c < CWK; ++c) d[c] = 1.f;
+        for (int c = 0; c < CWK; ++c) d[c] = 1.f, suf[c] = 1.f;
         #pragma unroll 8
         for (int t = BT - 1; t >= 0; --t) {
             float kv[CWK], gv[CWK];
@@ -374,11 +382,15 @@ extern "C" __global__ void __launch_bounds__(NTP, 8) gda_chunk_bwd_pack(GDA_CHUN
             }
             float x[CWK];
             #pragma unroll
-            for (int c = 0; c < CWK; ++c) x[c] = kv[c] * d[c];
+            for (int c = 0; c < CWK; ++c) x[c] = kv[c] * (d[c] * suf[c]);
             if (PLANES) gda_plane_put_cols<PA>(gda_plane_at<true>(pc.k, t, i), BT * KP, x);
             else if (on) gda_store_cols(kd + (b * BT + t) * K_DIM + i, x);
             #pragma unroll
             for (int c = 0; c < CWK; ++c) d[c] *= gv[c];
+            if (t % 16 == 0) {                          // (a block's start)
+                #pragma unroll
+                for (int c = 0; c < CWK; ++c) suf[c] *= d[c], d[c] = 1.f;
+            }
         }
     }
     for (int j = threadIdx.x * CWV; j < (VROWS ? 0 : PLANES ? VP : V_DIM); j += NTP * CWV) {
@@ -1271,13 +1283,54 @@ __device__ __forceinline__ void gda_score_tiles(int warp, const F& f)
                 if (tile % 4 == warp) f(tile / 4, tau, sg, jn);
 }
 
+// (VROWS) pack's work in scores, an item (step t in 16-step block blk, keys i0 + ii and the next):
+// scale q A and k D into their planes, A_t and D_t from the block products as pack makes them
+// (pre: the blocks before, in order; suf: those after, from the last down; the same bits), and
+// at t = 0 A_end into ae (the chunk's)
+__device__ __forceinline__ void gda_scores_planes(
+    const gda_planes_at& pc, float* ae, int i0, int ii, int t, int blk,
+    const float2 (&kg)[KI][BT + 1], const float (&bq)[BT][KI + 1], const float (&sp)[BT][KI + 1],
+    const float (&pr)[BT][KI + 1], const float (&gb)[NBK][KI], float scale)
+{
+    static_assert(!VROWS || PA == 2, "VROWS: two terms");
+    float xq[2], xk[2];
+    #pragma unroll
+    for (int c = 0; c < 2; ++c) {
+        const int j = ii + c;
+        float pre = 1.f, suf = 1.f;
+        for (int z = 0; z < blk; ++z) pre *= pr[16 * z + 15][j];    // (blk: a constant here)
+        for (int z = NBK - 1; z > blk; --z) suf *= gb[z][j];
+        xq[c] = bq[t][j] * (pre * pr[t][j]);
+        xq[c] *= scale;
+        xk[c] = kg[j][t].x * (sp[t][j] * suf);
+        if (t == 0 && i0 + j < K_DIM) {                 // (blk 0)
+            #pragma unroll
+            for (int z = 0; z < NBK; ++z) pre *= pr[16 * z + 15][j];
+            ae[i0 + j] = pre;
+        }
+    }
+    unsigned h, m, l;
+    gda_split3<false>(xq[0], xq[1], h, m, l);
+    unsigned* const pq = reinterpret_cast<unsigned*>(gda_plane_at<false>(pc.q, t, i0 + ii));
+    pq[0] = h;
+    pq[BT * KP / 2] = m;
+    gda_split3<false>(xk[0], xk[1], h, m, l);
+    unsigned* const pk = reinterpret_cast<unsigned*>(gda_plane_at<true>(pc.k, t, i0 + ii));
+    pk[0] = h;
+    pk[BT * KP / 2] = m;
+}
+
 // 5. Block (chunk b): W[b][s][u] = sum_i k_s[i] P(s+1..u)[i] q_u[i] for s <= u, 0 below, in
 // 16-step blocks. s in a block sigma before u's block tau: P(s+1..u) = P(s+1..16 tau - 1)
 // P(16 tau..u), so the tile is (keys anchored at tau) (q P(16 tau..u))^T, on the tensor cores
 // (split operands, exact to float32; the anchored keys are k_s P(s+1..end of sigma) times the
 // whole blocks between: products, never quotients). s and u in one block: thread (u, part),
 // part one of DP of a step's key columns, the running product from s = u down (0 above u, so
-// those terms add nothing). The key columns in steps of KI.
+// those terms add nothing). The key columns in steps of KI. With VROWS (a forward that keeps
+// nothing and runs scan_o, v44) it does pack's work too, pack not launched: from the same loads,
+// the guard on q, k and g, the planes of scale q A and k D (gda_scores_planes: pack's A_t and
+// D_t from the same block products, the same bits) and A_end, over every key column of the
+// planes (KP) and every chunk, those of no rows too (zeros, A_end 1: scan_o reads them).
 #if GDA_HAS(5)
 extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CHUNK_BWD_PARAMS)
 {
@@ -1293,14 +1346,16 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
     __shared__ unsigned b_qa[DV_TERMS][BT > 16 ? BT - 16 : 1][KW];  // q P(16 tau..u), row u - 16
     const long long b = blockIdx.x;
     GDA_CHUNK;
-    if (ch.rows == 0) return;                           // (dv skips the chunk too)
+    if (!VROWS && ch.rows == 0) return;                 // (dv skips the chunk too)
+    bool ok = true;                                     // (VROWS: the guard on q, k, g)
+    const gda_planes_at pc(pl, NH * NC, b);             // (VROWS: the planes it writes)
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4, t4 = lane % 4;
     const int u = threadIdx.x / DP, part = threadIdx.x % DP;  // the diagonal blocks' thread
     float wd[16];                                       // W[16 (u / 16) + ss][u]: this part's
     #pragma unroll
     for (int ss = 0; ss < 16; ++ss) wd[ss] = 0.f;
     float acc[NTILE > 0 ? (NTILE + 3) / 4 : 1][4] = {};  // tiles warp, warp + 4, ... (below)
-    for (int i0 = 0; i0 < K_DIM; i0 += KI) {
+    for (int i0 = 0; i0 < (VROWS ? KP : K_DIM); i0 += KI) {
         __syncthreads();                                // the last step's reads are done
         gda_grid_each<BT, KI, NTS, 4>([&](int r0, int dr, int ii) {    // (a thread's column
             const int t = r0 + dr, i = i0 + ii;                 //  ii, its rows NTS / KI apart;
@@ -1312,6 +1367,9 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
                 kv = io::load(k[e]);
                 gv = gda_gate(g[e]);
                 qv = io::load(q[e]);
+                if (VROWS)
+                    ok &= gda_bwd_in(qv, GDA_BWD_VAL_MAX) & gda_bwd_in(kv, GDA_BWD_VAL_MAX)
+                          & gda_bwd_in(gv, GDA_BWD_GATE_MAX);
             }
             b_kg[ii][t] = make_float2(kv, gv);
             b_q[t][ii] = qv;
@@ -1362,6 +1420,9 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
                 b_qa[1][t - 16][ip] = m;
                 if (DV_TERMS == 3) b_qa[DV_TERMS - 1][t - 16][ip] = l;
             }
+            if constexpr (VROWS)
+                gda_scores_planes(pc, ae + b * K_DIM, i0, ii, t, blk, b_kg, b_q, b_sp, b_pr, b_gb,
+                                  scale);
         });
         __syncthreads();
         // this warp's tiles: one m16n8k16 k-step, A's terms l, m, h each with B's down to 2^-16
@@ -1419,6 +1480,7 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
     });
     for (int x = threadIdx.x; x < BT * BT; x += NTS)    // the blocks below the diagonal: 0
         if (x / BT / 16 > x % BT / 16) w[x] = 0.f;
+    if (VROWS && !ok) *flag = 1;
 }
 #endif
 

@@ -503,7 +503,8 @@ def test_gpu_forward_from_planes_takes_the_scale(case, bt64, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("what", ["big-gate", "grow-gate", "nan-q", "large-v", "nan-v", "large-state",
+@pytest.mark.parametrize("what", ["big-gate", "grow-gate", "nan-q", "large-k", "large-v", "nan-v",
+                                  "large-state",
                                   "varlen-big-gate", "bt64-big-gate", "bt64-large-state",
                                   *(pytest.param(w, marks=pytest.mark.clusters)
                                     for w in ("bt64-mc-big-gate", "bt64-mc-large-state"))])
@@ -528,6 +529,8 @@ def test_gpu_forward_from_planes_guard_falls_back(what, monkeypatch):
     q, k, v, g, scale, h0, cu, _, _ = call
     if what == "nan-q":
         q[0, 7, 1, 0] = np.nan
+    elif what == "large-k":                             # (VROWS: scores' guard; the last key
+        k[1, 149, 0, 191] = 2.0 ** 21                   #  of the last row)
     elif what == "large-v":
         v[1, 3, 0, 0] = 2.0 ** 21
     elif what == "nan-v":                               # (scan_o's guard on v's rows: VROWS)
@@ -554,9 +557,10 @@ def test_gpu_forward_from_planes_reads_v_rows_at_any_alignment(case, monkeypatch
     """scan_o copying v's rows from v itself (VROWS, v43) by 16-byte copies where v is 16-byte
     aligned and by 2-byte loads where it is not (v a contiguous view 2 bytes into its
     allocation): the same bytes in shared memory as the plan that reads pack's plane of v
-    (USE_VROWS off; zeros past the rows and past V), so o and the final state bit for bit the
-    same all three ways, and within the contract (whole and cut value tiles, packed
-    sequences)."""
+    (USE_VROWS off; zeros past the rows and past V), and scores writing the planes of q A and k
+    D as pack writes them (v44: the same block products; zeros past K, a sequence of no rows),
+    so o and the final state bit for bit the same all three ways, and within the contract
+    (whole and cut value and key tiles, packed sequences)."""
     import cupy
     from cupy_gda import chunk_bwd
     monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)

@@ -919,7 +919,7 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
     assert all(fk.at[n] == kplan.kept_at[n] for n in chunk_bwd.KEPT)   # (where its backward reads)
     fp = chunk_bwd.ForwardPlan(p)                       # the lean forward: scan_o, by wgmma
     assert [e[1:] for e in entries([(0, s) for s in fp.stages])] == [  # with USE_SCAN_O_WG
-        ("pack", NB, 128, 0), ("scores", NB, 128, 0),
+        ("scores", NB, 128, 0),                         # (VROWS: scores writes the planes)
         ("scan_o", NH * TV, 256, 209920 if scan_o_wg else 197632)]
     assert fp.sizes["st"] == 0 and fp.cfg.SCAN_O_WG == scan_o_wg
 
@@ -929,9 +929,10 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
 def test_lean_forward_runs_scan_o_as_clusters_where_it_can(monkeypatch, V, K, mc):
     """With USE_SCAN_O_MC (v42) the forward that keeps nothing runs scan_o's wgmma form as
     clusters of a sequence-head's value tiles where they are 2, 4 or 8 (V = 128 .. 512; not 1,
-    not 3, not 16): its build then holds pack, scores and scan_o alone (pack writes the planes as
+    not 3, not 16): its build then holds scores and scan_o alone (scores writes the planes as
     scan_o's shared memory holds them, which the scan and dv's entry would not read right; as
-    without clusters, where scan_o reads v's rows from v: VROWS, every V here), with
+    without clusters, where scan_o reads v's rows from v and scores writes the planes, pack not
+    launched: VROWS, every V here), with
     scan_o's launch as before (a block a sequence-head's tile, one cluster the tiles). Off without
     scan_o's wgmma form, in the forward that keeps its stages, and where USE_SCAN_O_MC is off."""
     p = Problem(B=8, T=4096, H=4, K=K, V=V, N=8, dtype="bfloat16", g_dtype="float32",
@@ -943,12 +944,13 @@ def test_lean_forward_runs_scan_o_as_clusters_where_it_can(monkeypatch, V, K, mc
     NH, TV = 32, chunk_bwd.tiles(V)
     assert fp.scan_o and fp.cfg.SCAN_O_WG and fp.cfg.SCAN_O_MC == mc
     d = built["gda_chunk_bwd_scan_o"]
-    assert d["SCAN_O_MC"] == int(mc) and built["gda_chunk_bwd_pack"] is d
+    assert d["SCAN_O_MC"] == int(mc) and built["gda_chunk_bwd_scores"] is d
+    assert "gda_chunk_bwd_pack" not in built
     held = {e for i, e in enumerate(chunk_bwd.ENTRIES) if d["ENTRIES"] >> i & 1}
     assert fp.cfg.VROWS and d["VROWS"] == 1
-    assert held == {"gda_chunk_bwd_" + e for e in ("pack", "scores", "scan_o")}
-    assert [s[0] for s in fp.stages] == ["gda_chunk_bwd_" + e for e in ("pack", "scores", "scan_o")]
-    assert fp.stages[2][1:3] == (NH * TV, 256)
+    assert held == {"gda_chunk_bwd_" + e for e in ("scores", "scan_o")}
+    assert [s[0] for s in fp.stages] == ["gda_chunk_bwd_" + e for e in ("scores", "scan_o")]
+    assert fp.stages[1][1:3] == (NH * TV, 256)
     assert chunk_bwd.scan_o_mc(p, fp.cfg._replace(SCAN_O_MC=False)) == mc
     fk = chunk_bwd.ForwardPlan(p, keep=True)            # (the one that keeps: never)
     assert not fk.cfg.SCAN_O_MC and built["gda_chunk_bwd_pack"]["SCAN_O_MC"] == 0
@@ -962,8 +964,9 @@ def test_lean_forward_runs_scan_o_as_clusters_where_it_can(monkeypatch, V, K, mc
 @pytest.mark.parametrize("V, vrows", [(512, True), (72, True), (8, True), (65, False), (100, False)])
 def test_lean_forward_reads_v_rows_where_it_runs_scan_o(monkeypatch, V, vrows):
     """The forward that keeps nothing, where it runs scan_o and V is a multiple of 8, has
-    scan_o copy v's rows from v itself (VROWS, v43): its build holds pack, scores and scan_o
-    alone (pack writes no plane of v, which the scan and dv's entry read) and its defines say
+    scan_o copy v's rows from v itself (VROWS, v43) and scores write the planes of q A and k D
+    (v44): it launches scores and scan_o, its build holds them alone (no plane of v, which the
+    scan and dv's entry read; no pack) and its defines say
     VROWS. Not where V is not a multiple of 8 (scan_o's copies are of 16 bytes), not where the
     plan runs the scan and dv's entry, not in the forward that keeps its stages (the backward
     reads v's plane), not with USE_VROWS off; the workspace is the same either way."""
@@ -975,9 +978,11 @@ def test_lean_forward_reads_v_rows_where_it_runs_scan_o(monkeypatch, V, vrows):
     d = built["gda_chunk_bwd_scan_o"]
     held = {e for i, e in enumerate(chunk_bwd.ENTRIES) if d["ENTRIES"] >> i & 1}
     assert fp.scan_o and fp.cfg.VROWS == vrows and d["VROWS"] == int(vrows)
-    assert held == {"gda_chunk_bwd_" + e for e in (("pack", "scores", "scan_o") if vrows else
-                                                   ("pack", "scores", "scan_o", "scan", "dv"))}
-    assert built["gda_chunk_bwd_pack"] is d
+    stages = ("scores", "scan_o") if vrows else ("pack", "scores", "scan_o")
+    assert held == {"gda_chunk_bwd_" + e for e in (stages if vrows else
+                                                   (*stages, "scan", "dv"))}
+    assert [s[0] for s in fp.stages] == ["gda_chunk_bwd_" + e for e in stages]
+    assert built["gda_chunk_bwd_scores"] is d and ("gda_chunk_bwd_pack" in built) != vrows
     assert chunk_bwd.scan_o_vrows(p, fp.cfg) == vrows
     fk = chunk_bwd.ForwardPlan(p, keep=True)            # (the one that keeps: never)
     assert not fk.cfg.VROWS and built["gda_chunk_bwd_pack"]["VROWS"] == 0
