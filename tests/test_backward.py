@@ -771,16 +771,23 @@ def _chunk_rows(x, BT, fill=0):
 
 def _packed(q, k, g, scale, BT):
     """pack's scale q A and k D in float32, the kernel's products in its order (rows past T:
-    gate 1)."""
+    gate 1): A_t = pre a, pre the products of the 16-step blocks before t's, a P(start of t's
+    block..t); D_t = d suf, d P(t+1..end of t's block), suf those of the blocks after it (v44)."""
     q, k, g = _chunk_rows(q, BT), _chunk_rows(k, BT), _chunk_rows(g, BT, 1)
     qa, kd = np.empty_like(q), np.empty_like(k)
-    a, d = np.ones_like(q[:, 0]), np.ones_like(k[:, 0])
+    one = np.ones_like(q[:, 0])
+    a, pre = one, one
     for t in range(BT):
         a = a * g[:, t]
-        qa[:, t] = np.float32(scale) * (q[:, t] * a)
+        qa[:, t] = np.float32(scale) * (q[:, t] * (pre * a))
+        if t % 16 == 15:
+            pre, a = pre * a, one
+    d, suf = one, one
     for t in reversed(range(BT)):
-        kd[:, t] = k[:, t] * d
+        kd[:, t] = k[:, t] * (d * suf)
         d = d * g[:, t]
+        if t % 16 == 0:
+            suf, d = suf * d, one
     return qa, kd
 
 
