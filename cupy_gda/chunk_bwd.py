@@ -520,8 +520,8 @@ class ForwardPlan:
     scale W^T v; in one that keeps nothing, where scan_o_fits, pack, scores and scan_o, which
     does the scan's and dv's work with the state on chip (v38; with scan_o_mc its blocks as
     clusters that share each chunk's planes, v42; with VROWS, v43 and v44, scores and scan_o, v's
-    rows from v and scores writing the planes of q A and k D), and likewise in one that keeps its stages
-    where planes_config gave it SCAN_O_WG (scan_o then stores each S0, v41). The
+    rows from v and scores writing the planes of q A and k D), and likewise in one that keeps its
+    stages where planes_config gave it SCAN_O_WG (scan_o then stores each S0, v41). The
     guard's fall-back is the chunk forward (chunk.ChunkPlan), launched after them and run only
     where the guard was hit (only_if): it overwrites o and the final state, so every input is
     exact, without a host sync. The same call as chunk.ChunkPlan's. A plan made with ``keep``
