@@ -144,7 +144,7 @@ def _cases():
     few and many sequence-heads: about 300 compiles, not the full product. The core builds run
     by default (each shape once a kernel and arch, with few or many heads in turn, the variants
     rotating, the chunked kernels' shapes under K = 64 on sm_90 only; each special build once:
-    110 of its 305 builds, a quarter of the CPU time); the rest are marked
+    112 of its 312 builds, a quarter of the CPU time); the rest are marked
     full_compile, which the default run deselects (setup.cfg) and `-m ""`, or any -m that
     selects them, runs: scripts/device_run.sh's suite does, after every kernel change."""
     core, full = [], []
