@@ -1264,8 +1264,9 @@ gda_chunk_bwd_rows(GDA_CHUNK_BWD_PARAMS)
                                                         //   bank conflicts)
 #define KAR (8 * NBK * (NBK - 1))                       // rows of the anchored keys (16 tau each)
 #define NTILE (NBK * (NBK - 1))                         // the tensor cores' 16 x 8 tiles of W
-#define DP (BT <= 16 ? 8 : BT <= 32 ? 4 : 2)            // threads a column u of the diagonal
-static_assert(KI % DP == 0 && DP * BT <= NTS, "the diagonal's threads");
+#define DP (BT <= 16 ? 16 : BT <= 32 ? 8 : 4)           // threads a pair of columns of the
+static_assert(KI % DP == 0 && DP * BT / 2 <= NTS, "the diagonal's threads");   //  diagonal
+#define ND 17                                           // a pair's (s, u), s <= u: 17 of them
 
 // f(slot, tau, sigma, jn) for each of a warp's 16 x 8 tiles of W before the diagonal blocks:
 // the tiles (u's block tau, s's block sigma < tau, 8 columns jn) in order, tile n to warp n % 4
@@ -1324,9 +1325,12 @@ __device__ __forceinline__ void gda_scores_planes(
 // 16-step blocks. s in a block sigma before u's block tau: P(s+1..u) = P(s+1..16 tau - 1)
 // P(16 tau..u), so the tile is (keys anchored at tau) (q P(16 tau..u))^T, on the tensor cores
 // (split operands, exact to float32; the anchored keys are k_s P(s+1..end of sigma) times the
-// whole blocks between: products, never quotients). s and u in one block: thread (u, part),
-// part one of DP of a step's key columns, the running product from s = u down (0 above u, so
-// those terms add nothing). The key columns in steps of KI. With VROWS (a forward that keeps
+// whole blocks between: products, never quotients). s and u in one block: thread (pair, part),
+// part one of DP of a step's key columns, the pair columns u and 15 - u (u < 8) of a block: its
+// j-th (s, u) from u down for u (s = u - j, j <= u), then from 15 - u down for 15 - u (s =
+// 16 - j), each a running product from s = its column down: ND = 17, every s <= u once
+// (where a thread a column took all 16 s, half of them 0 above the diagonal). The key columns
+// in steps of KI. With VROWS (a forward that keeps
 // nothing and runs scan_o, v44) it does pack's work too, pack not launched: from the same loads,
 // the guard on q, k and g, the planes of scale q A and k D (gda_scores_planes: pack's A_t and
 // D_t from the same block products, the same bits) and A_end, over every key column of the
@@ -1350,10 +1354,11 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
     bool ok = true;                                     // (VROWS: the guard on q, k, g)
     const gda_planes_at pc(pl, NH * NC, b);             // (VROWS: the planes it writes)
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4, t4 = lane % 4;
-    const int u = threadIdx.x / DP, part = threadIdx.x % DP;  // the diagonal blocks' thread
-    float wd[16];                                       // W[16 (u / 16) + ss][u]: this part's
-    #pragma unroll
-    for (int ss = 0; ss < 16; ++ss) wd[ss] = 0.f;
+    const int pair = threadIdx.x / DP, part = threadIdx.x % DP;  // the diagonal blocks' thread:
+    const int s0 = pair / 8 * 16, u = pair % 8;         //  block s0's columns u and 15 - u
+    float wd[ND];                                       // W of the j-th (s, u) (above): this
+    #pragma unroll                                      //  part's
+    for (int j = 0; j < ND; ++j) wd[j] = 0.f;
     float acc[NTILE > 0 ? (NTILE + 3) / 4 : 1][4] = {};  // tiles warp, warp + 4, ... (below)
     for (int i0 = 0; i0 < (VROWS ? KP : K_DIM); i0 += KI) {
         __syncthreads();                                // the last step's reads are done
@@ -1446,19 +1451,21 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
             #pragma unroll
             for (int r = 0; r < 4; ++r) acc[slot][r] += d[r];
         });
-        // s and u in one block: this part's key columns
-        if (u < BT) {                                   // (the same in the whole warp)
-            const int s0 = u / 16 * 16;
+        // s and u in one block: this part's key columns, the pair's ND (s, u)
+        if (s0 < BT) {                                  // (the same in the whole warp)
             #pragma unroll 2
             for (int c = 0; c < KI / DP; ++c) {
                 const int ii = part * (KI / DP) + c;
-                const float qu = b_q[u][ii];
-                float p = 0.f;
+                const float qa = b_q[s0 + u][ii], qb = b_q[s0 + 15 - u][ii];
+                const float2* const ka = &b_kg[ii][s0 + u];    // (s = u - j: ka[-j])
+                const float2* const kb = &b_kg[ii][s0 + 16];   // (s = 16 - j: kb[-j])
+                float p = 1.f;
                 #pragma unroll
-                for (int ss = 15; ss >= 0; --ss) {
-                    const float2 kg = b_kg[ii][s0 + ss];
-                    p = s0 + ss == u ? 1.f : p;
-                    wd[ss] = fmaf(kg.x * p, qu, wd[ss]);
+                for (int j = 0; j < ND; ++j) {
+                    const bool first = j <= u;
+                    const float2 kg = (first ? ka : kb)[-j];
+                    p = j == u + 1 ? 1.f : p;                   // (15 - u's first)
+                    wd[j] = fmaf(kg.x * p, first ? qa : qb, wd[j]);
                     p *= kg.y;
                 }
             }
@@ -1468,18 +1475,19 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
     #pragma unroll
     for (int o = 1; o < DP; o *= 2)                     // the parts' sums, in every part
         #pragma unroll
-        for (int ss = 0; ss < 16; ++ss) wd[ss] += __shfl_xor_sync(GDA_FULL_MASK, wd[ss], o);
-    if (u < BT)                                         // part p stores rows p, p + DP, ...
+        for (int j = 0; j < ND; ++j) wd[j] += __shfl_xor_sync(GDA_FULL_MASK, wd[j], o);
+    if (s0 < BT)                                        // part p stores the j-th p, p + DP, ...
         #pragma unroll
-        for (int ss = 0; ss < 16; ++ss)
-            if (ss % DP == part) w[(u / 16 * 16 + ss) * BT + u] = wd[ss];
+        for (int j = 0; j < ND; ++j)
+            if (j % DP == part)
+                w[(s0 + (j <= u ? u - j : 16 - j)) * BT + s0 + (j <= u ? u : 15 - u)] = wd[j];
     gda_score_tiles(warp, [&](int slot, int tau, int sg, int jn) {
         const int s = 16 * sg + g8, uc = 16 * tau + 8 * jn + 2 * t4;
         *reinterpret_cast<float2*>(w + s * BT + uc) = make_float2(acc[slot][0], acc[slot][1]);
         *reinterpret_cast<float2*>(w + (s + 8) * BT + uc) = make_float2(acc[slot][2], acc[slot][3]);
     });
-    for (int x = threadIdx.x; x < BT * BT; x += NTS)    // the blocks below the diagonal: 0
-        if (x / BT / 16 > x % BT / 16) w[x] = 0.f;
+    for (int x = threadIdx.x; x < BT * BT; x += NTS)    // below the diagonal (s > u): 0
+        if (x / BT > x % BT) w[x] = 0.f;
     if (VROWS && !ok) *flag = 1;
 }
 #endif

@@ -12,6 +12,7 @@ from scripts.chunk_backward_exact import chunk_backward
 from scripts.chunk_exact import chunk_forward
 from scripts.intra_blocks_exact import intra_blocks, intra_direct
 from scripts.scores_subanchors_exact import scalar_pairs, scores_direct, scores_subanchored
+from scripts.scores_diagonal_pairs import diagonal_pairs
 
 REGIMES = dict(GATES, above1=lambda rng, shape: rng.uniform(0.6, 1.4, shape))
 
@@ -175,3 +176,26 @@ def test_scores_sub_anchors_equal_the_sums(C, BS, SUB, gate):
     np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-12 * max(1, np.abs(want).max()))
     assert (got[np.tril_indices(C, -1)] == 0).all()
     assert (scalar_pairs(64, 16), scalar_pairs(64, 16, 4)) == (4 * 136, 4 * 40)
+
+
+@pytest.mark.parametrize("gate", list(REGIMES))
+@pytest.mark.parametrize("C, DP", [pytest.param(64, 4, id="C64"), pytest.param(48, 4, id="C48"),
+                                   pytest.param(32, 8, id="C32"), pytest.param(16, 16, id="C16")])
+def test_scores_diagonal_pairs_take_every_pair_once(C, DP, gate):
+    """scores' diagonal blocks as its threads take them (v45: a thread two columns u and 15 - u
+    of a block, 17 (s, u) from each column down, s <= u only): every (s, u) of a diagonal block
+    with s <= u written by one thread once, equal to the defining sum in float64 for every gate
+    regime, 0 below the diagonal, the blocks above left to the tensor cores' tiles (chunks of
+    16 to 64 steps, the kernel's DP threads a pair)."""
+    rng = np.random.default_rng(C + DP)
+    q, k = rng.standard_normal((C, 32)), rng.standard_normal((C, 32))
+    g = REGIMES[gate](rng, q.shape).astype(np.float64)
+    got, writes = diagonal_pairs(q, k, g, DP)
+    want = scores_direct(q, k, g)
+    blocks = np.kron(np.eye(C // 16, dtype=bool), np.ones((16, 16), bool))
+    upper = np.triu(np.ones((C, C), bool))
+    assert (writes[blocks & upper] == 1).all() and (writes[~(blocks & upper)] == 0).all()
+    np.testing.assert_allclose(got[blocks], want[blocks], rtol=1e-11,
+                               atol=1e-12 * max(1, np.abs(want).max()))
+    assert (got[~upper] == 0).all() and np.isnan(got[upper & ~blocks]).all()
+
