@@ -1351,7 +1351,8 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
     const long long b = blockIdx.x;
     GDA_CHUNK;
     if (!VROWS && ch.rows == 0) return;                 // (dv skips the chunk too)
-    bool ok = true;                                     // (VROWS: the guard on q, k, g)
+    float mqk = 0.f, mg = 0.f;                          // (VROWS: the guard's running max of
+                                                        //  |q|, |k| and of |g|; a NaN stays)
     const gda_planes_at pc(pl, NH * NC, b);             // (VROWS: the planes it writes)
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4, t4 = lane % 4;
     const int pair = threadIdx.x / DP, part = threadIdx.x % DP;  // the diagonal blocks' thread:
@@ -1360,25 +1361,30 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
     #pragma unroll                                      //  part's
     for (int j = 0; j < ND; ++j) wd[j] = 0.f;
     float acc[NTILE > 0 ? (NTILE + 3) / 4 : 1][4] = {};  // tiles warp, warp + 4, ... (below)
-    for (int i0 = 0; i0 < (VROWS ? KP : K_DIM); i0 += KI) {
+    const long long e0 = ch.at(threadIdx.x / KI, K_DIM, threadIdx.x % KI);   // (the loads': a
+    const long long de = (long long)(NTS / KI) * H * K_DIM;                  //  thread's first,
+    for (int i0 = 0; i0 < (VROWS ? KP : K_DIM); i0 += KI) {                  //  its rows' step)
         __syncthreads();                                // the last step's reads are done
-        gda_grid_each<BT, KI, NTS, 4>([&](int r0, int dr, int ii) {    // (a thread's column
-            const int t = r0 + dr, i = i0 + ii;                 //  ii, its rows NTS / KI apart;
-                                                                //  4 at once: all of them spilled
-                                                                //  on sm_80)
-            float kv = 0.f, gv = 1.f, qv = 0.f;
-            if (t < ch.rows && i < K_DIM) {
-                const long long e = ch.at(r0, K_DIM, i) + (long long)dr * H * K_DIM;
-                kv = io::load(k[e]);
-                gv = gda_gate(g[e]);
-                qv = io::load(q[e]);
-                if (VROWS)
-                    ok &= gda_bwd_in(qv, GDA_BWD_VAL_MAX) & gda_bwd_in(kv, GDA_BWD_VAL_MAX)
-                          & gda_bwd_in(gv, GDA_BWD_GATE_MAX);
+        {                                               // a thread's column ii, its rows NTS /
+            const int ii = threadIdx.x % KI, i = i0 + ii;   //  KI apart, their element e one
+            long long e = e0 + i0;                          //  add apart (4 at once: all of them
+            #pragma unroll 4                                //  spilled on sm_80)
+            for (int t = threadIdx.x / KI; t < BT; t += NTS / KI, e += de) {
+                float kv = 0.f, gv = 1.f, qv = 0.f;
+                if (t < ch.rows && i < K_DIM) {
+                    kv = io::load(k[e]);
+                    gv = gda_gate(g[e]);
+                    qv = io::load(q[e]);
+                    if (VROWS) {
+                        gda_absmax(mqk, qv);
+                        gda_absmax(mqk, kv);
+                        gda_absmax(mg, gv);
+                    }
+                }
+                b_kg[ii][t] = make_float2(kv, gv);
+                b_q[t][ii] = qv;
             }
-            b_kg[ii][t] = make_float2(kv, gv);
-            b_q[t][ii] = qv;
-        });
+        }
         __syncthreads();
         if (threadIdx.x < KI * NBK) {                   // thread (column, block): its products
             const int ii = threadIdx.x % KI, s0 = threadIdx.x / KI * 16;
@@ -1488,7 +1494,7 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
     });
     for (int x = threadIdx.x; x < BT * BT; x += NTS)    // below the diagonal (s > u): 0
         if (x / BT > x % BT) w[x] = 0.f;
-    if (VROWS && !ok) *flag = 1;
+    if (VROWS && !(mqk <= GDA_BWD_VAL_MAX && mg <= GDA_BWD_GATE_MAX)) *flag = 1;
 }
 #endif
 
