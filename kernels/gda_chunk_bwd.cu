@@ -1334,7 +1334,8 @@ __device__ __forceinline__ void gda_scores_planes(
 // nothing and runs scan_o, v44) it does pack's work too, pack not launched: from the same loads,
 // the guard on q, k and g, the planes of scale q A and k D (gda_scores_planes: pack's A_t and
 // D_t from the same block products, the same bits) and A_end, over every key column of the
-// planes (KP) and every chunk, those of no rows too (zeros, A_end 1: scan_o reads them).
+// planes (KP; the key steps past K's last write zeros only) and every chunk, those of no rows
+// too (zeros, A_end 1: scan_o reads them).
 #if GDA_HAS(5)
 extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CHUNK_BWD_PARAMS)
 {
@@ -1363,7 +1364,7 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
     float acc[NTILE > 0 ? (NTILE + 3) / 4 : 1][4] = {};  // tiles warp, warp + 4, ... (below)
     const long long e0 = ch.at(threadIdx.x / KI, K_DIM, threadIdx.x % KI);   // (the loads': a
     const long long de = (long long)(NTS / KI) * H * K_DIM;                  //  thread's first,
-    for (int i0 = 0; i0 < (VROWS ? KP : K_DIM); i0 += KI) {                  //  its rows' step)
+    for (int i0 = 0; i0 < K_DIM; i0 += KI) {                                 //  its rows' step)
         __syncthreads();                                // the last step's reads are done
         {                                               // a thread's column ii, its rows NTS /
             const int ii = threadIdx.x % KI, i = i0 + ii;   //  KI apart, their element e one
@@ -1477,6 +1478,14 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
             }
         }
     }
+    if constexpr (VROWS)                                // the planes' key columns past the
+        for (int i0 = (K_DIM + KI - 1) / KI * KI; i0 < KP; i0 += KI)   //  last step of keys: 0
+            gda_grid_each<BT, KI / 2, NTS>([&](int r0, int dr, int ip) {
+                const int t = r0 + dr, i = i0 + 2 * ip;
+                unsigned* const pq = reinterpret_cast<unsigned*>(gda_plane_at<false>(pc.q, t, i));
+                unsigned* const pk = reinterpret_cast<unsigned*>(gda_plane_at<true>(pc.k, t, i));
+                pq[0] = pq[BT * KP / 2] = pk[0] = pk[BT * KP / 2] = 0u;
+            });
     float* w = ww + b * BT * BT;
     #pragma unroll
     for (int o = 1; o < DP; o *= 2)                     // the parts' sums, in every part
