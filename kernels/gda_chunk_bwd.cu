@@ -1336,8 +1336,18 @@ __device__ __forceinline__ void gda_scores_planes(
 // D_t from the same block products, the same bits) and A_end, over every key column of the
 // planes (KP; the key steps past K's last write zeros only) and every chunk, those of no rows
 // too (zeros, A_end 1: scan_o reads them).
+// Its blocks an SM (the launch bounds) and the unroll of its diagonal's key columns: 4 and 2,
+// 123 registers at GLA-1.3B's VROWS build; 5 and 1 fit 96 with no spill (5 and 2 spill 12
+// bytes, 6 and 1 8), so SCORES_BLOCKS and SCORES_DIAG_UNROLL given override them for an A/B
+// (scripts/profile_chunk_bwd.py --scores-blocks; perf-notes "v45")
+#ifndef SCORES_BLOCKS
+#define SCORES_BLOCKS 4
+#endif
+#ifndef SCORES_DIAG_UNROLL
+#define SCORES_DIAG_UNROLL 2
+#endif
 #if GDA_HAS(5)
-extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CHUNK_BWD_PARAMS)
+extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_scores(GDA_CHUNK_BWD_PARAMS)
 {
     __shared__ float2 b_kg[KI][BT + 1];                 // (k, g) by key column (padded: its
                                                         //   stores are by key column)
@@ -1460,7 +1470,7 @@ extern "C" __global__ void __launch_bounds__(NTS, 4) gda_chunk_bwd_scores(GDA_CH
         });
         // s and u in one block: this part's key columns, the pair's ND (s, u)
         if (s0 < BT) {                                  // (the same in the whole warp)
-            #pragma unroll 2
+            #pragma unroll (SCORES_DIAG_UNROLL)
             for (int c = 0; c < KI / DP; ++c) {
                 const int ii = part * (KI / DP) + c;
                 const float qa = b_q[s0 + u][ii], qb = b_q[s0 + 15 - u][ii];

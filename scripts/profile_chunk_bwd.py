@@ -14,6 +14,8 @@
         v36, v37), in a process of its own (the plans are memoised with the defaults).
         --forward: only the forward's lines (the plans from the planes against gda_chunk_fwd,
         bfloat16 shapes), with --stages their launches.
+        --scores-blocks=N,U: every gda_chunk_bwd build with SCORES_BLOCKS N and
+        SCORES_DIAG_UNROLL U (scores' blocks an SM and its diagonal's unroll; 4,2 by default).
         --no-scan-o: with chunk_bwd.USE_SCAN_O off (the forward that keeps nothing from the
         scan and dv's entry, not gda_chunk_bwd_scan_o: v38), likewise.
         --scan-o-wg: with chunk_bwd.USE_SCAN_O_WG on (scan_o's products by wgmma on a Hopper
@@ -301,6 +303,16 @@ def main(argv):
         chunk_bwd.SCAN_O_FROM = chunk_bwd.SCAN_DV_FROM = 0.0
         print("(chunk_bwd.config: the planes wherever they can be; SCAN_O_FROM, SCAN_DV_FROM 0)",
               flush=True)
+    sb = [a for a in argv if a.startswith("--scores-blocks=")]
+    if sb:                      # scores' launch bounds and diagonal unroll (v45's A/B)
+        from cupy_gda import chunk_bwd
+        nb, du = (int(x) for x in sb[-1].split("=")[1].split(","))
+        base = chunk_bwd.defines
+
+        def scores_defines(*args, **kwargs):
+            return dict(base(*args, **kwargs), SCORES_BLOCKS=nb, SCORES_DIAG_UNROLL=du)
+        chunk_bwd.defines = scores_defines
+        print(f"(gda_chunk_bwd built with SCORES_BLOCKS={nb} SCORES_DIAG_UNROLL={du})", flush=True)
     if "--no-scan-o" in argv:
         from cupy_gda import chunk_bwd
         chunk_bwd.USE_SCAN_O = False

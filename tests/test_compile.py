@@ -479,6 +479,21 @@ def test_wgmma_stage5_only_build_compiles(compiled, kernel, arch, items):
     assert res["stack"] == 0 and "wgmma.mma_async" in res["ptx"], res["log"]
 
 
+@pytest.mark.parametrize("kernel, arch, items", [pytest.param(
+    c.values[0], c.values[1], tuple(sorted(dict(c.values[2], SCORES_BLOCKS=5,
+                                                SCORES_DIAG_UNROLL=1).items())),
+    id=c.id + "-scores5", marks=pytest.mark.full_compile)
+    for c in CASES if c.id == "gda_chunk_bwd-sm_90-K256-V512-bf16-g_bf16-i64-BT64-KT64-fwd-vrows"])
+def test_scores_at_five_blocks_compiles_without_local_memory(compiled, kernel, arch, items):
+    """GLA-1.3B's forward build with scores at 5 blocks an SM and its diagonal unrolled once
+    (SCORES_BLOCKS, SCORES_DIAG_UNROLL: profile_chunk_bwd --scores-blocks=5,1's A/B): 96
+    registers, no local memory."""
+    _, res = compiled(kernel, items, arch)
+    scores = res["functions"]["gda_chunk_bwd_scores"]
+    assert scores["registers"] <= 65536 // (5 * 128) and scores["stack"] == 0, res["log"]
+    assert scores["spill_stores"] == 0 and scores["spill_loads"] == 0, res["log"]
+
+
 def test_ptx_params_reads_entries():
     ptx = (".visible .entry f(\n\t.param .u64 f_param_0,\n\t.param .u64 .ptr .global .align 4 "
            "f_param_1,\n\t.param .u32 f_param_2,\n\t.param .f32 f_param_3\n)\n{\n}\n"
