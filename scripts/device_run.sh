@@ -54,9 +54,11 @@
 #            sharing the planes), then the backward and kept forward +
 #            backward of GLA-1.3B and GLA-340M with --scan-dv-wg --planes (v40, v41; the planes
 #            at K = 128 too) and with neither
-#   scores:  install, the forward's stages of [NAMES (gla1.3b-bf16)] with gda_chunk_bwd built at
+#   fwd-ab:  install, the forward's stages of [NAMES (gla1.3b-bf16)] with gda_chunk_bwd built at
 #            each of scores' launch bounds and diagonal unrolls (--scores-blocks 4,2 the default,
-#            5,1, 6,1, 4,1), in turn, twice
+#            5,1, 6,1, 4,1), in turn, twice; then GLA-340M's and big128's bfloat16 forward from
+#            the planes with scan_o at any number of blocks (profile_chunk_bwd --forward
+#            --planes) against gda_chunk_fwd (perf-notes v44's cheap experiment)
 #   forms:   install, the bench's model rows [SHAPES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
 #            (forward, forward + backward, kept) with every opt-in Hopper form on (USE_SCAN_O_WG,
 #            USE_SCAN_O_MC, USE_SCAN_DV), then with the defaults
@@ -84,7 +86,7 @@
 #   bash scripts/device_run.sh <commit> wg [NAMES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> forms [SHAPES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> sass [NAMES (gla1.3b-bf16)]
-#   bash scripts/device_run.sh <commit> scores [NAMES (gla1.3b-bf16)]
+#   bash scripts/device_run.sh <commit> fwd-ab [NAMES (gla1.3b-bf16)]
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
 commit="${1:-unknown}"
@@ -334,16 +336,20 @@ if [ "$phase" = "terms" ]; then
     tests_then_stages terms_meet terms "${3:-gla1.3b-bf16,big128-bf16}" "" --three-terms
     exit 0
 fi
-if [ "$phase" = "scores" ]; then
-    # scores' blocks an SM and its diagonal's unroll (SCORES_BLOCKS, SCORES_DIAG_UNROLL; perf-notes
-    # v45): the forward's stages of [NAMES (gla1.3b-bf16)] built with each, in turn, twice
+if [ "$phase" = "fwd-ab" ]; then
+    # the forward's A/Bs of perf-notes v45: scores' blocks an SM and its diagonal's unroll
+    # (SCORES_BLOCKS, SCORES_DIAG_UNROLL), the forward's stages of [NAMES (gla1.3b-bf16)] built
+    # with each, in turn, twice; then the forward from the planes at K = 128 with scan_o at any
+    # number of blocks (--planes) against gda_chunk_fwd
     for round in 1 2; do
         for sb in 4,2 5,1 6,1 4,1; do
             echo "== scores $sb (round $round)" | tee -a "$out/scores-blocks.txt"
-            timeout 120 python3 -m scripts.profile_chunk_bwd "${3:-gla1.3b-bf16}" --forward \
+            timeout 100 python3 -m scripts.profile_chunk_bwd "${3:-gla1.3b-bf16}" --forward \
                 --stages "--scores-blocks=$sb" 2>&1 | tee -a "$out/scores-blocks.txt" | grep -v "^bench"
         done
     done
+    timeout $((570 - SECONDS)) python3 -m scripts.profile_chunk_bwd gla340m-bf16,big128-bf16 \
+        --forward --planes --stages 2>&1 | tee "$out/k128-planes.txt" | grep -v "^bench"
     exit 0
 fi
 shapes="seed,gla64,long24,big128,big128-bf16,decode,few24,few64"
