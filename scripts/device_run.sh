@@ -59,6 +59,10 @@
 #            5,1, 6,1, 4,1), in turn, twice; then GLA-340M's and big128's bfloat16 forward from
 #            the planes with scan_o at any number of blocks (profile_chunk_bwd --forward
 #            --planes) against gda_chunk_fwd (perf-notes v44's cheap experiment)
+#   planes-rule: install, scripts/sweep_planes_forward.py (gda_chunk_fwd, the forward from the
+#            planes as the rules build it and with scan_o at any number of blocks, over K, V and
+#            batch shapes; which one auto runs), then `profile_chunk_bwd --scan-o-sweep`: the data
+#            for _dispatch.planes_forward's K > 128 and chunk_bwd.SCAN_O_FROM (perf-notes v45)
 #   forms:   install, the bench's model rows [SHAPES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
 #            (forward, forward + backward, kept) with every opt-in Hopper form on (USE_SCAN_O_WG,
 #            USE_SCAN_O_MC, USE_SCAN_DV), then with the defaults
@@ -87,6 +91,7 @@
 #   bash scripts/device_run.sh <commit> forms [SHAPES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> sass [NAMES (gla1.3b-bf16)]
 #   bash scripts/device_run.sh <commit> fwd-ab [NAMES (gla1.3b-bf16)]
+#   bash scripts/device_run.sh <commit> planes-rule
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
 commit="${1:-unknown}"
@@ -350,6 +355,17 @@ if [ "$phase" = "fwd-ab" ]; then
     done
     timeout $((570 - SECONDS)) python3 -m scripts.profile_chunk_bwd gla340m-bf16,big128-bf16 \
         --forward --planes --stages 2>&1 | tee "$out/k128-planes.txt" | grep -v "^bench"
+    exit 0
+fi
+if [ "$phase" = "planes-rule" ]; then
+    # the rules that pick the forward from the planes (_dispatch.planes_forward: K > 128 today)
+    # and scan_o in it (chunk_bwd.SCAN_O_FROM), after v43-v45 made that forward faster (perf-notes
+    # v45: 0.89x gda_chunk_fwd at GLA-340M, 1.22x at big128): the sweep over K, V and batch
+    # shapes with the plan as the rules build it and with scan_o at any number of blocks, then
+    # scan_o's sweep over its blocks an SM
+    timeout 400 python3 -m scripts.sweep_planes_forward 2>&1 | tee "$out/sweep-planes-forward.txt"
+    timeout $((570 - SECONDS)) python3 -m scripts.profile_chunk_bwd --scan-o-sweep 2>&1 \
+        | tee "$out/scan-o-sweep.txt"
     exit 0
 fi
 shapes="seed,gla64,long24,big128,big128-bf16,decode,few24,few64"
