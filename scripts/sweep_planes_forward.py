@@ -7,8 +7,9 @@ behind _dispatch.planes_forward and chunk_bwd.SCAN_O_FROM (docs/perf-notes.md, v
         build it ("planes": scan_o where SCAN_O_FROM lets it, else pack, the scan and dv's entry)
         and of the plan with scan_o at any number of blocks ("scan_o": SCAN_O_FROM 0; '-' where
         scan_o does not fit, '=' where the rule's plan runs it already), each plan's ratio to
-        gda_chunk_fwd, scan_o's blocks an SM, which one method="auto" runs today (_dispatch.planes_forward: "planes" or "chunk_fwd"), the
-        guard's flag and the largest difference of the plans' outputs from gda_chunk_fwd's.
+        gda_chunk_fwd, scan_o's blocks an SM, which one method="auto" runs today
+        (_dispatch.planes_forward: "planes" or "chunk_fwd"), the guard's flag and the largest
+        difference of the plans' outputs from gda_chunk_fwd's.
 """
 import numpy as np
 
