@@ -57,8 +57,11 @@ def main():
                 return f"{tp:8.3f} ({tp / tc:4.2f})"
             fp = chunk_bwd.ForwardPlan(p)
             planes = timed(fp)
-            lean = lean_plan(p)
-            scan_o = "=" if fp.scan_o else timed(lean) if lean.scan_o else "-"
+            if fp.scan_o:                               # (the rule's plan runs scan_o already)
+                scan_o = "="
+            else:
+                lean = lean_plan(p)
+                scan_o = timed(lean) if lean.scan_o else "-"
             blocks = B * H * chunk_bwd.tiles(V) / sms
             auto = "planes" if _dispatch.planes_forward(p) else "chunk_fwd"
             print(f"{B:2d} {T:5d} {H:3d} {K:4d} {V:4d}  {tc:9.3f} {planes} {scan_o:>15s}  "
