@@ -1346,7 +1346,19 @@ __device__ __forceinline__ void gda_scores_planes(
 #ifndef SCORES_DIAG_UNROLL
 #define SCORES_DIAG_UNROLL 2
 #endif
+// With SCORES_PREFETCH 1 (off by default: an A/B, perf-notes v46) a key step's rows of q, k and
+// g come by cp.async into a stage while the step before runs, where q and k are of a 16-bit type
+// (float32's stage, 12 KiB, would leave an A100 3 blocks an SM) and each row's KI columns are
+// whole 16-byte pieces of each (K a multiple of 8, and of 4 with float32 gates; the inputs
+// 16-byte aligned, _api's ALIGN); elsewhere each step loads them itself. On, it leaves 19 of
+// tests/test_compile.py's builds with 4-28 bytes of spill (24 more registers live through the
+// step, not traced), so it is not the default
+#ifndef SCORES_PREFETCH
+#define SCORES_PREFETCH 0
+#endif
 #if GDA_HAS(5)
+constexpr bool SCORES_PF = SCORES_PREFETCH && sizeof(io::t) == 2 && K_DIM % 8 == 0
+                           && K_DIM % (16 / sizeof(gt::t)) == 0;
 extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_scores(GDA_CHUNK_BWD_PARAMS)
 {
     __shared__ float2 b_kg[KI][BT + 1];                 // (k, g) by key column (padded: its
@@ -1359,6 +1371,10 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
     __shared__ unsigned b_ka[DV_TERMS][KAR > 0 ? KAR : 1][KW];  // anchored keys, tau = 1..
                                                         //   from row 8 tau (tau - 1), terms h, m, l
     __shared__ unsigned b_qa[DV_TERMS][BT > 16 ? BT - 16 : 1][KW];  // q P(16 tau..u), row u - 16
+    constexpr int PFR = SCORES_PF ? BT : 1;             // (SCORES_PF) the stage of a key step's
+    __shared__ __align__(16) io::t r_q[PFR][KI];        //  rows of q, k and g, as the caller
+    __shared__ __align__(16) io::t r_k[PFR][KI];        //  gave them
+    __shared__ __align__(16) gt::t r_g[PFR][KI];
     const long long b = blockIdx.x;
     GDA_CHUNK;
     if (!VROWS && ch.rows == 0) return;                 // (dv skips the chunk too)
@@ -1372,20 +1388,51 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
     #pragma unroll                                      //  part's
     for (int j = 0; j < ND; ++j) wd[j] = 0.f;
     float acc[NTILE > 0 ? (NTILE + 3) / 4 : 1][4] = {};  // tiles warp, warp + 4, ... (below)
+    // (SCORES_PF) key step i0's rows of q, k and g into the stage, 16-byte pieces, zeros past
+    // the chunk's rows or K (nothing read there), as one group of copies
+    const auto prefetch = [&](int i0) {
+        if constexpr (SCORES_PF) {
+            constexpr int PI = 16 / sizeof(io::t), PG = 16 / sizeof(gt::t);   // a piece's
+            for (int x = threadIdx.x; x < BT * KI / PI; x += NTS) {            //  elements
+                const int t = x / (KI / PI), c = x % (KI / PI) * PI;
+                const bool on = t < ch.rows && i0 + c < K_DIM;
+                const long long e = on ? ch.at(t, K_DIM, i0 + c) : 0;
+                gda_cp16_or_0(gda_shared_at(&r_q[t][c]), q + e, on);
+                gda_cp16_or_0(gda_shared_at(&r_k[t][c]), k + e, on);
+            }
+            for (int x = threadIdx.x; x < BT * KI / PG; x += NTS) {
+                const int t = x / (KI / PG), c = x % (KI / PG) * PG;
+                const bool on = t < ch.rows && i0 + c < K_DIM;
+                gda_cp16_or_0(gda_shared_at(&r_g[t][c]), g + (on ? ch.at(t, K_DIM, i0 + c) : 0),
+                              on);
+            }
+            gda_cp_commit();
+        }
+    };
+    if constexpr (SCORES_PF) prefetch(0);
     const long long e0 = ch.at(threadIdx.x / KI, K_DIM, threadIdx.x % KI);   // (the loads': a
     const long long de = (long long)(NTS / KI) * H * K_DIM;                  //  thread's first,
     for (int i0 = 0; i0 < K_DIM; i0 += KI) {                                 //  its rows' step)
-        __syncthreads();                                // the last step's reads are done
+        if constexpr (SCORES_PF) gda_cp_wait<0>();      // (this step's stage: the thread's own)
+        __syncthreads();                                // the last step's reads are done (and
+                                                        //  the stage's copies the block's)
         {                                               // a thread's column ii, its rows NTS /
             const int ii = threadIdx.x % KI, i = i0 + ii;   //  KI apart, their element e one
-            long long e = e0 + i0;                          //  add apart (4 at once: all of them
-            #pragma unroll 4                                //  spilled on sm_80)
+            long long e = e0 + i0;                          //  add apart (from memory 4 at once:
+            #pragma unroll (SCORES_PF ? 8 : 4)              //  all 8 spilled on sm_80; from the
+                                                            //  stage all 8: 4 spilled at GLA-1.3B)
             for (int t = threadIdx.x / KI; t < BT; t += NTS / KI, e += de) {
                 float kv = 0.f, gv = 1.f, qv = 0.f;
                 if (t < ch.rows && i < K_DIM) {
-                    kv = io::load(k[e]);
-                    gv = gda_gate(g[e]);
-                    qv = io::load(q[e]);
+                    if constexpr (SCORES_PF) {
+                        kv = io::load(r_k[t][ii]);
+                        gv = gda_gate(r_g[t][ii]);
+                        qv = io::load(r_q[t][ii]);
+                    } else {
+                        kv = io::load(k[e]);
+                        gv = gda_gate(g[e]);
+                        qv = io::load(q[e]);
+                    }
                     if (VROWS) {
                         gda_absmax(mqk, qv);
                         gda_absmax(mqk, kv);
@@ -1397,6 +1444,8 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
             }
         }
         __syncthreads();
+        if constexpr (SCORES_PF)                        // the next step's rows while this one
+            if (i0 + KI < K_DIM) prefetch(i0 + KI);     //  runs (the stage read: the barrier)
         if (threadIdx.x < KI * NBK) {                   // thread (column, block): its products
             const int ii = threadIdx.x % KI, s0 = threadIdx.x / KI * 16;
             float p = 1.f;

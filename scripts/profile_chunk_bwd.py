@@ -16,6 +16,8 @@
         bfloat16 shapes), with --stages their launches.
         --scores-blocks=N,U: every gda_chunk_bwd build with SCORES_BLOCKS N and
         SCORES_DIAG_UNROLL U (scores' blocks an SM and its diagonal's unroll; 4,2 by default).
+        --scores-prefetch: every gda_chunk_bwd build with SCORES_PREFETCH 1 (scores takes a key
+        step's q, k and g from a stage copied while the step before ran, not its own loads: v46).
         --no-scan-o: with chunk_bwd.USE_SCAN_O off (the forward that keeps nothing from the
         scan and dv's entry, not gda_chunk_bwd_scan_o: v38), likewise.
         --scan-o-wg: with chunk_bwd.USE_SCAN_O_WG on (scan_o's products by wgmma on a Hopper
@@ -303,16 +305,22 @@ def main(argv):
         chunk_bwd.SCAN_O_FROM = chunk_bwd.SCAN_DV_FROM = 0.0
         print("(chunk_bwd.config: the planes wherever they can be; SCAN_O_FROM, SCAN_DV_FROM 0)",
               flush=True)
+    extra = {}
     sb = [a for a in argv if a.startswith("--scores-blocks=")]
     if sb:                      # scores' launch bounds and diagonal unroll (v45's A/B)
-        from cupy_gda import chunk_bwd
         nb, du = (int(x) for x in sb[-1].split("=")[1].split(","))
+        extra.update(SCORES_BLOCKS=nb, SCORES_DIAG_UNROLL=du)
+    if "--scores-prefetch" in argv:         # scores' loads by a stage a step ahead (v46's A/B)
+        extra.update(SCORES_PREFETCH=1)
+    if extra:
+        from cupy_gda import chunk_bwd
         base = chunk_bwd.defines
 
-        def scores_defines(*args, **kwargs):
-            return dict(base(*args, **kwargs), SCORES_BLOCKS=nb, SCORES_DIAG_UNROLL=du)
-        chunk_bwd.defines = scores_defines
-        print(f"(gda_chunk_bwd built with SCORES_BLOCKS={nb} SCORES_DIAG_UNROLL={du})", flush=True)
+        def extra_defines(*args, **kwargs):
+            return dict(base(*args, **kwargs), **extra)
+        chunk_bwd.defines = extra_defines
+        print("(gda_chunk_bwd built with " + " ".join(f"{k}={v}" for k, v in extra.items()) + ")",
+              flush=True)
     if "--no-scan-o" in argv:
         from cupy_gda import chunk_bwd
         chunk_bwd.USE_SCAN_O = False

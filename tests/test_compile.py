@@ -494,6 +494,29 @@ def test_scores_at_five_blocks_compiles_without_local_memory(compiled, kernel, a
     assert scores["spill_stores"] == 0 and scores["spill_loads"] == 0, res["log"]
 
 
+# GLA-1.3B's builds whose scores prefetch-ab times (the lean forward's, the kept forward's, the
+# backward's), with scores' stage of q, k and g on
+PREFETCH_IDS = ("gda_chunk_bwd-sm_90-K256-V512-bf16-g_bf16-i64-BT64-KT64-fwd-vrows",
+                "gda_chunk_bwd-sm_90-K256-V512-bf16-g_f32-BT64-KT64-fwdkeep",
+                "gda_chunk_bwd-sm_90-K256-V512-bf16-g_bf16-i64-BT64-KT64-planes")
+
+
+@pytest.mark.parametrize("kernel, arch, items", [pytest.param(
+    c.values[0], c.values[1], tuple(sorted(dict(c.values[2], SCORES_PREFETCH=1).items())),
+    id=c.id + "-prefetch", marks=pytest.mark.full_compile)
+    for c in CASES if c.id in PREFETCH_IDS])
+def test_scores_prefetch_compiles_without_local_memory(compiled, kernel, arch, items):
+    """GLA-1.3B's builds with scores' stage of q, k and g (SCORES_PREFETCH 1: profile_chunk_bwd
+    --scores-prefetch's A/B, perf-notes v46) take it (its cp.async in scores' PTX) within 128
+    registers and no local memory (elsewhere, as sm_80's builds, it spills: off by default)."""
+    _, res = compiled(kernel, items, arch)
+    scores = res["functions"]["gda_chunk_bwd_scores"]
+    assert "cp.async.cg.shared.global" in re.search(
+        r"\.entry gda_chunk_bwd_scores\(.*?\n}\n", res["ptx"], re.S).group(0)
+    assert scores["registers"] <= 128 and scores["stack"] == 0, res["log"]
+    assert scores["spill_stores"] == 0 and scores["spill_loads"] == 0, res["log"]
+
+
 def test_ptx_params_reads_entries():
     ptx = (".visible .entry f(\n\t.param .u64 f_param_0,\n\t.param .u64 .ptr .global .align 4 "
            "f_param_1,\n\t.param .u32 f_param_2,\n\t.param .f32 f_param_3\n)\n{\n}\n"
