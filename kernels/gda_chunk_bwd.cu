@@ -1350,9 +1350,9 @@ __device__ __forceinline__ void gda_scores_planes(
 // g come by cp.async into a stage while the step before runs, where q and k are of a 16-bit type
 // (float32's stage, 12 KiB, would leave an A100 3 blocks an SM) and each row's KI columns are
 // whole 16-byte pieces of each (K a multiple of 8, and of 4 with float32 gates; the inputs
-// 16-byte aligned, _api's ALIGN); elsewhere each step loads them itself. On, it leaves 19 of
-// tests/test_compile.py's builds with 4-28 bytes of spill (24 more registers live through the
-// step, not traced), so it is not the default
+// 16-byte aligned, _api's ALIGN); elsewhere each step loads them itself. On, 12 of
+// tests/test_compile.py's builds spill (4-24 bytes in those looked at: some 24 more registers
+// live through the step, not traced), so it is not the default
 #ifndef SCORES_PREFETCH
 #define SCORES_PREFETCH 0
 #endif
