@@ -46,29 +46,35 @@ CHUNK_FROM = (
 
 
 # GPU, "chunk": bfloat16 inputs run as the backward family's stages (chunk_bwd.ForwardPlan, the
-# GEMMs' operands split once into planes) where gda_chunk_fwd tiles its keys (K > chunk.MAX_KT),
-# the mean sequence length is at least PLANES_FORWARD_FROM and the scan's forward half has a
-# block for every SM (a block a state tile, running a sequence-head's chunks in turn; fewer
-# leave the GPU idle while each runs its chain). docs/perf-notes.md, v24 (scripts/
-# sweep_planes_forward.py): of 30 shapes with K 128..256 it picks 6, five at 0.44-0.83x
-# gda_chunk_fwd's time and one at 1.06x; the others measured 0.57-2.54x. Since v34 (two terms
-# an operand where the forward keeps nothing) the 6 it picks run at 0.57-0.81x, and it leaves
-# 0.62-0.91x at K = 128 with V = 512 and at one or two sequence-heads with V = 512 (35 shapes).
-# Its workspace holds every chunk's state (1.5 GiB at GLA-1.3B, 1.7 where it keeps them for the
-# backward; O(T H K V / 64)): above PLANES_FORWARD_MAX_BYTES (counted as kept) the call keeps to
-# gda_chunk_fwd, whose workspace stays within q's size (a million-token prefill fits).
-PLANES_FORWARD_FROM = 2048
+# GEMMs' operands split once into planes) where the mean sequence length is at least
+# PLANES_FORWARD_FROM, K at least chunk.MAX_KT and the workspace within PLANES_FORWARD_MAX_BYTES,
+# and then where V >= 512, or scan_o runs (chunk_bwd.scan_o_runs: SCAN_O_FROM blocks an SM) with V
+# >= 192, or K > chunk.MAX_KT (gda_chunk_fwd tiles its keys) with the scan's blocks (a state tile
+# of a chain each) at least half the SMs. docs/perf-notes.md, v46's rule (scripts/
+# sweep_planes_forward.py on an H100, 35 shapes, K 128..256, V 128..512, T 512..4096, 2..32
+# sequence-heads; scan_o by SCAN_O_FROM 0.7): it picks 26, at 0.42-0.98x gda_chunk_fwd's time
+# (0.88x at GLA-340M, where K = 128), and leaves 9 at 0.98-2.15x for it; v24's rule (K > 128,
+# T >= 2048, a scan block an SM) picked 6 and left 21 where the planes were 0.46-0.98x. The
+# workspace holds every chunk's state (1.5 GiB at
+# GLA-1.3B, 1.7 where it keeps them for the backward; O(T H K V / 64)): above
+# PLANES_FORWARD_MAX_BYTES (counted as kept) the call keeps to gda_chunk_fwd, whose workspace
+# stays within q's size (a million-token prefill fits).
+PLANES_FORWARD_FROM = 512
 PLANES_FORWARD_MAX_BYTES = 4 << 30
 
 
-def planes_forward(p, varlen=False, sms=None):
+def planes_forward(p, varlen=False, limits=None):
     """Whether the chunked forward of Problem ``p`` (packed where ``varlen``) runs as
-    chunk_bwd.ForwardPlan on a GPU of ``sms`` SMs (the current one's where None)."""
-    if p.dtype != "bfloat16" or p.K <= chunk.MAX_KT or mean_len(p) < PLANES_FORWARD_FROM:
+    chunk_bwd.ForwardPlan on a GPU of ``limits`` ((SM count, opt-in shared memory bytes a block):
+    the current one's where None)."""
+    if (p.dtype != "bfloat16" or p.K < chunk.MAX_KT or mean_len(p) < PLANES_FORWARD_FROM
+            or chunk_bwd.forward_bytes(p, varlen) > PLANES_FORWARD_MAX_BYTES):
         return False
+    limits = limits or device_limits()
     NH = chunk_bwd.chunks(p, 64, varlen)[0]         # the scan's chains: N H, or H where packed
-    return (NH * chunk_bwd.tiles(p.K) * chunk_bwd.tiles(p.V) >= (sms or device_limits()[0])
-            and chunk_bwd.forward_bytes(p, varlen) <= PLANES_FORWARD_MAX_BYTES)
+    return (p.V >= 512 or (p.V >= 192 and chunk_bwd.scan_o_runs(p, varlen, limits))
+            or (p.K > chunk.MAX_KT
+                and 2 * NH * chunk_bwd.tiles(p.K) * chunk_bwd.tiles(p.V) >= limits[0]))
 
 
 def _chunk_wins(p):

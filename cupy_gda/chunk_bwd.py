@@ -84,12 +84,12 @@ USE_VROWS = True         # a ForwardPlan that keeps nothing and runs scan_o read
                          # and scores writes the planes of q A and k D, pack not launched (v44)
 SCAN_DV_FROM = 1.0       # scan_dv's blocks an SM from which it runs (its blocks are scan_o's:
                          # SCAN_O_FROM's reason; not measured)
-SCAN_O_FROM = 1.0        # scan_o's blocks (sequence-heads x tiles of FV value columns) an SM
+SCAN_O_FROM = 0.7        # scan_o's blocks (sequence-heads x tiles of FV value columns) an SM
                          # from which it runs: each runs a sequence-head's chunks in turn, so
                          # fewer leave SMs idle, where the scan's 4x as many blocks (at K = 256)
-                         # and dv's entry's do not (v38: 1.18 ms at GLA-1.3B's 256 blocks on 132
-                         # SMs against the pair's 1.44; at about 0.7 an SM the pair would win,
-                         # an estimate from those times, not measured)
+                         # and dv's entry's do not (v46's sweep, an H100, bfloat16: the forward
+                         # with scan_o took 0.54-0.79x the time of the one without at 0.73-0.97
+                         # an SM, 0.79-1.12x at 0.48, 1.33-1.79x at 0.24 and under)
 
 
 class Config(NamedTuple):
@@ -265,18 +265,26 @@ def scan_o_smem(p, cfg, fwd=True):
     return 8 * bt * (kp + 8) + f32
 
 
-def scan_o_fits(p, cfg, varlen=False):
+def scan_o_fits(p, cfg, varlen=False, limits=None):
     """Whether a ForwardPlan of Config ``cfg`` (for Problem ``p``, packed where ``varlen``) runs
-    scan_o: USE_SCAN_O, one that keeps nothing (two terms), at most 256 keys (its state is KP / 2
-    registers a thread), its shared memory within the device's opt-in limit (at K = 256 and
-    chunks of 64, 193 KiB: a Hopper GPU's 227, not an A100's 163) and SCAN_O_FROM blocks an SM.
-    One that keeps its stages (three terms) runs it where planes_config gave it SCAN_O_WG: then
-    always, as its backward's S0 come from scan_o too (v41)."""
+    scan_o on a GPU of ``limits`` ((SM count, opt-in shared memory bytes a block): the current
+    one's where None): USE_SCAN_O, one that keeps nothing (two terms), at most 256 keys (its
+    state is KP / 2 registers a thread), its shared memory within the opt-in limit (at K = 256
+    and chunks of 64, 193 KiB: a Hopper GPU's 227, not an A100's 163) and SCAN_O_FROM blocks an
+    SM. One that keeps its stages (three terms) runs it where planes_config gave it SCAN_O_WG:
+    then always, as its backward's S0 come from scan_o too (v41)."""
     if cfg.TERMS == 3:
         return cfg.SCAN_O_WG
-    sms, smem = device_limits()
+    sms, smem = limits or device_limits()
     return (USE_SCAN_O and cfg.TERMS == 2 and planes(p)[0] <= 256 and scan_o_smem(p, cfg) <= smem
             and chunks(p, cfg.BT, varlen)[0] * tiles(p.V) >= SCAN_O_FROM * sms)
+
+
+def scan_o_runs(p, varlen=False, limits=None):
+    """Whether a ForwardPlan that keeps nothing, for Problem ``p`` (packed where ``varlen``),
+    runs scan_o on a GPU of ``limits`` (scan_o_fits' of its Config)."""
+    cfg = planes_config(p, varlen, use_wgmma(), False, use_scan_o_wg())
+    return scan_o_fits(p, cfg, varlen, limits)
 
 
 def scan_o_mc(p, cfg):

@@ -1346,19 +1346,22 @@ __device__ __forceinline__ void gda_scores_planes(
 #ifndef SCORES_DIAG_UNROLL
 #define SCORES_DIAG_UNROLL 2
 #endif
-// With SCORES_PREFETCH 1 (off by default: an A/B, perf-notes v46) a key step's rows of q, k and
-// g come by cp.async into a stage while the step before runs, where q and k are of a 16-bit type
-// (float32's stage, 12 KiB, would leave an A100 3 blocks an SM) and each row's KI columns are
-// whole 16-byte pieces of each (K a multiple of 8, and of 4 with float32 gates; the inputs
-// 16-byte aligned, _api's ALIGN); elsewhere each step loads them itself. On, 12 of
-// tests/test_compile.py's builds spill (4-24 bytes in those looked at: some 24 more registers
-// live through the step, not traced), so it is not the default
+// A key step's rows of q, k and g come by cp.async into a stage while the step before runs
+// (SCORES_PF; v46: GLA-1.3B's lean scores 0.56 -> 0.35 ms on an H100), where q and k are of a
+// 16-bit type (float32's stage, 12 KiB, would leave an A100 3 blocks an SM), each row's KI
+// columns are whole 16-byte pieces of each (K a multiple of 8; the inputs 16-byte aligned,
+// _api's ALIGN), the block has 4 an SM's 128 registers, and the gates are of a 16-bit type or,
+// float32, in chunks of 64 with W in two terms on a Hopper GPU (elsewhere their 4 KiB stage
+// spilled 4-24 bytes or, with W's three terms, overflowed the 48 KiB of static shared memory);
+// elsewhere each step loads them itself. SCORES_PREFETCH 0 turns it off (profile_chunk_bwd
+// --no-scores-prefetch's A/B)
 #ifndef SCORES_PREFETCH
-#define SCORES_PREFETCH 0
+#define SCORES_PREFETCH 1
 #endif
 #if GDA_HAS(5)
 constexpr bool SCORES_PF = SCORES_PREFETCH && sizeof(io::t) == 2 && K_DIM % 8 == 0
-                           && K_DIM % (16 / sizeof(gt::t)) == 0;
+                           && SCORES_BLOCKS <= 4
+                           && (sizeof(gt::t) == 2 || (BT == 64 && DV_TERMS == 2 && __CUDA_ARCH__ >= 900));
 extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_scores(GDA_CHUNK_BWD_PARAMS)
 {
     __shared__ float2 b_kg[KI][BT + 1];                 // (k, g) by key column (padded: its

@@ -60,7 +60,7 @@
 #            the planes with scan_o at any number of blocks (profile_chunk_bwd --forward
 #            --planes) against gda_chunk_fwd (perf-notes v44's cheap experiment)
 #   prefetch-ab: install, the forward's stages of [NAMES (gla1.3b-bf16,gla340m-bf16)] with
-#            scores' stage of q, k and g (v46, --scores-prefetch) and without, twice in turn,
+#            scores' stage of q, k and g (v46) and without (--no-scores-prefetch), twice in turn,
 #            then GLA-1.3B's backward stages each way
 #   planes-rule: install, scripts/sweep_planes_forward.py (gda_chunk_fwd, the forward from the
 #            planes as the rules build it and with scan_o at any number of blocks, over K, V and
@@ -362,19 +362,19 @@ if [ "$phase" = "fwd-ab" ]; then
     exit 0
 fi
 if [ "$phase" = "prefetch-ab" ]; then
-    # scores' stage of q, k and g (perf-notes v46; off by default, so the suite does not run it):
+    # scores' stage of q, k and g (perf-notes v46; on by default since, so the suite runs it):
     # the forward's stages of [NAMES (gla1.3b-bf16,gla340m-bf16)] with and without it, twice in
     # turn (each line's largest |o - o of gda_chunk_fwd| the check that it reads the same
     # values), then GLA-1.3B's backward stages each way (its gradients' differences likewise)
     for round in 1 2; do
-        for pf in --scores-prefetch ""; do
-            echo "== forward ${pf:-loads} (round $round)" | tee -a "$out/prefetch-ab.txt"
+        for pf in "" --no-scores-prefetch; do
+            echo "== forward ${pf:-stage} (round $round)" | tee -a "$out/prefetch-ab.txt"
             timeout 80 python3 -m scripts.profile_chunk_bwd "${3:-gla1.3b-bf16,gla340m-bf16}" \
                 --forward --stages $pf 2>&1 | tee -a "$out/prefetch-ab.txt" | grep -v "^bench"
         done
     done
-    for pf in --scores-prefetch ""; do
-        echo "== backward ${pf:-loads}" | tee -a "$out/prefetch-ab.txt"
+    for pf in "" --no-scores-prefetch; do
+        echo "== backward ${pf:-stage}" | tee -a "$out/prefetch-ab.txt"
         timeout $(((570 - SECONDS) / 2)) python3 -m scripts.profile_chunk_bwd gla1.3b-bf16 \
             --stages $pf 2>&1 | tee -a "$out/prefetch-ab.txt" | grep -v "^bench"
     done

@@ -16,8 +16,8 @@
         bfloat16 shapes), with --stages their launches.
         --scores-blocks=N,U: every gda_chunk_bwd build with SCORES_BLOCKS N and
         SCORES_DIAG_UNROLL U (scores' blocks an SM and its diagonal's unroll; 4,2 by default).
-        --scores-prefetch: every gda_chunk_bwd build with SCORES_PREFETCH 1 (scores takes a key
-        step's q, k and g from a stage copied while the step before ran, not its own loads: v46).
+        --no-scores-prefetch: every gda_chunk_bwd build with SCORES_PREFETCH 0 (scores loads a
+        key step's q, k and g itself, not from the stage copied while the step before ran: v46).
         --no-scan-o: with chunk_bwd.USE_SCAN_O off (the forward that keeps nothing from the
         scan and dv's entry, not gda_chunk_bwd_scan_o: v38), likewise.
         --scan-o-wg: with chunk_bwd.USE_SCAN_O_WG on (scan_o's products by wgmma on a Hopper
@@ -310,8 +310,8 @@ def main(argv):
     if sb:                      # scores' launch bounds and diagonal unroll (v45's A/B)
         nb, du = (int(x) for x in sb[-1].split("=")[1].split(","))
         extra.update(SCORES_BLOCKS=nb, SCORES_DIAG_UNROLL=du)
-    if "--scores-prefetch" in argv:         # scores' loads by a stage a step ahead (v46's A/B)
-        extra.update(SCORES_PREFETCH=1)
+    if "--no-scores-prefetch" in argv:      # scores' loads without the stage (v46's A/B)
+        extra.update(SCORES_PREFETCH=0)
     if extra:
         from cupy_gda import chunk_bwd
         base = chunk_bwd.defines

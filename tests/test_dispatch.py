@@ -594,18 +594,30 @@ _BF16 = dict(dtype="bfloat16")
     pytest.param(P._replace(T=4096, K=256, V=512, B=8, N=8, H=4, dtype="float16"), False, False,
                  id="gla-1.3b-fp16"),
     pytest.param(_p(T=4096, K=128, B=8, H=16)._replace(**_BF16), False, False, id="big128-bf16"),
-    pytest.param(_p(T=2047, K=256, B=8, H=4)._replace(V=512, **_BF16), False, False, id="T2047"),
+    pytest.param(_p(T=2047, K=256, B=8, H=4)._replace(V=512, **_BF16), False, True, id="T2047"),
+    pytest.param(_p(T=511, K=256, B=8, H=4)._replace(V=512, **_BF16), False, False, id="T511"),
+    # K = 128 (gda_chunk_fwd's keys in one tile): where V >= 512, or scan_o runs and V >= 192
+    pytest.param(_p(T=4096, K=128, B=8, H=4)._replace(V=256, **_BF16), False, True,
+                 id="gla-340m-bf16-scan_o"),
+    pytest.param(_p(T=4096, K=128, B=2, H=4)._replace(V=256, **_BF16), False, False,
+                 id="K128-V256-32-scan_o-blocks"),
+    pytest.param(_p(T=2048, K=128, B=1, H=2)._replace(V=512, **_BF16), False, True,
+                 id="K128-V512-two-heads"),
+    pytest.param(_p(T=4096, K=64, B=8, H=4)._replace(V=512, **_BF16), False, False, id="K64"),
+    # K > 128: V >= 512, scan_o and V >= 192, or a scan block for every other SM
     pytest.param(_p(T=2048, K=129, B=4, H=4)._replace(V=129, **_BF16), False, True,
                  id="K129-V129-144-blocks"),
-    pytest.param(_p(T=2048, K=192, B=2, H=4)._replace(V=192, **_BF16), False, False,
+    pytest.param(_p(T=2048, K=192, B=2, H=4)._replace(V=192, **_BF16), False, True,
                  id="K192-V192-72-blocks"),
+    pytest.param(_p(T=2048, K=192, B=1, H=2)._replace(V=192, **_BF16), False, False,
+                 id="K192-V192-18-blocks"),
     # packed: one chain a head (H of them), the sequences' chunks in turn
     pytest.param(P._replace(T=8192, K=256, V=512, B=1, N=4, H=5, **_BF16), True, True,
                  id="varlen-H5"),
-    pytest.param(P._replace(T=8192, K=256, V=512, B=1, N=4, H=4, **_BF16), True, False,
-                 id="varlen-H4-128-blocks"),
-    pytest.param(P._replace(T=8191, K=256, V=512, B=1, N=4, H=5, **_BF16), True, False,
-                 id="varlen-below-2048"),
+    pytest.param(P._replace(T=8192, K=256, V=256, B=1, N=4, H=1, **_BF16), True, False,
+                 id="varlen-H1-V256-16-blocks"),
+    pytest.param(P._replace(T=2047, K=256, V=512, B=1, N=4, H=5, **_BF16), True, False,
+                 id="varlen-below-512"),
     # the workspace (every chunk's state) over PLANES_FORWARD_MAX_BYTES: 1.7 GiB at GLA-1.3B
     pytest.param(P._replace(T=8192, K=256, V=512, B=8, N=8, H=4, **_BF16), False, True,
                  id="gla-1.3b-T8192"),
@@ -615,10 +627,12 @@ _BF16 = dict(dtype="bfloat16")
                  id="prefill-1M"),
 ])
 def test_forward_from_the_planes_where_the_rule_says(p, varlen, want):
-    """_dispatch.planes_forward on 132 SMs: bfloat16 inputs, K over chunk.MAX_KT (gda_chunk_fwd's
-    key tiles), mean sequence length at least PLANES_FORWARD_FROM, a scan block (a state tile
-    of a chain) for every SM, a workspace within PLANES_FORWARD_MAX_BYTES."""
-    assert _dispatch.planes_forward(p, varlen, 132) == want
+    """_dispatch.planes_forward on a Hopper GPU's 132 SMs: bfloat16 inputs, K at least
+    chunk.MAX_KT, mean sequence length at least PLANES_FORWARD_FROM, a workspace within
+    PLANES_FORWARD_MAX_BYTES, and V >= 512, or scan_o (SCAN_O_FROM blocks an SM) with V >= 192,
+    or K over chunk.MAX_KT (gda_chunk_fwd's key tiles) with a scan block (a state tile of a
+    chain) for every other SM (v46's sweep)."""
+    assert _dispatch.planes_forward(p, varlen, (132, 227 * 1024)) == want
     assert _dispatch.pick("f", "auto", p, True, (132, 227 * 1024)) == "chunk"
 
 
@@ -772,11 +786,13 @@ def test_scan_o_fits_where_its_shared_memory_and_blocks_do(monkeypatch):
         assert chunk_bwd.scan_o_fits(p._replace(K=K), cfg) == want, (smem, K, cfg)
     monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, hopper))
     assert chunk_bwd.scan_o_fits(p, lean)                   # 32 sequence-heads x 8: 256 blocks
-    assert not chunk_bwd.scan_o_fits(p._replace(H=2), lean)             # 128 blocks
-    assert chunk_bwd.scan_o_fits(p._replace(H=2, V=1024), lean)          # 256 again
+    assert chunk_bwd.scan_o_fits(p._replace(H=2), lean)                 # 128 blocks
+    assert not chunk_bwd.scan_o_fits(p._replace(H=1), lean)             # 64
+    assert chunk_bwd.scan_o_fits(p._replace(H=1, V=1024), lean)          # 128 again
     assert not chunk_bwd.scan_o_fits(p._replace(B=1, N=5), lean, True)   # packed: H of them
-    monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0.5)
-    assert chunk_bwd.scan_o_fits(p._replace(H=2), lean)
+    assert chunk_bwd.scan_o_fits(p._replace(H=1), lean, limits=(64, hopper))
+    monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0.4)
+    assert chunk_bwd.scan_o_fits(p._replace(H=1), lean)
     monkeypatch.setattr(chunk_bwd, "USE_SCAN_O", False)
     assert not chunk_bwd.scan_o_fits(p, lean)
 
