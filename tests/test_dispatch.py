@@ -587,6 +587,11 @@ def test_backward_named_methods():
 _BF16 = dict(dtype="bfloat16")
 
 
+def _bf16(T, K, V, B, H):
+    """A Problem of bfloat16 inputs (_p's, with V of its own)."""
+    return _p(T=T, K=K, B=B, H=H)._replace(V=V, **_BF16)
+
+
 @pytest.mark.parametrize("p, varlen, want", [
     pytest.param(P._replace(T=4096, K=256, V=512, B=8, N=8, H=4, **_BF16), False, True,
                  id="gla-1.3b-bf16"),
@@ -594,23 +599,17 @@ _BF16 = dict(dtype="bfloat16")
     pytest.param(P._replace(T=4096, K=256, V=512, B=8, N=8, H=4, dtype="float16"), False, False,
                  id="gla-1.3b-fp16"),
     pytest.param(_p(T=4096, K=128, B=8, H=16)._replace(**_BF16), False, False, id="big128-bf16"),
-    pytest.param(_p(T=2047, K=256, B=8, H=4)._replace(V=512, **_BF16), False, True, id="T2047"),
-    pytest.param(_p(T=511, K=256, B=8, H=4)._replace(V=512, **_BF16), False, False, id="T511"),
+    pytest.param(_bf16(T=2047, K=256, V=512, B=8, H=4), False, True, id="T2047"),
+    pytest.param(_bf16(T=511, K=256, V=512, B=8, H=4), False, False, id="T511"),
     # K = 128 (gda_chunk_fwd's keys in one tile): where V >= 512, or scan_o runs and V >= 192
-    pytest.param(_p(T=4096, K=128, B=8, H=4)._replace(V=256, **_BF16), False, True,
-                 id="gla-340m-bf16-scan_o"),
-    pytest.param(_p(T=4096, K=128, B=2, H=4)._replace(V=256, **_BF16), False, False,
-                 id="K128-V256-32-scan_o-blocks"),
-    pytest.param(_p(T=2048, K=128, B=1, H=2)._replace(V=512, **_BF16), False, True,
-                 id="K128-V512-two-heads"),
-    pytest.param(_p(T=4096, K=64, B=8, H=4)._replace(V=512, **_BF16), False, False, id="K64"),
+    pytest.param(_bf16(T=4096, K=128, V=256, B=8, H=4), False, True, id="gla-340m-bf16-scan_o"),
+    pytest.param(_bf16(T=4096, K=128, V=256, B=2, H=4), False, False, id="K128-V256-32-blocks"),
+    pytest.param(_bf16(T=2048, K=128, V=512, B=1, H=2), False, True, id="K128-V512-two-heads"),
+    pytest.param(_bf16(T=4096, K=64, V=512, B=8, H=4), False, False, id="K64"),
     # K > 128: V >= 512, scan_o and V >= 192, or a scan block for every other SM
-    pytest.param(_p(T=2048, K=129, B=4, H=4)._replace(V=129, **_BF16), False, True,
-                 id="K129-V129-144-blocks"),
-    pytest.param(_p(T=2048, K=192, B=2, H=4)._replace(V=192, **_BF16), False, True,
-                 id="K192-V192-72-blocks"),
-    pytest.param(_p(T=2048, K=192, B=1, H=2)._replace(V=192, **_BF16), False, False,
-                 id="K192-V192-18-blocks"),
+    pytest.param(_bf16(T=2048, K=129, V=129, B=4, H=4), False, True, id="K129-V129-144-blocks"),
+    pytest.param(_bf16(T=2048, K=192, V=192, B=2, H=4), False, True, id="K192-V192-72-blocks"),
+    pytest.param(_bf16(T=2048, K=192, V=192, B=1, H=2), False, False, id="K192-V192-18-blocks"),
     # packed: one chain a head (H of them), the sequences' chunks in turn
     pytest.param(P._replace(T=8192, K=256, V=512, B=1, N=4, H=5, **_BF16), True, True,
                  id="varlen-H5"),
