@@ -50,7 +50,10 @@ CHUNK_FROM = (
 # PLANES_FORWARD_FROM, K at least chunk.MAX_KT and the workspace within PLANES_FORWARD_MAX_BYTES,
 # and then where V >= 512, or scan_o runs (chunk_bwd.scan_o_runs: SCAN_O_FROM blocks an SM) with V
 # >= 192, or K > chunk.MAX_KT (gda_chunk_fwd tiles its keys) with the scan's blocks (a state tile
-# of a chain each) at least half the SMs. docs/perf-notes.md, v46's rule (scripts/
+# of a chain each) at least half the SMs; where those blocks are fewer than the SMs, only for
+# chains of at most PLANES_FORWARD_CHAIN rows (T, or with cu_seqlens every sequence's rows: a
+# chain runs a head's chunks in turn, where gda_chunk_fwd splits a long sequence in segments
+# over the idle SMs; longer ones not measured). docs/perf-notes.md, v46's rule (scripts/
 # sweep_planes_forward.py on an H100, 35 shapes, K 128..256, V 128..512, T 512..4096, 2..32
 # sequence-heads; scan_o by SCAN_O_FROM 0.7): it picks 26, at 0.42-0.98x gda_chunk_fwd's time
 # (0.88x at GLA-340M, where K = 128), and leaves 9 at 0.98-2.15x for it; v24's rule (K > 128,
@@ -60,6 +63,7 @@ CHUNK_FROM = (
 # PLANES_FORWARD_MAX_BYTES (counted as kept) the call keeps to gda_chunk_fwd, whose workspace
 # stays within q's size (a million-token prefill fits).
 PLANES_FORWARD_FROM = 512
+PLANES_FORWARD_CHAIN = 4096
 PLANES_FORWARD_MAX_BYTES = 4 << 30
 
 
@@ -72,9 +76,11 @@ def planes_forward(p, varlen=False, limits=None):
         return False
     limits = limits or device_limits()
     NH = chunk_bwd.chunks(p, 64, varlen)[0]         # the scan's chains: N H, or H where packed
+    blocks = NH * chunk_bwd.tiles(p.K) * chunk_bwd.tiles(p.V)      # (its blocks)
+    if blocks < limits[0] and p.T > PLANES_FORWARD_CHAIN:
+        return False
     return (p.V >= 512 or (p.V >= 192 and chunk_bwd.scan_o_runs(p, varlen, limits))
-            or (p.K > chunk.MAX_KT
-                and 2 * NH * chunk_bwd.tiles(p.K) * chunk_bwd.tiles(p.V) >= limits[0]))
+            or (p.K > chunk.MAX_KT and 2 * blocks >= limits[0]))
 
 
 def _chunk_wins(p):

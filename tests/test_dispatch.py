@@ -605,6 +605,10 @@ def _bf16(T, K, V, B, H):
     pytest.param(_bf16(T=4096, K=128, V=256, B=8, H=4), False, True, id="gla-340m-bf16-scan_o"),
     pytest.param(_bf16(T=4096, K=128, V=256, B=2, H=4), False, False, id="K128-V256-32-blocks"),
     pytest.param(_bf16(T=2048, K=128, V=512, B=1, H=2), False, True, id="K128-V512-two-heads"),
+    # fewer scan blocks than SMs: chains of at most PLANES_FORWARD_CHAIN rows
+    pytest.param(_bf16(T=4096, K=256, V=512, B=1, H=4), False, True, id="B1-H4-T4096"),
+    pytest.param(_bf16(T=4097, K=256, V=512, B=1, H=4), False, False, id="B1-H4-T4097"),
+    pytest.param(_bf16(T=32768, K=256, V=512, B=1, H=8), False, True, id="B1-H8-T32K-256-blocks"),
     pytest.param(_bf16(T=4096, K=64, V=512, B=8, H=4), False, False, id="K64"),
     # K > 128: V >= 512, scan_o and V >= 192, or a scan block for every other SM
     pytest.param(_bf16(T=2048, K=129, V=129, B=4, H=4), False, True, id="K129-V129-144-blocks"),
@@ -615,6 +619,10 @@ def _bf16(T, K, V, B, H):
                  id="varlen-H5"),
     pytest.param(P._replace(T=8192, K=256, V=256, B=1, N=4, H=1, **_BF16), True, False,
                  id="varlen-H1-V256-16-blocks"),
+    pytest.param(P._replace(T=4096, K=256, V=512, B=1, N=4, H=2, **_BF16), True, True,
+                 id="varlen-H2-4096-rows"),
+    pytest.param(P._replace(T=8192, K=256, V=512, B=1, N=8, H=2, **_BF16), True, False,
+                 id="varlen-H2-8192-rows-64-blocks"),
     pytest.param(P._replace(T=2047, K=256, V=512, B=1, N=4, H=5, **_BF16), True, False,
                  id="varlen-below-512"),
     # the workspace (every chunk's state) over PLANES_FORWARD_MAX_BYTES: 1.7 GiB at GLA-1.3B
@@ -630,7 +638,8 @@ def test_forward_from_the_planes_where_the_rule_says(p, varlen, want):
     chunk.MAX_KT, mean sequence length at least PLANES_FORWARD_FROM, a workspace within
     PLANES_FORWARD_MAX_BYTES, and V >= 512, or scan_o (SCAN_O_FROM blocks an SM) with V >= 192,
     or K over chunk.MAX_KT (gda_chunk_fwd's key tiles) with a scan block (a state tile of a
-    chain) for every other SM (v46's sweep)."""
+    chain) for every other SM (v46's sweep); with fewer scan blocks than SMs, chains of at most
+    PLANES_FORWARD_CHAIN rows."""
     assert _dispatch.planes_forward(p, varlen, (132, 227 * 1024)) == want
     assert _dispatch.pick("f", "auto", p, True, (132, 227 * 1024)) == "chunk"
 
