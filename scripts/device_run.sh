@@ -66,6 +66,8 @@
 #            planes as the rules build it and with scan_o at any number of blocks, over K, V and
 #            batch shapes; which one auto runs), then `profile_chunk_bwd --scan-o-sweep`: the data
 #            for _dispatch.planes_forward's K > 128 and chunk_bwd.SCAN_O_FROM (perf-notes v45)
+#   planes-long: install, scripts/sweep_planes_forward.py --long (long sequences of few
+#            sequence-heads: the shapes behind _dispatch.PLANES_FORWARD_CHAIN, v46)
 #   forms:   install, the bench's model rows [SHAPES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
 #            (forward, forward + backward, kept) with every opt-in Hopper form on (USE_SCAN_O_WG,
 #            USE_SCAN_O_MC, USE_SCAN_DV), then with the defaults
@@ -96,6 +98,7 @@
 #   bash scripts/device_run.sh <commit> fwd-ab [NAMES (gla1.3b-bf16)]
 #   bash scripts/device_run.sh <commit> prefetch-ab [NAMES (gla1.3b-bf16,gla340m-bf16)]
 #   bash scripts/device_run.sh <commit> planes-rule
+#   bash scripts/device_run.sh <commit> planes-long
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
 commit="${1:-unknown}"
@@ -378,6 +381,10 @@ if [ "$phase" = "prefetch-ab" ]; then
         timeout $(((570 - SECONDS) / 2)) python3 -m scripts.profile_chunk_bwd gla1.3b-bf16 \
             --stages $pf 2>&1 | tee -a "$out/prefetch-ab.txt" | grep -v "^bench"
     done
+    exit 0
+fi
+if [ "$phase" = "planes-long" ]; then
+    timeout 560 python3 -m scripts.sweep_planes_forward --long 2>&1 | tee "$out/sweep-planes-long.txt"
     exit 0
 fi
 if [ "$phase" = "planes-rule" ]; then

@@ -10,7 +10,14 @@ behind _dispatch.planes_forward and chunk_bwd.SCAN_O_FROM (docs/perf-notes.md, v
         gda_chunk_fwd, scan_o's blocks an SM, which one method="auto" runs today
         (_dispatch.planes_forward: "planes" or "chunk_fwd"), the guard's flag and the largest
         difference of the plans' outputs from gda_chunk_fwd's.
+    python -m scripts.sweep_planes_forward --long
+        The same over long sequences of few sequence-heads (LONG), where the scan's blocks are
+        fewer than the SMs and gda_chunk_fwd splits each sequence into segments: the shapes
+        behind _dispatch.PLANES_FORWARD_CHAIN (the rule keeps them to gda_chunk_fwd from 4097
+        rows a chain, not measured).
 """
+import sys
+
 import numpy as np
 
 from cupy_gda import _verify
@@ -18,6 +25,8 @@ from scripts.profile_chunk_bwd import inputs, median_ms
 
 KV = ((128, 128), (128, 256), (128, 512), (192, 192), (192, 512), (256, 256), (256, 512))
 BTH = ((8, 4096, 4), (2, 4096, 4), (8, 1024, 4), (4, 512, 8), (1, 2048, 2))
+LONG = (((128, 256), (256, 256), (256, 512)), ((1, 8192, 4), (1, 32768, 4), (2, 16384, 4),
+                                                (1, 65536, 2)))
 
 
 def lean_plan(p):
@@ -31,7 +40,7 @@ def lean_plan(p):
         chunk_bwd.SCAN_O_FROM = scan_o_from
 
 
-def main():
+def main(argv=None):
     import cupy
     from cupy_gda import _dispatch, chunk, chunk_bwd
     from cupy_gda._checks import Problem
@@ -39,8 +48,9 @@ def main():
     print(f"(SCAN_O_FROM {chunk_bwd.SCAN_O_FROM}, {sms} SMs)")
     print(f"{'B':>2s} {'T':>5s} {'H':>3s} {'K':>4s} {'V':>4s}  {'chunk_fwd':>9s} {'planes':>15s} "
           f"{'scan_o':>15s}  blocks/SM  auto       flag  max |diff|", flush=True)
-    for K, V in KV:
-        for B, T, H in BTH:
+    kv, bth = LONG if "--long" in (sys.argv[1:] if argv is None else argv) else (KV, BTH)
+    for K, V in kv:
+        for B, T, H in bth:
             args, _ = inputs(_verify.Case(B, T, H, K, V, dtype="bfloat16", init=False))
             p = Problem(B, T, H, K, V, B, "bfloat16", "float32", False)
             x = (*(args[n] for n in ("q", "k", "v", "gate")), 1.0, None, None, False, None)
