@@ -592,6 +592,34 @@ def _bf16(T, K, V, B, H):
     return _p(T=T, K=K, B=B, H=H)._replace(V=V, **_BF16)
 
 
+_PLANES_RULE = [  # bfloat16, dense: (T, K, V, B, H, from the planes, id)
+    (2047, 256, 512, 8, 4, True, "T2047"),
+    (511, 256, 512, 8, 4, False, "T511"),
+    # K = 128 (gda_chunk_fwd's keys in one tile): where V >= 512, or scan_o runs and V >= 192
+    (4096, 128, 256, 8, 4, True, "gla-340m-bf16-scan_o"),
+    (4096, 128, 256, 2, 4, False, "K128-V256-32-blocks"),
+    (2048, 128, 512, 1, 2, True, "K128-V512-two-heads"),
+    (4096, 64, 512, 8, 4, False, "K64"),
+    # fewer scan blocks than SMs: chains of at most PLANES_FORWARD_CHAIN rows
+    (4096, 256, 512, 1, 4, True, "B1-H4-T4096"),
+    (4097, 256, 512, 1, 4, False, "B1-H4-T4097"),
+    (32768, 256, 512, 1, 8, True, "B1-H8-T32K-256-blocks"),
+    # K > 128: V >= 512, scan_o and V >= 192, or a scan block for every other SM
+    (2048, 129, 129, 4, 4, True, "K129-V129-144-blocks"),
+    (2048, 192, 192, 2, 4, True, "K192-V192-72-blocks"),
+    (2048, 192, 192, 1, 2, False, "K192-V192-18-blocks"),
+]
+
+
+_PLANES_RULE_PACKED = [  # bfloat16, K = 256, cu_seqlens: (T, V, N, H, from the planes, id)
+    (8192, 512, 4, 5, True, "varlen-H5"),
+    (8192, 256, 4, 1, False, "varlen-H1-V256-16-blocks"),
+    (4096, 512, 4, 2, True, "varlen-H2-4096-rows"),
+    (8192, 512, 8, 2, False, "varlen-H2-8192-rows-64-blocks"),
+    (2047, 512, 4, 5, False, "varlen-below-512"),
+]
+
+
 @pytest.mark.parametrize("p, varlen, want", [
     pytest.param(P._replace(T=4096, K=256, V=512, B=8, N=8, H=4, **_BF16), False, True,
                  id="gla-1.3b-bf16"),
@@ -599,32 +627,11 @@ def _bf16(T, K, V, B, H):
     pytest.param(P._replace(T=4096, K=256, V=512, B=8, N=8, H=4, dtype="float16"), False, False,
                  id="gla-1.3b-fp16"),
     pytest.param(_p(T=4096, K=128, B=8, H=16)._replace(**_BF16), False, False, id="big128-bf16"),
-    pytest.param(_bf16(T=2047, K=256, V=512, B=8, H=4), False, True, id="T2047"),
-    pytest.param(_bf16(T=511, K=256, V=512, B=8, H=4), False, False, id="T511"),
-    # K = 128 (gda_chunk_fwd's keys in one tile): where V >= 512, or scan_o runs and V >= 192
-    pytest.param(_bf16(T=4096, K=128, V=256, B=8, H=4), False, True, id="gla-340m-bf16-scan_o"),
-    pytest.param(_bf16(T=4096, K=128, V=256, B=2, H=4), False, False, id="K128-V256-32-blocks"),
-    pytest.param(_bf16(T=2048, K=128, V=512, B=1, H=2), False, True, id="K128-V512-two-heads"),
-    # fewer scan blocks than SMs: chains of at most PLANES_FORWARD_CHAIN rows
-    pytest.param(_bf16(T=4096, K=256, V=512, B=1, H=4), False, True, id="B1-H4-T4096"),
-    pytest.param(_bf16(T=4097, K=256, V=512, B=1, H=4), False, False, id="B1-H4-T4097"),
-    pytest.param(_bf16(T=32768, K=256, V=512, B=1, H=8), False, True, id="B1-H8-T32K-256-blocks"),
-    pytest.param(_bf16(T=4096, K=64, V=512, B=8, H=4), False, False, id="K64"),
-    # K > 128: V >= 512, scan_o and V >= 192, or a scan block for every other SM
-    pytest.param(_bf16(T=2048, K=129, V=129, B=4, H=4), False, True, id="K129-V129-144-blocks"),
-    pytest.param(_bf16(T=2048, K=192, V=192, B=2, H=4), False, True, id="K192-V192-72-blocks"),
-    pytest.param(_bf16(T=2048, K=192, V=192, B=1, H=2), False, False, id="K192-V192-18-blocks"),
+    *(pytest.param(_bf16(T, K, V, B, H), False, want, id=i)
+      for T, K, V, B, H, want, i in _PLANES_RULE),
     # packed: one chain a head (H of them), the sequences' chunks in turn
-    pytest.param(P._replace(T=8192, K=256, V=512, B=1, N=4, H=5, **_BF16), True, True,
-                 id="varlen-H5"),
-    pytest.param(P._replace(T=8192, K=256, V=256, B=1, N=4, H=1, **_BF16), True, False,
-                 id="varlen-H1-V256-16-blocks"),
-    pytest.param(P._replace(T=4096, K=256, V=512, B=1, N=4, H=2, **_BF16), True, True,
-                 id="varlen-H2-4096-rows"),
-    pytest.param(P._replace(T=8192, K=256, V=512, B=1, N=8, H=2, **_BF16), True, False,
-                 id="varlen-H2-8192-rows-64-blocks"),
-    pytest.param(P._replace(T=2047, K=256, V=512, B=1, N=4, H=5, **_BF16), True, False,
-                 id="varlen-below-512"),
+    *(pytest.param(P._replace(T=T, K=256, V=V, B=1, N=N, H=H, **_BF16), True, want, id=i)
+      for T, V, N, H, want, i in _PLANES_RULE_PACKED),
     # the workspace (every chunk's state) over PLANES_FORWARD_MAX_BYTES: 1.7 GiB at GLA-1.3B
     pytest.param(P._replace(T=8192, K=256, V=512, B=8, N=8, H=4, **_BF16), False, True,
                  id="gla-1.3b-T8192"),
