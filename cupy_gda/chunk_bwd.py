@@ -280,11 +280,16 @@ def scan_o_fits(p, cfg, varlen=False, limits=None):
             and chunks(p, cfg.BT, varlen)[0] * tiles(p.V) >= SCAN_O_FROM * sms)
 
 
+def forward_config(p, varlen=False, keep=False):
+    """The Config a ForwardPlan of Problem ``p`` (packed where ``varlen``; keeping its stages
+    where ``keep``) starts from on the current device: planes_config with its wgmma forms."""
+    return planes_config(p, varlen, use_wgmma(), keep, use_scan_o_wg())
+
+
 def scan_o_runs(p, varlen=False, limits=None):
     """Whether a ForwardPlan that keeps nothing, for Problem ``p`` (packed where ``varlen``),
     runs scan_o on a GPU of ``limits`` (scan_o_fits' of its Config)."""
-    cfg = planes_config(p, varlen, use_wgmma(), False, use_scan_o_wg())
-    return scan_o_fits(p, cfg, varlen, limits)
+    return scan_o_fits(p, forward_config(p, varlen), varlen, limits)
 
 
 def scan_o_mc(p, cfg):
@@ -540,7 +545,7 @@ class ForwardPlan:
 
     def __init__(self, p, varlen=False, seq_int64=False, keep=False):
         self.p, self.varlen = p, varlen
-        cfg = planes_config(p, varlen, use_wgmma(), keep, use_scan_o_wg())
+        cfg = forward_config(p, varlen, keep)
         self.scan_o = scan_o_fits(p, cfg, varlen)          # (the scan and o as one kernel)
         self.cfg = cfg._replace(SCAN_O_MC=self.scan_o and scan_o_mc(p, cfg),
                                 VROWS=self.scan_o and scan_o_vrows(p, cfg))
