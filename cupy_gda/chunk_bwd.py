@@ -253,15 +253,15 @@ def scan_o_smem(p, cfg, fwd=True):
     """scan_o's dynamic shared memory bytes (the kernel's FO_BYTES, which it checks): two slots
     of a chunk's operands (scale q A's and k D's two planes of BT rows of KP + 8 bfloat16, v's
     plane of FV + 8 columns, W's BT x BT + 4 floats, A_end's KP) and o^T's two key halves (FV
-    rows of BT + 4 floats each); with SCAN_O_WG the planes of q A, k D unpadded (wgmma's
-    layouts), k D's TERMS of them, and W's h, m planes (BT x BT bfloat16 each), and with three
-    terms one half of o^T (225,280 bytes at K = 256); in a backward (not ``fwd``) only k D's
-    planes, v's and A_end (108,544 bytes at K = 256)."""
+    rows of BT + 8 floats each: 199,680 bytes at K = 256); with SCAN_O_WG the planes of q A, k D
+    unpadded (wgmma's layouts), k D's TERMS of them, and W's h, m planes (BT x BT bfloat16
+    each), and with three terms one half of o^T (226,304 bytes at K = 256); in a backward (not
+    ``fwd``) only k D's planes, v's and A_end (108,544 bytes at K = 256)."""
     kp, bt = planes(p)[0], cfg.BT
     if cfg.SCAN_O_WG:
-        o = 2 * 2 * bt * kp + 4 * bt * bt + 4 * bt * (bt + 4) + 4 * (4 - cfg.TERMS) * FV * (bt + 4)
+        o = 2 * 2 * bt * kp + 4 * bt * bt + 4 * bt * (bt + 4) + 4 * (4 - cfg.TERMS) * FV * (bt + 8)
         return 2 * cfg.TERMS * bt * kp + 2 * bt * (FV + 8) + 4 * kp + (o if fwd else 0)
-    f32 = 4 * (bt * (bt + 4) + kp + 2 * FV * (bt + 4)) + 2 * bt * (FV + 8)
+    f32 = 4 * (bt * (bt + 4) + kp + 2 * FV * (bt + 8)) + 2 * bt * (FV + 8)
     return 8 * bt * (kp + 8) + f32
 
 
@@ -270,7 +270,7 @@ def scan_o_fits(p, cfg, varlen=False, limits=None):
     scan_o on a GPU of ``limits`` ((SM count, opt-in shared memory bytes a block): the current
     one's where None): USE_SCAN_O, one that keeps nothing (two terms), at most 256 keys (its
     state is KP / 2 registers a thread), its shared memory within the opt-in limit (at K = 256
-    and chunks of 64, 193 KiB: a Hopper GPU's 227, not an A100's 163) and SCAN_O_FROM blocks an
+    and chunks of 64, 195 KiB: a Hopper GPU's 227, not an A100's 163) and SCAN_O_FROM blocks an
     SM. One that keeps its stages (three terms) runs it where planes_config gave it SCAN_O_WG:
     then always, as its backward's S0 come from scan_o too (v41)."""
     if cfg.TERMS == 3:
@@ -311,11 +311,11 @@ def scan_dv_smem(p, cfg):
     """scan_dv's dynamic shared memory bytes (the kernel's FD_BYTES, which it checks): k D's two
     planes and scale q A's TERMS (BT x KP bfloat16 each), W's two split planes and its float32
     rows (BT x BT + 4), do's plane of FV + 8 columns, A_end's KP floats, dv^T's second half (FV
-    rows of BT + 4 floats) and the rowsum's four row groups of KP floats: 229,376 bytes at K =
-    256 (a Hopper GPU's 227 KiB, with 3 to spare)."""
+    rows of BT + 8 floats) and the rowsum's four row groups of KP floats: 230,400 bytes at K =
+    256 (a Hopper GPU's 227 KiB, with 2 to spare)."""
     kp, bt = planes(p)[0], cfg.BT
     return ((2 + cfg.TERMS) * bt * kp * 2 + 4 * bt * bt + 2 * bt * (FV + 8)
-            + 4 * (bt * (bt + 4) + kp + FV * (bt + 4) + 4 * kp))
+            + 4 * (bt * (bt + 4) + kp + FV * (bt + 8) + 4 * kp))
 
 
 def scan_dv_fits(p, cfg, varlen=False):

@@ -207,6 +207,13 @@ template <int N> __device__ __forceinline__ void gda_cp_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
+// 16 bytes a, b, c, d to global memory at p (16-byte aligned) as one store (NVRTC split a uint4's
+// store into four of 4 bytes, each its own sector write: perf-notes v47)
+__device__ __forceinline__ void gda_st16(void* p, unsigned a, unsigned b, unsigned c, unsigned d) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(a), "r"(b), "r"(c), "r"(d)
+                 : "memory");
+}
+
 // f(r0, dr, c) for each item (row r0 + dr, column c) of a ROWS x COLS grid that this thread of NT
 // takes: the items r COLS + c from threadIdx.x on, NT apart. Where COLS divides NT a thread keeps
 // one column and its rows are NT / COLS apart: r0 its first, dr the same in every thread (a

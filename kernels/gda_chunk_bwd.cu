@@ -2129,7 +2129,8 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 #define KH (KP / 2)                                     // key columns a warp
 #define FVL (FV + 8)                                    // halves a staged row of v (padded:
 #define FWL (BT + 4)                                    //   ldmatrix's 8 rows in distinct
-#define FOL (BT + 4)                                    //   banks), floats of W, o^T's halves
+#define FOL (BT + 8)                                    //   banks), floats of W, o^T's halves
+                                                        //   (+ 8: gda_fo_halves' float2 rows)
 #define FQS (KP * 16)                                   // (SCAN_O_WG, SCAN_DV) bytes between 8
 #define FKS (BT * 16)                                   //   steps' cores of a K-major plane, 8
 #define FPB (BT * KP * 2)                               //   keys' of an MN-major one; a plane
@@ -2235,8 +2236,8 @@ __device__ __forceinline__ void gda_fo_store(const float* so, const gda_chunk_at
                                          : so[(v8 + i) * FOL + t]);
         io::t* dst = out + ch.at(t, V_DIM, n0 + v8);
         if (V_DIM % 8 == 0) {
-            *reinterpret_cast<uint4*>(dst) = make_uint4(y[0] | (unsigned)y[1] << 16,
-                y[2] | (unsigned)y[3] << 16, y[4] | (unsigned)y[5] << 16, y[6] | (unsigned)y[7] << 16);
+            gda_st16(dst, y[0] | (unsigned)y[1] << 16, y[2] | (unsigned)y[3] << 16,
+                     y[4] | (unsigned)y[5] << 16, y[6] | (unsigned)y[7] << 16);
         } else {
             #pragma unroll
             for (int i = 0; i < 8; ++i)

@@ -4,9 +4,11 @@
 The tile invariants mirror the static_asserts of kernels/*.cu, checked here for every K, V in
 1..256 so a bad choice shows without a GPU or a compiler.
 """
+import re
+
 import pytest
 
-from cupy_gda import _dispatch, _launch, chunk, chunk_bwd, recurrent, step
+from cupy_gda import _compile, _dispatch, _launch, chunk, chunk_bwd, recurrent, step
 from cupy_gda._checks import MAX_DIM, Problem
 
 FN = "gated_attention"
@@ -780,19 +782,56 @@ def test_chunk_backward_launcher_sizes_are_the_kernels():
     assert defined["GM"] == defined["GN"] == chunk_bwd.GT
 
 
+def _kernel_bytes(name, which=0, **given):
+    """gda_chunk_bwd.cu's macro ``name`` (its ``which``-th #define where it has several: FO_BYTES's
+    first is SCAN_O_WG's, its second the mma.sync form's) as the kernel computes it from the
+    defines ``given`` (K_DIM, BT, TERMS, FWD) and the file's own #defines, C's ?: and integer
+    division read as Python's"""
+    text = (_compile.KERNEL_DIR / "gda_chunk_bwd.cu").read_text().replace("\\\n", " ")
+    defs = {}
+    for m in re.finditer(r"^#define (\w+) ([^\n]*?)\s*(?://[^\n]*)?$", text, re.M):
+        defs.setdefault(m.group(1), []).append(m.group(2))
+
+    def value(n, which=0):
+        if n in given:
+            return given[n]
+        expr = re.sub(r"\(([^()?]+)\?([^():]+):([^()]+)\)", r"((\2) if (\1) else (\3))", defs[n][which])
+        names = set(re.findall(r"[A-Za-z_]\w*", expr)) - {"if", "else"}
+        return eval(expr.replace("/", "//"), {}, {x: value(x) for x in names})
+    return value(name, which)
+
+
+def test_launchers_shared_memory_is_the_kernels():
+    """scan_o_smem and scan_dv_smem give the bytes that scan_o and scan_dv check against their
+    FO_BYTES and FD_BYTES (a block traps where it has fewer: a launcher left behind by a change of
+    the kernel's layout fails on the GPU, so the two are held together here), over chunks, key
+    widths, terms and forms."""
+    for K, BT in ((256, 64), (100, 64), (256, 32), (128, 64), (24, 32)):
+        p = P._replace(B=2, N=2, T=512, H=2, K=K, V=512, dtype="bfloat16")
+        for keep in (False, True):
+            cfg = chunk_bwd.planes_config(p, keep=keep)._replace(BT=BT)
+            d = dict(K_DIM=K, BT=BT, TERMS=cfg.TERMS)
+            if cfg.TERMS == 2:                          # (the mma.sync form: a lean forward)
+                assert chunk_bwd.scan_o_smem(p, cfg) == _kernel_bytes("FO_BYTES", 1, FWD=1, **d)
+            for fwd in (True, False):                   # (the wgmma form: either)
+                wg = cfg._replace(SCAN_O_WG=True)
+                assert chunk_bwd.scan_o_smem(p, wg, fwd=fwd) == _kernel_bytes("FO_BYTES", 0, FWD=int(fwd), **d)
+            assert chunk_bwd.scan_dv_smem(p, cfg) == _kernel_bytes("FD_BYTES", FWD=0, **d)
+
+
 def test_scan_o_fits_where_its_shared_memory_and_blocks_do(monkeypatch):
     """A ForwardPlan runs scan_o (the scan and o as one kernel) where it keeps nothing (two
     terms), K is at most 256, its two slots of a chunk's operands fit the device's opt-in
-    shared memory (at GLA-1.3B's K = 256 with chunks of 64, 193 KiB, within a Hopper GPU's 227
+    shared memory (at GLA-1.3B's K = 256 with chunks of 64, 195 KiB, within a Hopper GPU's 227
     KiB and not an A100's 163: the kernel's FO_BYTES, which it checks when it runs) and its
     blocks, a sequence-head's 64 value columns each, number SCAN_O_FROM an SM."""
     p = P._replace(B=8, N=8, T=4096, H=4, K=256, V=512, dtype="bfloat16")     # GLA-1.3B
     lean = chunk_bwd.planes_config(p, keep=False)._replace(BT=64)
-    assert chunk_bwd.scan_o_smem(p, lean) == 197632
-    assert chunk_bwd.scan_o_smem(p, lean._replace(BT=32)) == 96256
-    assert chunk_bwd.scan_o_smem(p._replace(K=100), lean) == 131584     # K rounded up to 128
-    # by wgmma (SCAN_O_WG): q A's and k D's planes unpadded, W's two bfloat16 planes: 205 KiB
-    assert chunk_bwd.scan_o_smem(p, lean._replace(SCAN_O_WG=True)) == 209920
+    assert chunk_bwd.scan_o_smem(p, lean) == 199680
+    assert chunk_bwd.scan_o_smem(p, lean._replace(BT=32)) == 98304
+    assert chunk_bwd.scan_o_smem(p._replace(K=100), lean) == 133632     # K rounded up to 128
+    # by wgmma (SCAN_O_WG): q A's and k D's planes unpadded, W's two bfloat16 planes: 207 KiB
+    assert chunk_bwd.scan_o_smem(p, lean._replace(SCAN_O_WG=True)) == 211968
     hopper, a100 = 232448, 166912                           # their opt-in bytes a block
     for smem, K, cfg, want in [(hopper, 256, lean, True), (hopper, 256, lean._replace(TERMS=3), False),
                                (hopper, 320, lean, False), (a100, 256, lean, False),
@@ -816,13 +855,13 @@ def test_scan_dv_fits_a_hopper_backward_from_the_planes(monkeypatch):
     """A backward runs scan_dv (its E scan and dv as one wgmma kernel) where USE_SCAN_DV is on,
     the GPU is a Hopper one, the operands are the planes, chunks of 64 steps, planes of 128 or
     256 keys, dv in two terms and not by dv's wgmma entry, its shared memory (the kernel's
-    FD_BYTES) fits (224 KiB at GLA-1.3B's K = 256, three planes of q A) and its blocks, a
+    FD_BYTES) fits (225 KiB at GLA-1.3B's K = 256, three planes of q A) and its blocks, a
     sequence-head's 64 value columns each, number SCAN_DV_FROM an SM."""
     p = P._replace(B=8, N=8, T=4096, H=4, K=256, V=512, dtype="bfloat16")     # GLA-1.3B
     cfg = chunk_bwd.planes_config(p)
     assert (cfg.BT, cfg.PLANES, cfg.TERMS, cfg.DV_TERMS, cfg.SCAN_DV) == (64, True, 3, 2, False)
-    assert chunk_bwd.scan_dv_smem(p, cfg) == 229376
-    assert chunk_bwd.scan_dv_smem(p._replace(K=100), cfg) == 144896     # K rounded up to 128
+    assert chunk_bwd.scan_dv_smem(p, cfg) == 230400
+    assert chunk_bwd.scan_dv_smem(p._replace(K=100), cfg) == 145920     # K rounded up to 128
     monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, 232448))
     monkeypatch.setattr(chunk_bwd, "hopper", lambda: True)
     assert not chunk_bwd.scan_dv_fits(p, cfg)                            # (USE_SCAN_DV off)
@@ -851,13 +890,13 @@ def test_scan_o_makes_the_s0_of_a_backward_with_scan_dv(monkeypatch):
     """With USE_SCAN_O_WG (v41) a backward that runs scan_dv takes its S0 from scan_o's wgmma
     form without o (in place of the scan's forward half), and the forward that keeps its stages
     for it runs scan_o's wgmma form storing each S0 (three terms, one half of o^T in shared
-    memory: 220 KiB at K = 256), so that the kept S0 are the backward's own: both where
+    memory: 221 KiB at K = 256), so that the kept S0 are the backward's own: both where
     scan_dv_fits and K is whole key tiles (scan_o_s0), neither elsewhere."""
     p = P._replace(B=8, N=8, T=4096, H=4, K=256, V=512, dtype="bfloat16")     # GLA-1.3B
     keep = chunk_bwd.planes_config(p)
-    assert chunk_bwd.scan_o_smem(p, keep._replace(SCAN_O_WG=True)) == 225280
+    assert chunk_bwd.scan_o_smem(p, keep._replace(SCAN_O_WG=True)) == 226304
     assert chunk_bwd.scan_o_smem(p, keep._replace(SCAN_O_WG=True), fwd=False) == 108544
-    assert chunk_bwd.scan_o_smem(p._replace(K=128), keep._replace(SCAN_O_WG=True)) == 142848
+    assert chunk_bwd.scan_o_smem(p._replace(K=128), keep._replace(SCAN_O_WG=True)) == 143872
     assert chunk_bwd.scan_o_smem(p._replace(K=128), keep._replace(SCAN_O_WG=True), fwd=False) == 58880
     monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, 232448))
     monkeypatch.setattr(chunk_bwd, "hopper", lambda: True)
@@ -926,7 +965,7 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
     scan = (3, "scan", NH * 4 * TV, 128, chunk_bwd.smem(chunk_bwd.planes_config(p)))
     s0 = (3, "scan_o", NH * TV, 256, 108544) if wg else scan
     want = ([(1, "pack", NB, 128, 0), s0, (5, "scores", NB, 128, 0),
-             (3, "scan_dv", NH * TV, 256, 229376), (4, "rows", NB * 3 * 4, 128, 0),
+             (3, "scan_dv", NH * TV, 256, 230400), (4, "rows", NB * 3 * 4, 128, 0),
              (6, "intra", NB * 4, 64, 0)] if dv else
             [(1, "pack", NB, 128, 0), scan, (4, "rows", NB * 3 * 4, 128, 0),
              (5, "scores", NB, 128, 0), (6, "intra", NB * 4, 64, 0), (7, "dv", NB * TV, 128, 0)])
@@ -944,14 +983,14 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
     fk = chunk_bwd.ForwardPlan(p, keep=True)            # the forward that keeps its stages
     assert fk.scan_o == fk.cfg.SCAN_O_WG == wg
     assert [e[1:] for e in entries([(0, s) for s in fk.stages])] == (
-        [("pack", NB, 128, 0), ("scores", NB, 128, 0), ("scan_o", NH * TV, 256, 225280)] if wg else
+        [("pack", NB, 128, 0), ("scores", NB, 128, 0), ("scan_o", NH * TV, 256, 226304)] if wg else
         [("pack", NB, 128, 0), scan[1:], ("scores", NB, 128, 0), ("dv", NB * TV, 128, 0)])
     assert built["gda_chunk_bwd_pack"]["SCAN_O_WG"] == wg and fk.sizes["st"] == NB * 256 * 512
     assert all(fk.at[n] == kplan.kept_at[n] for n in chunk_bwd.KEPT)   # (where its backward reads)
     fp = chunk_bwd.ForwardPlan(p)                       # the lean forward: scan_o, by wgmma
     assert [e[1:] for e in entries([(0, s) for s in fp.stages])] == [  # with USE_SCAN_O_WG
         ("scores", NB, 128, 0),                         # (VROWS: scores writes the planes)
-        ("scan_o", NH * TV, 256, 209920 if scan_o_wg else 197632)]
+        ("scan_o", NH * TV, 256, 211968 if scan_o_wg else 199680)]
     assert fp.sizes["st"] == 0 and fp.cfg.SCAN_O_WG == scan_o_wg
 
 
