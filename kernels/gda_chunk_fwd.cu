@@ -213,6 +213,17 @@ template <typename E, int W> __device__ __forceinline__ gda_pack<E, W> gda_ld(co
     return r;
 }
 
+// A pack of o to global memory at p in one store: 16 bytes of float by gda_st16 (NVRTC split the
+// float4 store into four of 4 bytes, each its own sector write: perf-notes v47, v48), 8 of a
+// 16-bit type as one uint2 (which it keeps whole)
+template <typename E> __device__ __forceinline__ void gda_st_out(E* p, const gda_pack<E, 4>& x) {
+    if constexpr (sizeof(E) == 4)
+        gda_st16(p, __float_as_uint(x.e[0]), __float_as_uint(x.e[1]), __float_as_uint(x.e[2]),
+                 __float_as_uint(x.e[3]));
+    else
+        *reinterpret_cast<uint2*>(p) = x.v;
+}
+
 // A pack to shared memory: one 16-byte store for 4 floats (the row strides keep packs aligned;
 // 4 scalar stores a lane 16 bytes apart would be 4-way bank conflicts)
 template <int W> __device__ __forceinline__ void gda_st(float* p, const gda_pack<float, W>& x) {
@@ -779,8 +790,7 @@ __device__ __forceinline__ void gda_chunk_output_values(const float* b_v, float*
                 gda_pack<io::t, 4> pk;
                 #pragma unroll
                 for (int i = 0; i < 4; ++i) pk.e[i] = io::store(b_w[(r0 + t) * WS + 8 * nb + c + i]);
-                *reinterpret_cast<typename gda_vec4<sizeof(io::t)>::t*>(
-                    o + (bos + t0 + r0 + t) * sv + (long long)i_h * V_DIM + v0 + 8 * nb + c) = pk.v;
+                gda_st_out(o + (bos + t0 + r0 + t) * sv + (long long)i_h * V_DIM + v0 + 8 * nb + c, pk);
             }
         }
     } else
