@@ -106,7 +106,8 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
         cu_seqlens: [N + 1] int32/int64 offsets of packed sequences (B must be 1).
         method: "auto" (by the measured table in _dispatch), or a kernel family: "recurrent"
             (GPU and CPU) or "chunk" (GPU for K <= chunk.MAX_K = 256, and CPU).
-        out: optional [B, T, H, V] array of v's dtype that receives o.
+        out: optional [B, T, H, V] array of v's dtype that receives o (on the GPU C-contiguous;
+            one that does not start on a 16-byte boundary gets o by a copy after the kernels).
         check_indices: check cu_seqlens' values (one device sync on the GPU); pass False when
             capturing the call in a CUDA graph.
         keep_states: also return a ChunkStates for gated_attention_backward(states=), or None
@@ -146,6 +147,9 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
             cached = (key is not None and key[-1] == q.data.device_id
                       and _all_contiguous((q, k, v, g, h0)))
             q, k, v, g, h0, cu = _contiguous((q, k, v, g, h0, cu))
+            # an out that starts inside a 16-byte group (a C-contiguous view at an odd offset)
+            # takes o from a buffer of our own: the kernels store o 16 bytes at a time
+            dst, out = (out, None) if out is not None and not _ready(out) else (None, out)
             plan = _forward_plan(m, p, cu is not None, cu is not None and cu.dtype == np.int64,
                                  bool(keep_states))
             if keep_states and isinstance(plan, chunk_bwd.ForwardPlan):
@@ -156,6 +160,9 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
             else:
                 o, ht = plan(q, k, v, g, scale, h0, cu, output_final_state, out)
                 states = None
+            if dst is not None:
+                dst[...] = o
+                o = dst
             if cached:
                 _FAST[key] = plan
         else:

@@ -179,6 +179,34 @@ def test_bad_value_in_v_reaches_only_later_steps(method, dtype, bad, backend):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("offset", [1, 2, 4], ids=lambda e: f"{e}-elements")
+@pytest.mark.parametrize("method, shape, dtype", [
+    # (K = 128, V = 512, 12 sequence-heads: the forward from the planes with scan_o on an H100
+    # or H200, 96 value-tile blocks for 132 SMs, whose o leaves 16 bytes a store)
+    pytest.param("auto", (4, 512, 3, 128, 512), "bfloat16", id="planes-bf16"),
+    pytest.param("chunk", (2, 130, 2, 64, 64), "float32", id="chunk-fp32"),
+    pytest.param("recurrent", (2, 70, 2, 24, 40), "float16", id="recurrent-fp16"),
+])
+def test_out_not_16_byte_aligned(method, shape, dtype, offset):
+    """An out that is C-contiguous but starts inside a 16-byte group (a view at an odd offset)
+    receives exactly the o of a call without it, and not one element of its buffer beside it
+    is written (a NaN pattern there stays, bit for bit): o comes through a buffer of the call's
+    own."""
+    import cupy
+    q, k, v, g = (to_backend(x, "cupy") for x in _inputs(*shape, 13, _verify._dtype(dtype)))
+    want = cupy_gda.gated_attention(q, k, v, g, method=method)
+    bits = np.uint32 if want.dtype.itemsize == 4 else np.uint16
+    nan = {"float32": 0x7FC00000, "float16": 0x7E00, "bfloat16": 0x7FC0}[dtype]
+    flat = cupy.full(want.size + 2 * offset, nan, bits)
+    out = flat[offset:offset + want.size].view(want.dtype).reshape(want.shape)
+    assert out.flags.c_contiguous and out.data.ptr % 16
+    o = cupy_gda.gated_attention(q, k, v, g, method=method, out=out)
+    assert o is out
+    assert bool((out.view(bits) == want.view(bits)).all())
+    assert bool((flat[:offset] == nan).all()) and bool((flat[offset + want.size:] == nan).all())
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("method, case", [
     pytest.param("chunk", Case(2, 300, 2, 64, 64), id="chunk-K64-double-buffered"),
     pytest.param("chunk", Case(2, 300, 2, 128, 64), id="chunk-K128"),
