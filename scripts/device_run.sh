@@ -482,7 +482,8 @@ if [ "$phase" = "sass" ]; then
     for t in old new; do
         for f in $(find /tmp/cache-$t -name "*.cubin" 2>/dev/null); do
             echo "### $t $f"
-            cuobjdump -sass "$f"
+            # (nvdisasm reads NVRTC's bare cubins; cuobjdump found "no device code" in them)
+            nvdisasm -c -g "$f" 2>/dev/null || cuobjdump -sass "$f"
         done
     done > "$out/sass.txt" 2>&1
     gzip -f "$out/sass.txt"
