@@ -4,6 +4,7 @@
 The tile invariants mirror the static_asserts of kernels/*.cu, checked here for every K, V in
 1..256 so a bad choice shows without a GPU or a compiler.
 """
+import functools
 import re
 
 import pytest
@@ -769,13 +770,21 @@ def test_chunk_backward_workspaces_are_aligned():
     assert at[names[-1]] + sizes[names[-1]] <= total < at[names[-1]] + sizes[names[-1]] + 64
 
 
+@functools.lru_cache(maxsize=None)
+def _kernel_defines():
+    """gda_chunk_bwd.cu's #defines: {name: [its texts, in the file's order]} (lines joined where
+    they end in a backslash, comments dropped), read once."""
+    text = (_compile.KERNEL_DIR / "gda_chunk_bwd.cu").read_text().replace("\\\n", " ")
+    defs = {}
+    for m in re.finditer(r"^#define (\w+) ([^\n]*?)\s*(?://[^\n]*)?$", text, re.M):
+        defs.setdefault(m.group(1), []).append(m.group(2))
+    return defs
+
+
 def test_chunk_backward_launcher_sizes_are_the_kernels():
     """The threads and GEMM tile that chunk_bwd launches with are the kernel's own #defines (a
     mismatch would leave tiles unwritten or write past them)."""
-    import re
-    from cupy_gda import _compile
-    src = (_compile.KERNEL_DIR / "gda_chunk_bwd.cu").read_text()
-    defined = {m.group(1): int(m.group(2)) for m in re.finditer(r"^#define (\w+) (\d+)\b", src, re.M)}
+    defined = {n: int(t[-1]) for n, t in _kernel_defines().items() if t[-1].isdigit()}
     assert (defined["NTP"], defined["NTG"]) == (chunk_bwd.NTP, chunk_bwd.NTG)
     assert (defined["RING"], defined["PT"], defined["GM"]) == (chunk_bwd.RING, chunk_bwd.GT,
                                                                chunk_bwd.GT)
@@ -787,10 +796,7 @@ def _kernel_bytes(name, which=0, **given):
     first is SCAN_O_WG's, its second the mma.sync form's) as the kernel computes it from the
     defines ``given`` (K_DIM, BT, TERMS, FWD) and the file's own #defines, C's ?: and integer
     division read as Python's"""
-    text = (_compile.KERNEL_DIR / "gda_chunk_bwd.cu").read_text().replace("\\\n", " ")
-    defs = {}
-    for m in re.finditer(r"^#define (\w+) ([^\n]*?)\s*(?://[^\n]*)?$", text, re.M):
-        defs.setdefault(m.group(1), []).append(m.group(2))
+    defs = _kernel_defines()
 
     def value(n, which=0):
         if n in given:
