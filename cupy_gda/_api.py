@@ -148,7 +148,8 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
                       and _all_contiguous((q, k, v, g, h0)))
             q, k, v, g, h0, cu = _contiguous((q, k, v, g, h0, cu))
             # an out that starts inside a 16-byte group (a C-contiguous view at an odd offset)
-            # takes o from a buffer of our own: the kernels store o 16 bytes at a time
+            # takes o from a buffer of our own (copied into it below, as the CPU's always is):
+            # the kernels store o 16 bytes at a time
             dst, out = (out, None) if out is not None and not _ready(out) else (None, out)
             plan = _forward_plan(m, p, cu is not None, cu is not None and cu.dtype == np.int64,
                                  bool(keep_states))
@@ -160,9 +161,6 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
             else:
                 o, ht = plan(q, k, v, g, scale, h0, cu, output_final_state, out)
                 states = None
-            if dst is not None:
-                dst[...] = o
-                o = dst
             if cached:
                 _FAST[key] = plan
         else:
@@ -174,9 +172,10 @@ def gated_attention(q, k, v, gate=None, *, log_gate=None, scale=1.0, initial_sta
             with np.errstate(over="ignore"):        # (beyond float16's range: inf, as on the GPU)
                 o = o.astype(v.dtype, copy=False)
             ht = ht.astype(p.cpu_dtype, copy=False)
-            if out is not None:
-                out[...] = o
-                o = out
+            dst = out
+        if dst is not None:                             # (o into the caller's out)
+            dst[...] = o
+            o = dst
         r = (br.back(o), br.back(ht)) if output_final_state else (br.back(o),)
         if keep_states:
             return (*r, states)
