@@ -78,6 +78,9 @@ USE_SCAN_O_MC = False    # with SCAN_O_WG, a ForwardPlan that keeps nothing runs
 USE_SCAN_DV = False      # a backward from the planes on a Hopper GPU runs the scan's backward
                          # half and dv as one wgmma kernel (Config.SCAN_DV, scan_dv_fits): off,
                          # right but slower with scan_o's S0 (the backward 6.8 ms against 6.0)
+USE_SCAN_O_PRODUCER = False  # scan_o's mma.sync form (sm_90 on) fed by a ninth warp that copies
+                         # each chunk's operands (SCAN_O_PRODUCER: perf-notes "v47's next step"):
+                         # off until its A/B on a GPU
 USE_VROWS = True         # a ForwardPlan that keeps nothing and runs scan_o reads v's rows from v
                          # itself (Config.VROWS, scan_o_vrows; v43): pack then neither reads v nor
                          # writes its plane (a third of its bytes at GLA-1.3B), scan_o checks v;
@@ -203,7 +206,9 @@ def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
                 DV_TERMS=min(cfg.TERMS, cfg.DV_TERMS) if fwd else cfg.DV_TERMS,
                 ROWS_TERMS=cfg.TERMS if fwd else cfg.ROWS_TERMS, SCAN_O_WG=int(cfg.SCAN_O_WG),
                 SCAN_O_MC=int(cfg.SCAN_O_MC and fwd), SCAN_DV=int(cfg.SCAN_DV and not fwd),
-                VROWS=int(cfg.VROWS and fwd), ENTRIES=entries(cfg, fwd, keep))
+                VROWS=int(cfg.VROWS and fwd), ENTRIES=entries(cfg, fwd, keep),
+                SCAN_O_PRODUCER=int(USE_SCAN_O_PRODUCER and fwd and cfg.TERMS == 2
+                                    and not cfg.SCAN_O_WG))
 
 
 def planes_config(p, varlen=False, wgmma=False, keep=True, scan_o_wg=False):
@@ -305,6 +310,15 @@ def scan_o_vrows(p, cfg):
     from v itself (VROWS, v43): USE_VROWS, one that keeps nothing (two terms: one that keeps its
     stages keeps v's plane for the backward), V a multiple of 8 (scan_o's copies of 16 bytes)."""
     return USE_VROWS and cfg.TERMS == 2 and p.V % 8 == 0
+
+
+def scan_o_producer(d):
+    """Whether the build of defines ``d`` runs scan_o with its producer warp (NTF + 32 threads):
+    SCAN_O_PRODUCER, on a GPU of compute capability 9.0 or more (the kernel's own test)."""
+    if not d["SCAN_O_PRODUCER"]:
+        return False
+    import cupy
+    return int(cupy.cuda.Device().compute_capability) >= 90
 
 
 def scan_dv_smem(p, cfg):
@@ -554,7 +568,7 @@ class ForwardPlan:
         d = defines(p, self.cfg, seq_int64, fwd=True)
         tv = tiles(p.V)
         shape = {"pack": (self.NB, NTP, 0), "scores": (self.NB, NTS, 0),
-                 "scan_o": (NH * tv, NTF, scan_o_smem(p, self.cfg)),
+                 "scan_o": (NH * tv, NTF + 32 * scan_o_producer(d), scan_o_smem(p, self.cfg)),
                  "scan": (NH * tiles(p.K) * tv, NTG, d["SMEM_BYTES"]),
                  "dv": (self.NB * tv, NTG, dv_smem(self.cfg))}
         self.stages = [Launch(FAMILY.function("gda_chunk_bwd_" + e, d, shape[e][2]), CHUNK_BACKWARD,

@@ -214,23 +214,78 @@ __device__ __forceinline__ void gda_st16(void* p, unsigned a, unsigned b, unsign
                  : "memory");
 }
 
-// f(r0, dr, c) for each item (row r0 + dr, column c) of a ROWS x COLS grid that this thread of NT
-// takes: the items r COLS + c from threadIdx.x on, NT apart. Where COLS divides NT a thread keeps
+// bar.sync on named barrier id (1..15) of n threads (whole warps): a part of the block alone
+__device__ __forceinline__ void gda_bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory");
+}
+
+#if __CUDA_ARCH__ >= 900
+// mbarriers and bulk copies (sm_90+): an mbarrier of this CTA at shared address bar; its phases
+// complete one after another (parity 0, 1, 0, ..), each when its arrivals are in and the bytes
+// it was told to expect have landed (a bulk copy's bytes count as they land: complete_tx).
+__device__ __forceinline__ void gda_mbar_init(unsigned bar, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(arrivals) : "memory");
+}
+// (after the inits, before the block's or the cluster's barrier: the async proxy and the other
+// CTAs see them initialised)
+__device__ __forceinline__ void gda_mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// one arrival on this CTA's mbarrier bar, which then also waits for bytes more of copies
+__device__ __forceinline__ void gda_mbar_expect(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes)
+                 : "memory");
+}
+// one arrival on this CTA's mbarrier bar (this thread's reads and writes before it released)
+__device__ __forceinline__ void gda_mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+// one arrival on bar once every cp.async this thread issued before has landed (its count holds
+// the arrival: noinc)
+__device__ __forceinline__ void gda_cp_arrive(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(bar) : "memory");
+}
+// waits until the phase of parity ``parity`` of this CTA's mbarrier bar has completed (acquire,
+// cluster scope: the arrivals' CTAs' writes and reads before them are ordered before what follows)
+__device__ __forceinline__ void gda_mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+// ``bytes`` (a multiple of 16) from global src to the shared address dst (both 16-byte aligned),
+// counted on this CTA's mbarrier bar as they land
+__device__ __forceinline__ void gda_bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+#endif
+
+// f(r0, dr, c) for each item (row r0 + dr, column c) of a ROWS x COLS grid that thread tid of NT
+// takes: the items r COLS + c from tid on, NT apart. Where COLS divides NT a thread keeps
 // one column and its rows are NT / COLS apart: r0 its first, dr the same in every thread (a
 // constant once unrolled: UNROLL rows at a time, all by default), so that its copies are one
 // address plus constants.
 template <int ROWS, int COLS, int NT, int UNROLL = ROWS, typename F>
-__device__ __forceinline__ void gda_grid_each(const F& f) {
+__device__ __forceinline__ void gda_grid_each_at(unsigned tid, const F& f) {
     if constexpr (NT % COLS == 0) {
         constexpr int STEP = NT / COLS, FULL = ROWS / STEP;
-        const int r0 = threadIdx.x / COLS, c = threadIdx.x % COLS;
+        const int r0 = tid / COLS, c = tid % COLS;
         #pragma unroll (UNROLL)
         for (int i = 0; i < FULL; ++i) f(r0, i * STEP, c);
         if constexpr (ROWS % STEP != 0)
             if (r0 + FULL * STEP < ROWS) f(r0, FULL * STEP, c);
     } else {
-        for (int x = threadIdx.x; x < ROWS * COLS; x += NT) f(x / COLS, 0, x % COLS);
+        for (int x = tid; x < ROWS * COLS; x += NT) f(x / COLS, 0, x % COLS);
     }
+}
+// the same for this thread, threadIdx.x of NT
+template <int ROWS, int COLS, int NT, int UNROLL = ROWS, typename F>
+__device__ __forceinline__ void gda_grid_each(const F& f) {
+    gda_grid_each_at<ROWS, COLS, NT, UNROLL>(threadIdx.x, f);
 }
 
 // m = max(m, |x|); a NaN propagates (max.NaN), so it fails the guard's range check that follows

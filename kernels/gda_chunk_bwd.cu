@@ -2144,6 +2144,13 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 #define FQL (KP + 8)                                    // halves a staged row of q A, k D
 #define FO_BYTES (2 * (4 * BT * FQL + BT * FVL) + 4 * (BT * FWL + KP + 2 * FV * FOL))
 #endif
+// (SCAN_O_PRODUCER, sm_90, the mma.sync form: perf-notes "v47's next step") a ninth warp copies
+// each chunk's operands into the slots (the planes by bulk copies, the rest by cp.async), on an
+// mbarrier a slot full and one a slot read; the 8 warps of the products issue no copies
+#ifndef SCAN_O_PRODUCER
+#define SCAN_O_PRODUCER 0
+#endif
+#define FO_PRODUCER (SCAN_O_PRODUCER && !SCAN_O_WG && __CUDA_ARCH__ >= 900)
 #if SCAN_O_MC                                           // a cluster: a sequence-head's value tiles
 #define GDA_SCAN_O_CLUSTER __cluster_dims__(VP / FV, 1, 1)
 #else
@@ -2154,42 +2161,46 @@ __device__ __forceinline__ void gda_cp4_at(unsigned dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(dst), "l"(src) : "memory");
 }
 
-// scan_o's and scan_dv's cp.async of chunk b's A_end (K floats of ae) into sa
-__device__ __forceinline__ void gda_stage_ae(float* sa, const float* ae, long long b) {
-    for (int i = threadIdx.x; i < K_DIM; i += NTF)
+// scan_o's and scan_dv's cp.async of chunk b's A_end (K floats of ae) into sa (by NT threads,
+// this one tid of them, as in each stage helper below)
+template <int NT = NTF>
+__device__ __forceinline__ void gda_stage_ae(float* sa, const float* ae, long long b, unsigned tid) {
+    for (int i = tid; i < K_DIM; i += NT)
         gda_cp4_at(gda_shared_at(sa + i), ae + b * K_DIM + i);
 }
 
 // scan_o's and scan_dv's cp.async of chunk b's W (of ww) into sw (rows FWL apart)
-__device__ __forceinline__ void gda_stage_w(float* sw, const float* ww, long long b) {
+template <int NT = NTF>
+__device__ __forceinline__ void gda_stage_w(float* sw, const float* ww, long long b, unsigned tid) {
     const unsigned d = gda_shared_at(sw);
     const float* const w = ww + b * BT * BT;
-    gda_grid_each<BT, BT / 4, NTF>([&](int r0, int dr, int c) {
+    gda_grid_each_at<BT, BT / 4, NT>(tid, [&](int r0, int dr, int c) {
         gda_cp16_at(d + 4 * (r0 * FWL + 4 * c) + 4 * dr * FWL, w + r0 * BT + 4 * c + dr * BT);
     });
 }
 
 // scan_o's and scan_dv's cp.async of a chunk's FV columns from n0 of a plane of v or do (src,
 // rows VP apart) into dst (rows FVL apart) and (W) of its W (gda_stage_w)
-template <bool W = true>
+template <bool W = true, int NT = NTF>
 __device__ __forceinline__ void gda_stage_vw(unsigned short* dst, const unsigned short* src, int n0,
-                                             float* sw, const float* ww, long long b) {
+                                             float* sw, const float* ww, long long b, unsigned tid) {
     const unsigned d = gda_shared_at(dst);
-    gda_grid_each<BT, FV / 8, NTF>([&](int r0, int dr, int c) {
+    gda_grid_each_at<BT, FV / 8, NT>(tid, [&](int r0, int dr, int c) {
         gda_cp16_at(d + 2 * (r0 * FVL + 8 * c) + 2 * dr * FVL,
                     src + (long long)r0 * VP + n0 + 8 * c + dr * VP);
     });
-    if constexpr (W) gda_stage_w(sw, ww, b);
+    if constexpr (W) gda_stage_w<NT>(sw, ww, b, tid);
 }
 
 // (VROWS) scan_o's copy of a chunk's (cb's) rows of v, FV columns from n0, from v itself into dst
 // (rows FVL apart), 0 past its rows and past V: by cp.async where v is 16-byte aligned (V is a
 // multiple of 8, so every row is), else 8 loads and one store a thread an item
+template <int NT = NTF>
 __device__ __forceinline__ void gda_stage_v_rows(unsigned short* dst, const io::t* v,
-                                                 const gda_chunk_at& cb, int n0) {
+                                                 const gda_chunk_at& cb, int n0, unsigned tid) {
     const unsigned d = gda_shared_at(dst);
     const bool aligned = (reinterpret_cast<unsigned long long>(v) & 15) == 0;
-    gda_grid_each<BT, FV / 8, NTF>([&](int r0, int dr, int c) {
+    gda_grid_each_at<BT, FV / 8, NT>(tid, [&](int r0, int dr, int c) {
         const int r = r0 + dr, col = n0 + 8 * c;
         const bool on = r < cb.rows && col < V_DIM;
         const io::t* const src = v + (on ? cb.at(r, V_DIM, col) : 0);
@@ -2385,7 +2396,7 @@ __device__ __forceinline__ void gda_so_decay(float (&x)[KH / 8][4], const float*
 }
 
 #if GDA_HAS(8)
-extern "C" __global__ void __launch_bounds__(NTF, 1) GDA_SCAN_O_CLUSTER
+extern "C" __global__ void __launch_bounds__(NTF + 32 * FO_PRODUCER, 1) GDA_SCAN_O_CLUSTER
 gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 {
 #if (FWD && TERMS == 2) || SCAN_O_WG
@@ -2473,8 +2484,59 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
     const int vr = warp % 4 * 16, kh = warp / 4, kb = kh * KH;
     const long long cend = coff ? coff[N] : NC;        // the sequence-head's chunks with rows
     for (int i = K_DIM + threadIdx.x; i < KP; i += NTF) sa[i] = 1.f;   // (keys past K: 0 stays 0)
+#if FO_PRODUCER
+    // full: slot A's (B's) bytes of a chunk landed (64 arrivals: each producer lane's as its
+    // cp.async land and once more for its plain stores; the bulk bytes expected by lane 0);
+    // read: slot A (B) of a chunk read by the 8 warps of the products (an arrival each)
+    if (blockDim.x != NTF + 32) __trap();               // (the launcher's threads are wrong)
+    __shared__ __align__(8) unsigned long long f_bar[4];
+    const unsigned bar_fa = gda_shared_at(f_bar), bar_fb = bar_fa + 8;
+    const unsigned bar_ra = bar_fa + 16, bar_rb = bar_fa + 24;
+    if (threadIdx.x == 0) {
+        gda_mbar_init(bar_fa, 64);
+        gda_mbar_init(bar_fb, 64);
+        gda_mbar_init(bar_ra, NTF / 32);
+        gda_mbar_init(bar_rb, NTF / 32);
+        gda_mbar_init_fence();
+    }
+    __syncthreads();
+    if (warp == NTF / 32) {                             // the producer: every chunk's slots
+        const auto expect = [&](unsigned bar, unsigned bytes) {
+            if (lane == 0)
+                asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(bytes)
+                             : "memory");
+            __syncwarp();
+        };
+        const auto filled = [&](unsigned bar) {         // (cp.async's landing, then the stores')
+            gda_cp_arrive(bar);
+            gda_mbar_arrive(bar);
+        };
+        for (long long c = 0; c < cend; ++c) {
+            const long long b = nh * NC + c;
+            const gda_planes_at pc(pl, NB, b);
+            if (c > 0) gda_mbar_wait(bar_ra, (unsigned)(c - 1) & 1);
+            expect(bar_fa, 4 * BT * KP);                // q A's two planes, a row a copy
+            for (int r = lane; r < 2 * BT; r += 32)
+                gda_bulk_copy(at_q(r, 0), pc.q + (long long)r * KP, 2 * KP, bar_fa);
+            if constexpr (VROWS)
+                gda_stage_v_rows<32>(sv, v, gda_chunk_at(b, T, H, NC, cu_seqlens, coff, N), n0, lane);
+            else
+                gda_stage_vw<false, 32>(sv, pc.v, n0, sw, ww, b, lane);
+            gda_stage_w<32>(sw, ww, b, lane);
+            filled(bar_fa);
+            if (c > 0) gda_mbar_wait(bar_rb, (unsigned)(c - 1) & 1);
+            expect(bar_fb, 4 * BT * KP);                // k D's two planes
+            for (int r = lane; r < 2 * BT; r += 32)
+                gda_bulk_copy(at_k(r, 0), pc.k + (long long)r * KP, 2 * KP, bar_fb);
+            gda_stage_ae<32>(sa, ae, b, lane);
+            filled(bar_fb);
+        }
+        gda_cp_wait<0>();
+        return;
+    }
+#endif
 
-#if !SCAN_O_MC
+#if !SCAN_O_MC && !FO_PRODUCER
     // the first np planes of q A (kd false) or k D of a chunk at src, to at_q or at_k (rows r:
     // plane * BT + step; with SCAN_O_WG 8 rows of 4 x 16 bytes a warp: whole sectors and
     // core matrices)
@@ -2492,6 +2554,7 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 #endif
     };
 #endif
+#if !FO_PRODUCER
     const auto issue_a = [&](long long c) {             // slot A of chunk c (none past the last)
         if (c < cend) {
             const long long b = nh * NC + c;
@@ -2504,10 +2567,10 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
             stage_planes(false, pc.q, 2);
 #endif
             if constexpr (VROWS) {                      // v's rows from v, then W
-                gda_stage_v_rows(sv, v, gda_chunk_at(b, T, H, NC, cu_seqlens, coff, N), n0);
-                gda_stage_w(sw, ww, b);
+                gda_stage_v_rows(sv, v, gda_chunk_at(b, T, H, NC, cu_seqlens, coff, N), n0, threadIdx.x);
+                gda_stage_w(sw, ww, b, threadIdx.x);
             } else {                                    // v's plane, and W where o is made
-                gda_stage_vw<FWD>(sv, pc.v, n0, sw, ww, b);     //  (FWD: FO_O's)
+                gda_stage_vw<FWD>(sv, pc.v, n0, sw, ww, b, threadIdx.x);     //  (FWD: FO_O's)
             }
         }
         gda_cp_commit();
@@ -2521,10 +2584,11 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 #else
             stage_planes(true, pc.k, TERMS);
 #endif
-            gda_stage_ae(sa, ae, b);
+            gda_stage_ae(sa, ae, b, threadIdx.x);
         }
         gda_cp_commit();
     };
+#endif
     float s[KH / 8][4];                                 // S^T: [key tile][C fragment]
     const int key0 = kb + 2 * tq, col0 = n0 + vr + g8;  // (gda_so_each's)
     long long n = coff ? 0 : nh / H;                    // the sequence, its chunks' end
@@ -2534,14 +2598,20 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
         gda_so_get(s, h0 ? h0 + (n * H + hh) * K_DIM * V_DIM : nullptr, key0, col0);
     };
     get_state();
+#if !FO_PRODUCER
     issue_a(0);
     issue_b(0);
+#endif
     float smax = 0.f;                                   // (the guard's: |S0|, and with
     unsigned vmax = 0;                                  //  VROWS |v| as two bfloat16)
     for (long long c = 0; c < cend; ++c) {
         const long long b = nh * NC + c;
         GDA_CHUNK;
+#if FO_PRODUCER
+        gda_mbar_wait(bar_fa, (unsigned)c & 1);         // slot A filled by the producer
+#else
         gda_cp_wait<1>();                               // slot A's copies (B's may be in flight)
+#endif
 #if SCAN_O_MC
         gda_mbar_wait(bar_fa, (unsigned)c & 1);         // (and the cluster's of q A's planes)
 #endif
@@ -2555,7 +2625,9 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
             gda_proxy_fence();
         }
 #endif
+#if !FO_PRODUCER
         __syncthreads();
+#endif
         unsigned fv[NBK][4];                           // v^T's A fragments, a k-step of steps each
         #pragma unroll
         for (int sg = 0; sg < NBK; ++sg)
@@ -2623,18 +2695,29 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
             *reinterpret_cast<float2*>(p) = make_float2(o[j][0], o[j][1]);
             *reinterpret_cast<float2*>(p + 8 * FOL) = make_float2(o[j][2], o[j][3]);
         }
+#if FO_PRODUCER
+        gda_bar_sync(1, NTF);                           // (o^T's halves in; slot A read)
+        if (lane == 0) gda_mbar_arrive(bar_ra);
+#else
         __syncthreads();                                // (slot A read: the next chunk's copies)
         issue_a(c + 1);
+#endif
         gda_fo_store<2>(so, ch, n0, dv);                // o
 #endif
+#if FO_PRODUCER
+        gda_mbar_wait(bar_fb, (unsigned)c & 1);         // slot B filled by the producer
+#else
         gda_cp_wait<1>();                               // slot B's copies (A's next in flight)
+#endif
 #if SCAN_O_MC
         gda_mbar_wait(bar_fb, (unsigned)c & 1);         // (and the cluster's of k D's planes)
 #endif
 #if SCAN_O_WG
         gda_proxy_fence();
 #endif
+#if !FO_PRODUCER
         __syncthreads();
+#endif
         gda_so_decay(s, sa, key0, smax);                // the guard on S0, then S0 diag(A_end)
 #if SCAN_O_WG                                            // + v^T (k D): fresh sums of 64 keys
         float d[KH / 64][8][4] = {};                    // (its first product does not add)
@@ -2667,11 +2750,18 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
                 for (int r = 0; r < 4; ++r) s[j0 + i][r] += d[i][r];
         }
 #endif
+#if FO_PRODUCER
+        gda_bar_sync(1, NTF);                           // (slot B read, o^T's store done)
+        if (lane == 0) gda_mbar_arrive(bar_rb);
+#else
         __syncthreads();                                // (slot B read: the next chunk's copies)
+#endif
 #if SCAN_O_MC
         if (c + 1 < cend && threadIdx.x < TN) gda_mbar_arrive_at(bar_eb, threadIdx.x);
 #endif
+#if !FO_PRODUCER
         issue_b(c + 1);
+#endif
         if (c == j1 - 1) {                              // sequence n's last chunk: its final
             if (FWD && dh0)                             //  state (a forward's), then the next
                 gda_so_put(s, dh0 + (n * H + hh) * K_DIM * V_DIM, key0, col0);   //  one's first
@@ -2774,7 +2864,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
             const long long b = nh * NC + u.c;
             const gda_planes_at pc(pl, NB, b);
             stage(sk, pc.k, 2, false);
-            gda_stage_vw(sdo, pc.d, n0, sw, ww, b);
+            gda_stage_vw(sdo, pc.d, n0, sw, ww, b, threadIdx.x);
         }
         gda_cp_commit();
     };
@@ -2783,7 +2873,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
             const long long b = nh * NC + u.c;
             const gda_planes_at pc(pl, NB, b);
             stage(sq, pc.q, TERMS, true);
-            gda_stage_ae(sa, ae, b);
+            gda_stage_ae(sa, ae, b, threadIdx.x);
         }
         gda_cp_commit();
     };

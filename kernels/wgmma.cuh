@@ -206,16 +206,8 @@ __device__ __forceinline__ void gda_wgmma_rs(float (&d)[8][4], const unsigned (&
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(add), "n"(TB));
 }
 
-// ---- Clusters (SCAN_O_MC): a chunk's operands copied once into every CTA of a cluster. An
-// mbarrier of this CTA at shared address bar; its phases complete one after another (parity 0,
-// 1, 0, ..), each when its arrivals are in and the bytes it was told to expect have landed.
-__device__ __forceinline__ void gda_mbar_init(unsigned bar, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(arrivals) : "memory");
-}
-// (after the inits, before the cluster's barrier: the other CTAs see them initialised)
-__device__ __forceinline__ void gda_mbar_init_fence() {
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
+// ---- Clusters (SCAN_O_MC): a chunk's operands copied once into every CTA of a cluster, on
+// common.cuh's mbarriers.
 // every thread of every CTA of the cluster (release, acquire at cluster scope)
 __device__ __forceinline__ void gda_cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
@@ -226,28 +218,12 @@ __device__ __forceinline__ unsigned gda_cluster_rank() {
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
     return r;
 }
-// one arrival on this CTA's mbarrier bar, which then also waits for bytes more of copies
-__device__ __forceinline__ void gda_mbar_expect(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes)
-                 : "memory");
-}
 // one arrival on the mbarrier at bar's place in the cluster's CTA of rank ``rank`` (this one's
 // reads before it ordered before what that CTA does after the phase: release, cluster scope)
 __device__ __forceinline__ void gda_mbar_arrive_at(unsigned bar, unsigned rank) {
     asm volatile("{\n\t.reg .b32 at;\n\tmapa.shared::cluster.u32 at, %0, %1;\n\t"
                  "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [at];\n\t}"
                  :: "r"(bar), "r"(rank) : "memory");
-}
-// waits until the phase of parity ``parity`` of this CTA's mbarrier bar has completed (acquire,
-// cluster scope: the arrivals' CTAs' writes and reads before them are ordered before what follows)
-__device__ __forceinline__ void gda_mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile("{\n\t.reg .pred p;\n\t"
-                     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
 }
 // ``bytes`` (a multiple of 16) from global src (16-byte aligned) to the shared address dst of
 // every CTA of the cluster in ``mask`` (bit r: rank r), each CTA's mbarrier at bar's place

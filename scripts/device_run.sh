@@ -66,6 +66,8 @@
 #            planes as the rules build it and with scan_o at any number of blocks, over K, V and
 #            batch shapes; which one auto runs), then `profile_chunk_bwd --scan-o-sweep`: the data
 #            for _dispatch.planes_forward's K > 128 and chunk_bwd.SCAN_O_FROM (perf-notes v45)
+#   producer-ab: install, scan_o's producer-warp test, then the forward's stages of [NAMES
+#            (gla1.3b-bf16,gla340m-bf16)] without it and with it (--scan-o-producer), twice
 #   planes-long: install, scripts/sweep_planes_forward.py --long (long sequences of few
 #            sequence-heads: the shapes behind _dispatch.PLANES_FORWARD_CHAIN, v46)
 #   forms:   install, the bench's model rows [SHAPES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
@@ -98,6 +100,7 @@
 #   bash scripts/device_run.sh <commit> fwd-ab [NAMES (gla1.3b-bf16)]
 #   bash scripts/device_run.sh <commit> prefetch-ab [NAMES (gla1.3b-bf16,gla340m-bf16)]
 #   bash scripts/device_run.sh <commit> planes-rule
+#   bash scripts/device_run.sh <commit> producer-ab [NAMES (gla1.3b-bf16,gla340m-bf16)]
 #   bash scripts/device_run.sh <commit> planes-long
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
@@ -380,6 +383,23 @@ if [ "$phase" = "prefetch-ab" ]; then
         echo "== backward ${pf:-stage}" | tee -a "$out/prefetch-ab.txt"
         timeout $(((570 - SECONDS) / 2)) python3 -m scripts.profile_chunk_bwd gla1.3b-bf16 \
             --stages $pf 2>&1 | tee -a "$out/prefetch-ab.txt" | grep -v "^bench"
+    done
+    exit 0
+fi
+if [ "$phase" = "producer-ab" ]; then
+    # scan_o fed by its producer warp (SCAN_O_PRODUCER, off by default: perf-notes "v47's next
+    # step"): its GPU test first (bit for bit scan_o without it, every forward-from-the-planes
+    # case; a hang is cut at 150 s), then the forward's stages of [NAMES
+    # (gla1.3b-bf16,gla340m-bf16)] without it and with it, twice in turn
+    timeout -k 10 150 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py \
+        -k "producer or forward_from_the_backward" > "$out/pytest-producer.txt" 2>&1
+    echo "pytest: rc $? $(tail -1 "$out/pytest-producer.txt")"
+    for round in 1 2; do
+        for pr in "" --scan-o-producer; do
+            echo "== forward ${pr:-without} (round $round)" | tee -a "$out/producer-ab.txt"
+            timeout 80 python3 -m scripts.profile_chunk_bwd "${3:-gla1.3b-bf16,gla340m-bf16}" \
+                --forward --stages $pr 2>&1 | tee -a "$out/producer-ab.txt" | grep -v "^bench"
+        done
     done
     exit 0
 fi

@@ -475,6 +475,32 @@ def test_gpu_scan_o_clusters_are_bit_for_bit_its_wgmma_form(case, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", FORWARD_FROM_PLANES, ids=lambda c: c.id)
+def test_gpu_scan_o_producer_is_bit_for_bit_scan_o(case, monkeypatch):
+    """scan_o fed by its producer warp (SCAN_O_PRODUCER: a ninth warp copies each chunk's
+    operands, on mbarriers; perf-notes "v47's next step") runs the same products in the same
+    order as scan_o without it: o and the final state bit for bit the same (every forward-from-
+    the-planes case: cut tiles, packed sequences, v's rows from v and from its plane; sm_90 on)."""
+    import cupy
+    from cupy_gda import chunk_bwd
+    if int(cupy.cuda.Device().compute_capability) < 90:
+        pytest.skip("scan_o's producer warp needs sm_90 (bulk copies, mbarrier transactions)")
+    monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)
+    p, call, _, _ = _forward_plan_inputs(case)
+    got = []
+    for on in (False, True):
+        monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_PRODUCER", on)
+        plan = chunk_bwd.ForwardPlan(p, call[6] is not None, False)
+        assert plan.scan_o and not plan.cfg.SCAN_O_WG
+        assert plan.stages[-1].block == chunk_bwd.NTF + 32 * on      # (scan_o, the last stage)
+        flag = cupy.zeros((1,), np.int32)
+        got.append(plan(*call, flag=flag))
+        assert int(flag[0]) == 0
+    for x, y in zip(*got):
+        assert cupy.array_equal(x, y)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("bt64", ["", "bt64", pytest.param("bt64-mc", marks=pytest.mark.clusters)],
                          ids=["bt-config", "bt64", "bt64-mc"])
 @pytest.mark.parametrize("case", FORWARD_FROM_PLANES[:2], ids=lambda c: c.id)
