@@ -129,6 +129,18 @@ forward_stages() {
         python3 -m scripts.profile_chunk_bwd "$names" --forward --stages) \
         2>&1 | tee -a "$file" | grep -v "^bench"
 }
+# the forward's stages of NAMES without FLAG (its lines labelled LABEL) and with it, in turn,
+# twice, into FILE
+forward_ab() {
+    local file="$1" names="$2" flag="$3" label="$4"
+    for round in 1 2; do
+        for f in "" "$flag"; do
+            echo "== forward ${f:-$label} (round $round)" | tee -a "$file"
+            timeout 80 python3 -m scripts.profile_chunk_bwd "$names" --forward --stages $f 2>&1 \
+                | tee -a "$file" | grep -v "^bench"
+        done
+    done
+}
 if [ "$phase" = "suite" ]; then
     end=580                  # s since the call began: the call's 600 s less slack
     pytest=(python3 -m pytest -q -p no:cacheprovider tests)
@@ -372,13 +384,7 @@ if [ "$phase" = "prefetch-ab" ]; then
     # the forward's stages of [NAMES (gla1.3b-bf16,gla340m-bf16)] with and without it, twice in
     # turn (each line's largest |o - o of gda_chunk_fwd| the check that it reads the same
     # values), then GLA-1.3B's backward stages each way (its gradients' differences likewise)
-    for round in 1 2; do
-        for pf in "" --no-scores-prefetch; do
-            echo "== forward ${pf:-stage} (round $round)" | tee -a "$out/prefetch-ab.txt"
-            timeout 80 python3 -m scripts.profile_chunk_bwd "${3:-gla1.3b-bf16,gla340m-bf16}" \
-                --forward --stages $pf 2>&1 | tee -a "$out/prefetch-ab.txt" | grep -v "^bench"
-        done
-    done
+    forward_ab "$out/prefetch-ab.txt" "${3:-gla1.3b-bf16,gla340m-bf16}" --no-scores-prefetch stage
     for pf in "" --no-scores-prefetch; do
         echo "== backward ${pf:-stage}" | tee -a "$out/prefetch-ab.txt"
         timeout $(((570 - SECONDS) / 2)) python3 -m scripts.profile_chunk_bwd gla1.3b-bf16 \
@@ -394,13 +400,7 @@ if [ "$phase" = "producer-ab" ]; then
     timeout -k 10 150 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py \
         -k "producer or forward_from_the_backward" > "$out/pytest-producer.txt" 2>&1
     echo "pytest: rc $? $(tail -1 "$out/pytest-producer.txt")"
-    for round in 1 2; do
-        for pr in "" --scan-o-producer; do
-            echo "== forward ${pr:-without} (round $round)" | tee -a "$out/producer-ab.txt"
-            timeout 80 python3 -m scripts.profile_chunk_bwd "${3:-gla1.3b-bf16,gla340m-bf16}" \
-                --forward --stages $pr 2>&1 | tee -a "$out/producer-ab.txt" | grep -v "^bench"
-        done
-    done
+    forward_ab "$out/producer-ab.txt" "${3:-gla1.3b-bf16,gla340m-bf16}" --scan-o-producer without
     exit 0
 fi
 if [ "$phase" = "planes-long" ]; then
