@@ -179,7 +179,7 @@ def test_bad_value_in_v_reaches_only_later_steps(method, dtype, bad, backend):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("offset", [1, 2, 4], ids=lambda e: f"{e}-elements")
+@pytest.mark.parametrize("offset", [1, 2, 3], ids=lambda e: f"{e}-elements")   # (2-12 bytes)
 @pytest.mark.parametrize("method, shape, dtype", [
     # (K = 128, V = 512, 12 sequence-heads: the forward from the planes with scan_o on an H100
     # or H200, 96 value-tile blocks for 132 SMs, whose o leaves 16 bytes a store)
