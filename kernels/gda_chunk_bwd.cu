@@ -2486,7 +2486,7 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
     for (int i = K_DIM + threadIdx.x; i < KP; i += NTF) sa[i] = 1.f;   // (keys past K: 0 stays 0)
 #if FO_PRODUCER
     // full: slot A's (B's) bytes of a chunk landed (64 arrivals: each producer lane's as its
-    // cp.async land and once more for its plain stores; the bulk bytes expected by lane 0);
+    // cp.async land and once more for its plain stores);
     // read: slot A (B) of a chunk read by the 8 warps of the products (an arrival each)
     if (blockDim.x != NTF + 32) __trap();               // (the launcher's threads are wrong)
     __shared__ __align__(8) unsigned long long f_bar[4];
@@ -2501,11 +2501,10 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
     }
     __syncthreads();
     if (warp == NTF / 32) {                             // the producer: every chunk's slots
-        const auto expect = [&](unsigned bar, unsigned bytes) {
-            if (lane == 0)
-                asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(bytes)
-                             : "memory");
-            __syncwarp();
+        const auto planes = [&](unsigned dst, const unsigned short* src) {   // (16 bytes a copy)
+            gda_grid_each_at<2 * BT, KP / 8, 32, 8>(lane, [&](int r0, int dr, int c) {
+                gda_cp16_at(dst + 2 * ((r0 + dr) * FQL + 8 * c), src + (long long)(r0 + dr) * KP + 8 * c);
+            });
         };
         const auto filled = [&](unsigned bar) {         // (cp.async's landing, then the stores')
             gda_cp_arrive(bar);
@@ -2515,9 +2514,7 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
             if (c > 0) gda_mbar_wait(bar_ra, (unsigned)(c - 1) & 1);
-            expect(bar_fa, 4 * BT * KP);                // q A's two planes, a row a copy
-            for (int r = lane; r < 2 * BT; r += 32)
-                gda_bulk_copy(at_q(r, 0), pc.q + (long long)r * KP, 2 * KP, bar_fa);
+            planes(at_q(0, 0), pc.q);                    // q A's two planes
             if constexpr (VROWS)
                 gda_stage_v_rows<32>(sv, v, gda_chunk_at(b, T, H, NC, cu_seqlens, coff, N), n0, lane);
             else
@@ -2525,9 +2522,7 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
             gda_stage_w<32>(sw, ww, b, lane);
             filled(bar_fa);
             if (c > 0) gda_mbar_wait(bar_rb, (unsigned)(c - 1) & 1);
-            expect(bar_fb, 4 * BT * KP);                // k D's two planes
-            for (int r = lane; r < 2 * BT; r += 32)
-                gda_bulk_copy(at_k(r, 0), pc.k + (long long)r * KP, 2 * KP, bar_fb);
+            planes(at_k(0, 0), pc.k);                    // k D's two planes
             gda_stage_ae<32>(sa, ae, b, lane);
             filled(bar_fb);
         }
