@@ -78,9 +78,9 @@ USE_SCAN_O_MC = False    # with SCAN_O_WG, a ForwardPlan that keeps nothing runs
 USE_SCAN_DV = False      # a backward from the planes on a Hopper GPU runs the scan's backward
                          # half and dv as one wgmma kernel (Config.SCAN_DV, scan_dv_fits): off,
                          # right but slower with scan_o's S0 (the backward 6.8 ms against 6.0)
-USE_SCAN_O_PRODUCER = False  # scan_o's mma.sync form (sm_90 on) fed by a ninth warp that copies
-                         # each chunk's operands (SCAN_O_PRODUCER: perf-notes "v47's next step"):
-                         # off until its A/B on a GPU
+USE_SCAN_O_PRODUCER = 0  # scan_o's mma.sync form (sm_90 on) fed by this many warps more that
+                         # copy each chunk's operands (SCAN_O_PRODUCER: perf-notes "v47's next
+                         # step"): off (0) until its A/B on a GPU
 USE_VROWS = True         # a ForwardPlan that keeps nothing and runs scan_o reads v's rows from v
                          # itself (Config.VROWS, scan_o_vrows; v43): pack then neither reads v nor
                          # writes its plane (a third of its bytes at GLA-1.3B), scan_o checks v;
@@ -207,8 +207,8 @@ def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
                 ROWS_TERMS=cfg.TERMS if fwd else cfg.ROWS_TERMS, SCAN_O_WG=int(cfg.SCAN_O_WG),
                 SCAN_O_MC=int(cfg.SCAN_O_MC and fwd), SCAN_DV=int(cfg.SCAN_DV and not fwd),
                 VROWS=int(cfg.VROWS and fwd), ENTRIES=entries(cfg, fwd, keep),
-                SCAN_O_PRODUCER=int(USE_SCAN_O_PRODUCER and fwd and cfg.TERMS == 2
-                                    and not cfg.SCAN_O_WG))
+                SCAN_O_PRODUCER=int(USE_SCAN_O_PRODUCER if fwd and cfg.TERMS == 2
+                                    and not cfg.SCAN_O_WG else 0))
 
 
 def planes_config(p, varlen=False, wgmma=False, keep=True, scan_o_wg=False):
@@ -313,12 +313,13 @@ def scan_o_vrows(p, cfg):
 
 
 def scan_o_producer(d):
-    """Whether the build of defines ``d`` runs scan_o with its producer warp (NTF + 32 threads):
-    SCAN_O_PRODUCER, on a GPU of compute capability 9.0 or more (the kernel's own test)."""
+    """The producer warps with which the build of defines ``d`` runs scan_o (NTF + 32 of them
+    threads): SCAN_O_PRODUCER, on a GPU of compute capability 9.0 or more (the kernel's own
+    test); else 0."""
     if not d["SCAN_O_PRODUCER"]:
-        return False
+        return 0
     import cupy
-    return int(cupy.cuda.Device().compute_capability) >= 90
+    return d["SCAN_O_PRODUCER"] if int(cupy.cuda.Device().compute_capability) >= 90 else 0
 
 
 def scan_dv_smem(p, cfg):

@@ -2144,13 +2144,14 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 #define FQL (KP + 8)                                    // halves a staged row of q A, k D
 #define FO_BYTES (2 * (4 * BT * FQL + BT * FVL) + 4 * (BT * FWL + KP + 2 * FV * FOL))
 #endif
-// (SCAN_O_PRODUCER, sm_90, the mma.sync form: perf-notes "v47's next step") a ninth warp copies
-// each chunk's operands into the slots (the planes by bulk copies, the rest by cp.async), on an
-// mbarrier a slot full and one a slot read; the 8 warps of the products issue no copies
+// (SCAN_O_PRODUCER, sm_90, the mma.sync form: perf-notes "v47's next step") SCAN_O_PRODUCER
+// warps more copy each chunk's operands into the slots by cp.async, on an mbarrier a slot full
+// and one a slot read; the 8 warps of the products issue no copies
 #ifndef SCAN_O_PRODUCER
 #define SCAN_O_PRODUCER 0
 #endif
 #define FO_PRODUCER (SCAN_O_PRODUCER && !SCAN_O_WG && __CUDA_ARCH__ >= 900)
+#define FO_PT (FO_PRODUCER ? 32 * SCAN_O_PRODUCER : 0)  // the producer's threads
 #if SCAN_O_MC                                           // a cluster: a sequence-head's value tiles
 #define GDA_SCAN_O_CLUSTER __cluster_dims__(VP / FV, 1, 1)
 #else
@@ -2396,7 +2397,7 @@ __device__ __forceinline__ void gda_so_decay(float (&x)[KH / 8][4], const float*
 }
 
 #if GDA_HAS(8)
-extern "C" __global__ void __launch_bounds__(NTF + 32 * FO_PRODUCER, 1) GDA_SCAN_O_CLUSTER
+extern "C" __global__ void __launch_bounds__(NTF + FO_PT, 1) GDA_SCAN_O_CLUSTER
 gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 {
 #if (FWD && TERMS == 2) || SCAN_O_WG
@@ -2485,24 +2486,25 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
     const long long cend = coff ? coff[N] : NC;        // the sequence-head's chunks with rows
     for (int i = K_DIM + threadIdx.x; i < KP; i += NTF) sa[i] = 1.f;   // (keys past K: 0 stays 0)
 #if FO_PRODUCER
-    // full: slot A's (B's) bytes of a chunk landed (64 arrivals: each producer lane's as its
-    // cp.async land and once more for its plain stores);
+    // full: slot A's (B's) bytes of a chunk landed (2 FO_PT arrivals: each producer thread's as
+    // its cp.async land and once more for its plain stores);
     // read: slot A (B) of a chunk read by the 8 warps of the products (an arrival each)
-    if (blockDim.x != NTF + 32) __trap();               // (the launcher's threads are wrong)
+    if (blockDim.x != NTF + FO_PT) __trap();            // (the launcher's threads are wrong)
     __shared__ __align__(8) unsigned long long f_bar[4];
     const unsigned bar_fa = gda_shared_at(f_bar), bar_fb = bar_fa + 8;
     const unsigned bar_ra = bar_fa + 16, bar_rb = bar_fa + 24;
     if (threadIdx.x == 0) {
-        gda_mbar_init(bar_fa, 64);
-        gda_mbar_init(bar_fb, 64);
+        gda_mbar_init(bar_fa, 2 * FO_PT);
+        gda_mbar_init(bar_fb, 2 * FO_PT);
         gda_mbar_init(bar_ra, NTF / 32);
         gda_mbar_init(bar_rb, NTF / 32);
         gda_mbar_init_fence();
     }
     __syncthreads();
-    if (warp == NTF / 32) {                             // the producer: every chunk's slots
+    if (warp >= NTF / 32) {                             // the producer: every chunk's slots
+        const unsigned pt = threadIdx.x - NTF;
         const auto planes = [&](unsigned dst, const unsigned short* src) {   // (16 bytes a copy)
-            gda_grid_each_at<2 * BT, KP / 8, 32, 8>(lane, [&](int r0, int dr, int c) {
+            gda_grid_each_at<2 * BT, KP / 8, FO_PT, 8>(pt, [&](int r0, int dr, int c) {
                 gda_cp16_at(dst + 2 * ((r0 + dr) * FQL + 8 * c), src + (long long)(r0 + dr) * KP + 8 * c);
             });
         };
@@ -2516,14 +2518,14 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
             if (c > 0) gda_mbar_wait(bar_ra, (unsigned)(c - 1) & 1);
             planes(at_q(0, 0), pc.q);                    // q A's two planes
             if constexpr (VROWS)
-                gda_stage_v_rows<32>(sv, v, gda_chunk_at(b, T, H, NC, cu_seqlens, coff, N), n0, lane);
+                gda_stage_v_rows<FO_PT>(sv, v, gda_chunk_at(b, T, H, NC, cu_seqlens, coff, N), n0, pt);
             else
-                gda_stage_vw<false, 32>(sv, pc.v, n0, sw, ww, b, lane);
-            gda_stage_w<32>(sw, ww, b, lane);
+                gda_stage_vw<false, FO_PT>(sv, pc.v, n0, sw, ww, b, pt);
+            gda_stage_w<FO_PT>(sw, ww, b, pt);
             filled(bar_fa);
             if (c > 0) gda_mbar_wait(bar_rb, (unsigned)(c - 1) & 1);
             planes(at_k(0, 0), pc.k);                    // k D's two planes
-            gda_stage_ae<32>(sa, ae, b, lane);
+            gda_stage_ae<FO_PT>(sa, ae, b, pt);
             filled(bar_fb);
         }
         gda_cp_wait<0>();
