@@ -78,9 +78,8 @@ USE_SCAN_O_MC = False    # with SCAN_O_WG, a ForwardPlan that keeps nothing runs
 USE_SCAN_DV = False      # a backward from the planes on a Hopper GPU runs the scan's backward
                          # half and dv as one wgmma kernel (Config.SCAN_DV, scan_dv_fits): off,
                          # right but slower with scan_o's S0 (the backward 6.8 ms against 6.0)
-USE_SCAN_O_PRODUCER = 0  # scan_o's mma.sync form (sm_90 on) fed by this many warps more that
-                         # copy each chunk's operands (SCAN_O_PRODUCER: perf-notes "v47's next
-                         # step"): off (0) until its A/B on a GPU
+USE_SCAN_O_PRODUCER = True  # scan_o's mma.sync form (sm_90 on) fed by warps more that copy each
+                         # chunk's operands (SCAN_O_PRODUCER, scan_o_warps of them; v49)
 USE_VROWS = True         # a ForwardPlan that keeps nothing and runs scan_o reads v's rows from v
                          # itself (Config.VROWS, scan_o_vrows; v43): pack then neither reads v nor
                          # writes its plane (a third of its bytes at GLA-1.3B), scan_o checks v;
@@ -207,8 +206,8 @@ def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
                 ROWS_TERMS=cfg.TERMS if fwd else cfg.ROWS_TERMS, SCAN_O_WG=int(cfg.SCAN_O_WG),
                 SCAN_O_MC=int(cfg.SCAN_O_MC and fwd), SCAN_DV=int(cfg.SCAN_DV and not fwd),
                 VROWS=int(cfg.VROWS and fwd), ENTRIES=entries(cfg, fwd, keep),
-                SCAN_O_PRODUCER=int(USE_SCAN_O_PRODUCER if fwd and cfg.TERMS == 2
-                                    and not cfg.SCAN_O_WG else 0))
+                SCAN_O_PRODUCER=scan_o_warps(p) if USE_SCAN_O_PRODUCER and fwd and cfg.TERMS == 2
+                                and not cfg.SCAN_O_WG else 0)
 
 
 def planes_config(p, varlen=False, wgmma=False, keep=True, scan_o_wg=False):
@@ -310,6 +309,13 @@ def scan_o_vrows(p, cfg):
     from v itself (VROWS, v43): USE_VROWS, one that keeps nothing (two terms: one that keeps its
     stages keeps v's plane for the backward), V a multiple of 8 (scan_o's copies of 16 bytes)."""
     return USE_VROWS and cfg.TERMS == 2 and p.V % 8 == 0
+
+
+def scan_o_warps(p):
+    """The producer warps of scan_o's mma.sync form (SCAN_O_PRODUCER) at p's keys: 2 above 128
+    keys, 4 at 128 or fewer (v49, H100: GLA-1.3B's scan_o 0.86 ms without, 0.75-0.76 with 2,
+    0.76-0.77 with 4; GLA-340M's 0.294, 0.287-0.290, 0.262-0.266)."""
+    return 2 if p.K > 128 else 4
 
 
 def scan_o_producer(d):

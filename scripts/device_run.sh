@@ -67,7 +67,7 @@
 #            batch shapes; which one auto runs), then `profile_chunk_bwd --scan-o-sweep`: the data
 #            for _dispatch.planes_forward's K > 128 and chunk_bwd.SCAN_O_FROM (perf-notes v45)
 #   producer-ab: install, scan_o's producer-warp test, then the forward's stages of [NAMES
-#            (gla1.3b-bf16,gla340m-bf16)] without it and with it (--scan-o-producer), twice
+#            (gla1.3b-bf16,gla340m-bf16)] with it and without it (--no-scan-o-producer), twice
 #   planes-long: install, scripts/sweep_planes_forward.py --long (long sequences of few
 #            sequence-heads: the shapes behind _dispatch.PLANES_FORWARD_CHAIN, v46)
 #   forms:   install, the bench's model rows [SHAPES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
@@ -393,17 +393,17 @@ if [ "$phase" = "prefetch-ab" ]; then
     exit 0
 fi
 if [ "$phase" = "producer-ab" ]; then
-    # scan_o fed by its producer warp (SCAN_O_PRODUCER, off by default: perf-notes "v47's next
-    # step"): its GPU test first (bit for bit scan_o without it, every forward-from-the-planes
-    # case; a hang is cut at 150 s), then the forward's stages of [NAMES
-    # (gla1.3b-bf16,gla340m-bf16)] without it and with it, twice in turn, where the test passed
+    # scan_o fed by its producer warps (SCAN_O_PRODUCER, on by default: perf-notes v49): its
+    # GPU test first (bit for bit scan_o without them, every forward-from-the-planes case; a
+    # hang is cut at 150 s), then the forward's stages of [NAMES (gla1.3b-bf16,gla340m-bf16)]
+    # with them and without them, twice in turn, where the test passed
     timeout -k 10 150 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py \
         -k producer > "$out/pytest-producer.txt" 2>&1
     rc=$?
     echo "pytest: rc $rc $(tail -1 "$out/pytest-producer.txt")"
     # (a wrong or hung producer is not timed: its stages would only hang or mislead)
     [ "$rc" = 0 ] || exit 1
-    forward_ab "$out/producer-ab.txt" "${3:-gla1.3b-bf16,gla340m-bf16}" --scan-o-producer without
+    forward_ab "$out/producer-ab.txt" "${3:-gla1.3b-bf16,gla340m-bf16}" --no-scan-o-producer with
     exit 0
 fi
 if [ "$phase" = "planes-long" ]; then

@@ -20,8 +20,8 @@
         key step's q, k and g itself, not from the stage copied while the step before ran: v46).
         --no-scan-o: with chunk_bwd.USE_SCAN_O off (the forward that keeps nothing from the
         scan and dv's entry, not gda_chunk_bwd_scan_o: v38), likewise.
-        --scan-o-producer[=W]: with chunk_bwd.USE_SCAN_O_PRODUCER = W (1) (scan_o's mma.sync form
-        fed by W warps more that copy each chunk's operands; perf-notes "v47's next step").
+        --no-scan-o-producer: with chunk_bwd.USE_SCAN_O_PRODUCER off (scan_o's mma.sync form
+        with no warps that only copy: the A/B of v49).
         --scan-o-wg: with chunk_bwd.USE_SCAN_O_WG on (scan_o's products by wgmma on a Hopper
         GPU, where its chunks are of 64 steps and its planes of 128 or 256 keys: v39).
         --scan-o-mc: with USE_SCAN_O_WG and USE_SCAN_O_MC on (scan_o's wgmma form as clusters
@@ -323,11 +323,10 @@ def main(argv):
         chunk_bwd.defines = extra_defines
         print("(gda_chunk_bwd built with " + " ".join(f"{k}={v}" for k, v in extra.items()) + ")",
               flush=True)
-    for a in argv:                      # scan_o fed by producer warps (v47's next step's A/B)
-        if a.split("=")[0] == "--scan-o-producer":
-            from cupy_gda import chunk_bwd
-            chunk_bwd.USE_SCAN_O_PRODUCER = int(a.split("=")[1]) if "=" in a else 1
-            print(f"(chunk_bwd.USE_SCAN_O_PRODUCER = {chunk_bwd.USE_SCAN_O_PRODUCER})", flush=True)
+    if "--no-scan-o-producer" in argv:  # scan_o with no producer warps (v49's A/B)
+        from cupy_gda import chunk_bwd
+        chunk_bwd.USE_SCAN_O_PRODUCER = False
+        print("(chunk_bwd.USE_SCAN_O_PRODUCER off)", flush=True)
     if "--no-scan-o" in argv:
         from cupy_gda import chunk_bwd
         chunk_bwd.USE_SCAN_O = False

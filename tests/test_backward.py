@@ -475,9 +475,8 @@ def test_gpu_scan_o_clusters_are_bit_for_bit_its_wgmma_form(case, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("warps", [1, 4], ids=lambda w: f"warps{w}")
 @pytest.mark.parametrize("case", FORWARD_FROM_PLANES, ids=lambda c: c.id)
-def test_gpu_scan_o_producer_is_bit_for_bit_scan_o(case, warps, monkeypatch):
+def test_gpu_scan_o_producer_is_bit_for_bit_scan_o(case, monkeypatch):
     """scan_o fed by its producer warp (SCAN_O_PRODUCER: a ninth warp copies each chunk's
     operands, on mbarriers; perf-notes "v47's next step") runs the same products in the same
     order as scan_o without it: o and the final state bit for bit the same (every forward-from-
@@ -489,11 +488,12 @@ def test_gpu_scan_o_producer_is_bit_for_bit_scan_o(case, warps, monkeypatch):
     monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)
     p, call, _, _ = _forward_plan_inputs(case)
     got = []
-    for on in (0, warps):
+    for on in (False, True):
         monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_PRODUCER", on)
         plan = chunk_bwd.ForwardPlan(p, call[6] is not None, False)
         assert plan.scan_o and not plan.cfg.SCAN_O_WG
-        assert plan.stages[-1].block == chunk_bwd.NTF + 32 * on      # (scan_o, the last stage)
+        warps = chunk_bwd.scan_o_warps(p) * on              # (scan_o: the last stage)
+        assert plan.stages[-1].block == chunk_bwd.NTF + 32 * warps
         flag = cupy.zeros((1,), np.int32)
         got.append(plan(*call, flag=flag))
         assert int(flag[0]) == 0

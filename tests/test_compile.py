@@ -86,7 +86,7 @@ SPILLS = pytest.mark.xfail(reason="known: gda_chunk_fwd spills at 255 registers 
 
 def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=None, marks=(),
           terms3=False, scan_o_wg=False, scan_dv=False, scan_o_mc=False, vrows=False,
-          producer=0):
+          producer=True):
     dt, gdt, log_gate, int64 = variant
     B, H = BH
     p = Problem(B=B, T=64, H=H, K=K, V=V, N=B, dtype=dt, g_dtype=gdt, log_gate=log_gate)
@@ -127,13 +127,13 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=Non
             cfg = cfg._replace(VROWS=True)
         defines = chunk_bwd.defines(p, cfg, int64, fwd=planes in ("fwd", "fwdkeep"),
                                     keep=planes == "keep")
-        if producer:    # scan_o fed by producer warps (SCAN_O_PRODUCER of them, sm_90 on)
-            defines["SCAN_O_PRODUCER"] = producer
+        if not producer:    # scan_o's mma.sync form without its producer warps (SCAN_O_PRODUCER)
+            defines["SCAN_O_PRODUCER"] = 0
         where = (f"-BT{cfg.BT}-KT{cfg.KT}" + (f"-{planes}" if planes else "")
                  + ("-wgmma" if wgmma else "") + ("-t3" if terms3 else "")
                  + ("-sowg" if scan_o_wg else "") + ("-mc" if scan_o_mc else "")
                  + ("-scandv" if scan_dv else "") + ("-vrows" if vrows else "")
-                 + (f"-producer{producer}" if producer else ""))
+                 + ("" if producer else "-noproducer"))
     else:
         defines = step.defines(p, idx_int64=int64, align=align)
         where = "" if align == 16 else f"-align{align}"
@@ -237,12 +237,12 @@ def _cases():
     for i, (K, V) in enumerate(((256, 512), (128, 256), (100, 72))):
         add(_case("gda_chunk_bwd", "sm_90", K, V, BF16[(i + 1) % len(BF16)], MANY, planes="fwd",
                   scan_o_wg=True, scan_o_mc=True, vrows=i != 1), i == 0)
-    # gda_chunk_bwd's scan_o fed by producer warps (SCAN_O_PRODUCER, the mma.sync form on
-    # sm_90): v's rows from v and v's plane, whole and cut tiles; core: GLA-1.3B's
-    for i, (K, V, vrows, w) in enumerate(((256, 512, True, 2), (100, 72, False, 1),
-                                          (128, 256, True, 4))):
+    # gda_chunk_bwd's scan_o in its mma.sync form on sm_90 without its producer warps
+    # (SCAN_O_PRODUCER, which the forward's builds above have): v's rows from v and v's plane,
+    # whole and cut tiles; core: GLA-1.3B's
+    for i, (K, V, vrows) in enumerate(((256, 512, True), (100, 72, False), (128, 256, True))):
         add(_case("gda_chunk_bwd", "sm_90", K, V, BF16[i % len(BF16)], MANY, planes="fwd",
-                  vrows=vrows, producer=w), i == 0)
+                  vrows=vrows, producer=False), i == 0)
     # gda_chunk_bwd's scan_dv (SCAN_DV, built for sm_90a): the backward from the planes and from
     # the kept forward at planes of 256 and 128 keys, whole and cut tiles; from the planes with
     # the S0 by scan_o's wgmma form too (SCAN_O_WG, whole key tiles); core: GLA-340M's backward
