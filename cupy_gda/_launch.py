@@ -218,14 +218,19 @@ def current_device():
     return cupy.cuda.runtime.getDevice()
 
 
-def hopper():
-    """Whether the current device is a Hopper GPU (compute capability 9.0: sm_90a's wgmma)."""
+def capability():
+    """The current device's compute capability as a number (90 for 9.0)."""
     import cupy
     dev = cupy.cuda.Device()
-    h = _HOPPER.get(dev.id)
-    if h is None:
-        h = _HOPPER[dev.id] = dev.compute_capability == "90"
-    return h
+    c = _CAPABILITY.get(dev.id)
+    if c is None:
+        c = _CAPABILITY[dev.id] = int(dev.compute_capability)
+    return c
+
+
+def hopper():
+    """Whether the current device is a Hopper GPU (compute capability 9.0: sm_90a's wgmma)."""
+    return capability() == 90
 
 
 def device_limits():
@@ -240,7 +245,7 @@ def device_limits():
 
 
 _LIMITS = {}
-_HOPPER = {}
+_CAPABILITY = {}
 _PLANS = {}
 
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from cupy_gda import chunk, recurrent_bwd
 from cupy_gda._launch import (CHUNK_BACKWARD, DTYPE_CODE, PTR, Family, Launch, address, cached,
-                              device_limits, empty, hopper, np_dtype, rounded)
+                              capability, device_limits, empty, hopper, np_dtype, rounded)
 
 ENTRIES = ("gda_chunk_bwd_pack", "gda_chunk_bwd_local", "gda_chunk_bwd_states",
            "gda_chunk_bwd_scan", "gda_chunk_bwd_rows", "gda_chunk_bwd_scores",
@@ -322,10 +322,7 @@ def scan_o_producer(d):
     """The producer warps with which the build of defines ``d`` runs scan_o (NTF + 32 of them
     threads): SCAN_O_PRODUCER, on a GPU of compute capability 9.0 or more (the kernel's own
     test); else 0."""
-    if not d["SCAN_O_PRODUCER"]:
-        return 0
-    import cupy
-    return d["SCAN_O_PRODUCER"] if int(cupy.cuda.Device().compute_capability) >= 90 else 0
+    return d["SCAN_O_PRODUCER"] if d["SCAN_O_PRODUCER"] and capability() >= 90 else 0
 
 
 def scan_dv_smem(p, cfg):

@@ -2152,14 +2152,6 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 #endif
 #define FO_PRODUCER (SCAN_O_PRODUCER && !SCAN_O_WG && __CUDA_ARCH__ >= 900)
 #define FO_PT (FO_PRODUCER ? 32 * SCAN_O_PRODUCER : 0)  // the producer's threads
-// (a block a multiprocessor) ptxas holds scan_o with producer warps, 288-384 threads, to 168
-// registers under __launch_bounds__ and spills 8 bytes; the same cap given as registers
-// (NVRTC 12.4 on) lets it take what a block of them can have: 198 at GLA-1.3B, no spills
-#if FO_PRODUCER && (__CUDACC_VER_MAJOR__ > 12 || __CUDACC_VER_MINOR__ >= 4)
-#define GDA_SCAN_O_BOUNDS __maxnreg__(65536 / (NTF + FO_PT) / 8 * 8)
-#else
-#define GDA_SCAN_O_BOUNDS __launch_bounds__(NTF + FO_PT, 1)
-#endif
 #if SCAN_O_MC                                           // a cluster: a sequence-head's value tiles
 #define GDA_SCAN_O_CLUSTER __cluster_dims__(VP / FV, 1, 1)
 #else
@@ -2405,7 +2397,7 @@ __device__ __forceinline__ void gda_so_decay(float (&x)[KH / 8][4], const float*
 }
 
 #if GDA_HAS(8)
-extern "C" __global__ void GDA_SCAN_O_BOUNDS GDA_SCAN_O_CLUSTER
+extern "C" __global__ void __launch_bounds__(NTF + FO_PT, 1) GDA_SCAN_O_CLUSTER
 gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 {
 #if (FWD && TERMS == 2) || SCAN_O_WG

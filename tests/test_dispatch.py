@@ -943,6 +943,7 @@ def _fake_launches(monkeypatch, scan_dv, scan_o_wg):
                         lambda fn, params, grid, block, smem, **sizes: (fn, grid, block, smem))
     monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, 232448))
     monkeypatch.setattr(chunk_bwd, "hopper", lambda: True)
+    monkeypatch.setattr(chunk_bwd, "capability", lambda: 90)
     monkeypatch.setattr(recurrent_bwd, "plan", lambda p, i64: SimpleNamespace(ws=(0,)))
     monkeypatch.setattr(chunk, "plan", lambda p, i64: None)
     monkeypatch.setattr(chunk_bwd, "USE_SCAN_DV", scan_dv)
@@ -996,7 +997,8 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
     fp = chunk_bwd.ForwardPlan(p)                       # the lean forward: scan_o, by wgmma
     assert [e[1:] for e in entries([(0, s) for s in fp.stages])] == [  # with USE_SCAN_O_WG
         ("scores", NB, 128, 0),                         # (VROWS: scores writes the planes)
-        ("scan_o", NH * TV, 256, 211968 if scan_o_wg else 199680)]
+        ("scan_o", NH * TV, 256, 211968) if scan_o_wg else   # (mma.sync: 2 producer warps)
+        ("scan_o", NH * TV, 256 + 64, 199680)]
     assert fp.sizes["st"] == 0 and fp.cfg.SCAN_O_WG == scan_o_wg
 
 
