@@ -319,9 +319,9 @@ def scan_o_warps(p):
 
 
 def scan_o_producer(d):
-    """The producer warps with which the build of defines ``d`` runs scan_o (NTF + 32 of them
-    threads): SCAN_O_PRODUCER, on a GPU of compute capability 9.0 or more (the kernel's own
-    test); else 0."""
+    """The producer warps with which the build of defines ``d`` runs scan_o (NTF + 32 times as
+    many threads): SCAN_O_PRODUCER, on a GPU of compute capability 9.0 or more (the kernel's
+    own test); else 0."""
     return d["SCAN_O_PRODUCER"] if d["SCAN_O_PRODUCER"] and capability() >= 90 else 0
 
 

@@ -83,6 +83,8 @@
 //   planes pack writes as they lie there: v42), VROWS (1, a forward that keeps nothing and
 //   runs scan_o, V a multiple of 8: scan_o copies v's rows from v itself and checks them for
 //   the guard, and pack writes no plane of v: v43; the build holds no scan and dv entry),
+//   SCAN_O_PRODUCER (0, or 2 or 4 in a forward that keeps nothing, scan_o's mma.sync form
+//   run on sm_90 on: that many warps more copy scan_o's operands: v49),
 //   SCAN_DV (1, built for sm_90a, a
 //   backward with PLANES: the scan's backward half and dv's entry as one kernel by wgmma,
 //   gda_chunk_bwd_scan_dv; the scan runs its forward half alone, and none where KEEP), ENTRIES
@@ -2120,6 +2122,11 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 // block at once (cp.async.bulk multicast), each slot behind two mbarriers a block: full (its
 // bytes landed) and empty (every block of the cluster done with its last chunk: TN arrivals).
 // The same bytes land as without, and the same products run: o bit for bit the form's without.
+// With SCAN_O_PRODUCER (v49; the mma.sync form on sm_90 on) SCAN_O_PRODUCER warps more (2 above
+// 128 keys, 4 at 128 or fewer) copy each chunk's slots by cp.async, on mbarriers: full (its
+// bytes landed: each producer thread's cp.async arrival and a plain one for its stores) and
+// read (the 8 warps of the products done with it: 8 arrivals); those 8 warps issue no copies
+// and meet on a named barrier of their own. The same products: o bit for bit the form's without.
 // Launched (chunk_bwd.ForwardPlan) in place of the scan and dv where chunk_bwd.scan_o_fits:
 // USE_SCAN_O, its shared memory (scan_o_smem, checked here) and its blocks fill the device;
 // with SCAN_O_WG also by the ForwardPlan that keeps its stages and by BackwardPlan (before
@@ -2144,9 +2151,9 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 #define FQL (KP + 8)                                    // halves a staged row of q A, k D
 #define FO_BYTES (2 * (4 * BT * FQL + BT * FVL) + 4 * (BT * FWL + KP + 2 * FV * FOL))
 #endif
-// (SCAN_O_PRODUCER, sm_90, the mma.sync form: perf-notes "v47's next step") SCAN_O_PRODUCER
-// warps more copy each chunk's operands into the slots by cp.async, on an mbarrier a slot full
-// and one a slot read; the 8 warps of the products issue no copies
+// (SCAN_O_PRODUCER, sm_90, the mma.sync form: perf-notes v49) SCAN_O_PRODUCER warps more copy
+// each chunk's operands into the slots by cp.async, on an mbarrier a slot full and one a slot
+// read; the 8 warps of the products issue no copies
 #ifndef SCAN_O_PRODUCER
 #define SCAN_O_PRODUCER 0
 #endif

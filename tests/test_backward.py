@@ -477,14 +477,15 @@ def test_gpu_scan_o_clusters_are_bit_for_bit_its_wgmma_form(case, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", FORWARD_FROM_PLANES, ids=lambda c: c.id)
 def test_gpu_scan_o_producer_is_bit_for_bit_scan_o(case, monkeypatch):
-    """scan_o fed by its producer warp (SCAN_O_PRODUCER: a ninth warp copies each chunk's
-    operands, on mbarriers; perf-notes "v47's next step") runs the same products in the same
-    order as scan_o without it: o and the final state bit for bit the same (every forward-from-
-    the-planes case: cut tiles, packed sequences, v's rows from v and from its plane; sm_90 on)."""
+    """scan_o fed by its producer warps (SCAN_O_PRODUCER: 2 or 4 warps more copy each chunk's
+    operands, on mbarriers; perf-notes v49) runs the same products in the same order as scan_o
+    without them: o and the final state bit for bit the same (every forward-from-the-planes
+    case: cut tiles, packed sequences, v's rows from v and from its plane, 2 warps above 128
+    keys and 4 at 128 or fewer; sm_90 on)."""
     import cupy
     from cupy_gda import chunk_bwd
     if int(cupy.cuda.Device().compute_capability) < 90:
-        pytest.skip("scan_o's producer warp needs sm_90 (bulk copies, mbarrier transactions)")
+        pytest.skip("scan_o's producer warps need sm_90 (their mbarriers)")
     monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)
     p, call, _, _ = _forward_plan_inputs(case)
     got = []

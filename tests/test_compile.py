@@ -387,7 +387,14 @@ def test_kernel_compiles_without_local_memory(compiled, kernel, arch, items):
     assert re.findall(r"\.reqnctapercluster [^\n]*", res["ptx"]) == want, f"{what}: clusters?"
     usage = {k: res[k] for k in ("registers", "stack", "spill_stores", "spill_loads")}
     assert None not in usage.values(), f"{what}: no ptxas resource line in the log\n{log}"
-    assert usage["stack"] == usage["spill_stores"] == usage["spill_loads"] == 0, (
+    # (v49) scan_o with producer warps holds 168 registers a thread, ptxas' cap for 9-12 warps a
+    # block (3 warps a sub-partition of 16 K registers), and at K > 128 with v's rows from v
+    # (GLA-1.3B's lean forward) spills one 8-byte value, 4 loads of it: so measured, scan_o 0.85
+    # -> 0.76 ms; any other build, or more, is a defect
+    spill = 8 if (arch == "sm_90" and d.get("SCAN_O_PRODUCER") and d.get("VROWS")
+                  and d["K_DIM"] > 128) else 0
+    assert (usage["stack"] <= spill and usage["spill_stores"] <= spill
+            and usage["spill_loads"] <= 4 * spill), (
         f"{what}: local memory in a hot kernel: {usage}\n{log}")
     if kernel == "gda_recurrent_fwd":
         # static (ptxas) + the dynamic bytes the launcher asks for fit the arch's opt-in limit
