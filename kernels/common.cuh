@@ -220,7 +220,7 @@ __device__ __forceinline__ void gda_bar_sync(int id, int n) {
 }
 
 #if __CUDA_ARCH__ >= 900
-// mbarriers and bulk copies (sm_90+): an mbarrier of this CTA at shared address bar; its phases
+// mbarriers (sm_90+): an mbarrier of this CTA at shared address bar; its phases
 // complete one after another (parity 0, 1, 0, ..), each when its arrivals are in and the bytes
 // it was told to expect have landed (a bulk copy's bytes count as they land: complete_tx).
 __device__ __forceinline__ void gda_mbar_init(unsigned bar, unsigned arrivals) {
@@ -255,12 +255,6 @@ __device__ __forceinline__ void gda_mbar_wait(unsigned bar, unsigned parity) {
                      "selp.u32 %0, 1, 0, p;\n\t}"
                      : "=r"(done) : "r"(bar), "r"(parity) : "memory");
     } while (!done);
-}
-// ``bytes`` (a multiple of 16) from global src to the shared address dst (both 16-byte aligned),
-// counted on this CTA's mbarrier bar as they land
-__device__ __forceinline__ void gda_bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 #endif
 
