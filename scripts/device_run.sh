@@ -24,6 +24,8 @@
 #            memcheck, racecheck, synccheck and initcheck (each within the call's time left)
 #   sanitize-wg: the same (memcheck, racecheck, synccheck) for the opt-in wgmma forms' tests:
 #            scan_o as clusters against its wgmma form, the kept backward by scan_dv and scan_o's S0
+#   sanitize-producer: the same (memcheck, racecheck, synccheck, initcheck) for scan_o's
+#            producer warps' tests (v49; with SCAN_O_BULK's on a tree that has them)
 #   sanitize-dist: the same for gda_scan and gda_slice (tests/test_scan.py, test_slices.py) and
 #            the distributed GPU tests over simulated ranks
 #   sanitize: install, compute-sanitizer's memcheck, racecheck and synccheck over `cupy-gda
@@ -88,7 +90,7 @@
 #            K=V=128 against one GPU, CuPy's NCCL and torch.distributed, fp32 and bf16
 # Usage (device tool; carry [".vendor"] for suite and suite-a, [".baselines"] for fla, [".old"]
 # for compare):
-#   bash scripts/device_run.sh <commit> suite|suite-a|suite-b|sanitize|sanitize-bwd|sanitize-wg|sanitize-dist|bench|fla|dist2
+#   bash scripts/device_run.sh <commit> suite|suite-a|suite-b|sanitize|sanitize-bwd|sanitize-wg|sanitize-producer|sanitize-dist|bench|fla|dist2
 #   bash scripts/device_run.sh <commit> bwd [NAMES (all)]
 #   bash scripts/device_run.sh <commit> terms [NAMES (gla1.3b-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> fwdbwd-fla [SHAPE (gla1.3b-bf16)]
@@ -199,7 +201,8 @@ if [ "$phase" = "suite-b" ]; then
     timeout 90 cupy-gda verify > "$out/verify.txt" 2>&1; tail -1 "$out/verify.txt"
     exit 0
 fi
-if [ "$phase" = "sanitize" ] || [ "$phase" = "sanitize-bwd" ] || [ "$phase" = "sanitize-dist" ]; then
+if [ "$phase" = "sanitize" ] || [ "${phase#sanitize-}" != "$phase" ]; then   # (every sanitize-*:
+    # sanitize-wg's was left out of the list this replaced, and ran the bench instead)
     # CuPy's memory pool off, so memcheck sees each array's own bounds rather than the pool's
     nopool="import cupy, sys; cupy.cuda.set_allocator(None)"
     verify=(python3 -c "$nopool; from cupy_gda.cli import main; main()" verify --max-t 64)
@@ -255,6 +258,21 @@ forward_from_the_backward_stages or forward_from_planes_guard)"
         n=3
         for tool in memcheck racecheck synccheck; do
             san "$tool" wgmma-forms $(((end - SECONDS) / n)) "${pytest[@]}" tests/test_backward.py -k "$sel"
+            n=$((n - 1))
+        done
+        exit 0
+    fi
+    if [ "$phase" = "sanitize-producer" ]; then
+        # scan_o's producer warps (v49; and SCAN_O_BULK's bulk copies and clusters where the
+        # tree has them, branch next/v51): their bit-for-bit tests, every forward-from-the-planes
+        # case; one plain run first fills the kernel cache
+        sel="gpu and (scan_o_producer or scan_o_bulk)"
+        timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py -k "$sel" \
+            > "$out/sanitize-plain.txt" 2>&1
+        echo "plain: $(tail -1 "$out/sanitize-plain.txt") in $SECONDS s"
+        n=4
+        for tool in memcheck racecheck synccheck initcheck; do
+            san "$tool" producer $(((end - SECONDS) / n)) "${pytest[@]}" tests/test_backward.py -k "$sel"
             n=$((n - 1))
         done
         exit 0
