@@ -227,54 +227,46 @@ if [ "$phase" = "sanitize" ] || [ "${phase#sanitize-}" != "$phase" ]; then   # (
         { echo "== $tool $target: rc $rc"; cat "$f"; } >> "$out/sanitize-$tool.txt"
         rm -f "$f"
     }
-    if [ "$phase" = "sanitize-bwd" ]; then
-        # the backward families' own tests: the chunked one's every scan form (the planes' ring
-        # too) and GEMM stage, its contract cases, a few of the reverse loop's, the forward from
-        # its stages (ForwardPlan) and that forward's fall-back; one plain run first fills the
-        # kernel cache (compiles under the sanitizers are slow)
-        sel="gpu and (chunked_backward or gemms or (contract and chunk and (K24-V24 or K256 or \
-K1-V7 or K5-V1 or varlen)) or (contract and recurrent and (K24-V24 or K256 or varlen)) or \
-forward_from_the_backward_stages or forward_from_planes_guard)"
-        xd=()
-        python3 -c "import xdist" 2>/dev/null && xd=(-n 8)
+    # san_tests TARGET SEL TOOL...: tests/test_backward.py's tests that -k SEL picks, once plainly
+    # first (the kernel cache: compiles under the sanitizers are slow; in xd's workers where
+    # set), then under each TOOL, each the time left's share
+    xd=()
+    san_tests() {
+        local target="$1" sel="$2" n=$(($# - 2)) tool
+        shift 2
         timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py -k "$sel" \
             "${xd[@]}" > "$out/sanitize-plain.txt" 2>&1
         echo "plain: $(tail -1 "$out/sanitize-plain.txt") in $SECONDS s"
-        n=4                  # tools left: each the time left's share
-        for tool in memcheck racecheck synccheck initcheck; do
-            san "$tool" backward $(((end - SECONDS) / n)) "${pytest[@]}" tests/test_backward.py -k "$sel"
+        for tool in "$@"; do
+            san "$tool" "$target" $(((end - SECONDS) / n)) "${pytest[@]}" tests/test_backward.py -k "$sel"
             n=$((n - 1))
         done
+    }
+    if [ "$phase" = "sanitize-bwd" ]; then
+        # the backward families' own tests: the chunked one's every scan form (the planes' ring
+        # too) and GEMM stage, its contract cases, a few of the reverse loop's, the forward from
+        # its stages (ForwardPlan) and that forward's fall-back
+        python3 -c "import xdist" 2>/dev/null && xd=(-n 8)
+        san_tests backward "gpu and (chunked_backward or gemms or (contract and chunk and \
+(K24-V24 or K256 or K1-V7 or K5-V1 or varlen)) or (contract and recurrent and (K24-V24 or K256 \
+or varlen)) or forward_from_the_backward_stages or forward_from_planes_guard)" \
+            memcheck racecheck synccheck initcheck
         exit 0
     fi
     if [ "$phase" = "sanitize-wg" ]; then
         # the wgmma forms' own tests, opt-in (v39-v42): scan_o as clusters bit for bit its
         # wgmma form (v39 and v42, every cluster size), the kept backward by scan_dv and scan_o's
-        # S0 (v40, v41); one plain run first fills the kernel cache
-        sel="gpu and (bit_for_bit_its_wgmma or (kept_forward and scan_dv-wg))"
-        timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py -k "$sel" \
-            > "$out/sanitize-plain.txt" 2>&1
-        echo "plain: $(tail -1 "$out/sanitize-plain.txt") in $SECONDS s"
-        n=3
-        for tool in memcheck racecheck synccheck; do
-            san "$tool" wgmma-forms $(((end - SECONDS) / n)) "${pytest[@]}" tests/test_backward.py -k "$sel"
-            n=$((n - 1))
-        done
+        # S0 (v40, v41)
+        san_tests wgmma-forms "gpu and (bit_for_bit_its_wgmma or (kept_forward and scan_dv-wg))" \
+            memcheck racecheck synccheck
         exit 0
     fi
     if [ "$phase" = "sanitize-producer" ]; then
         # scan_o's producer warps (v49; and SCAN_O_BULK's bulk copies and clusters where the
         # tree has them, branch next/v51): their bit-for-bit tests, every forward-from-the-planes
-        # case; one plain run first fills the kernel cache
-        sel="gpu and (scan_o_producer or scan_o_bulk)"
-        timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py -k "$sel" \
-            > "$out/sanitize-plain.txt" 2>&1
-        echo "plain: $(tail -1 "$out/sanitize-plain.txt") in $SECONDS s"
-        n=4
-        for tool in memcheck racecheck synccheck initcheck; do
-            san "$tool" producer $(((end - SECONDS) / n)) "${pytest[@]}" tests/test_backward.py -k "$sel"
-            n=$((n - 1))
-        done
+        # case
+        san_tests producer "gpu and (scan_o_producer or scan_o_bulk)" \
+            memcheck racecheck synccheck initcheck
         exit 0
     fi
     if [ "$phase" = "sanitize-dist" ]; then
