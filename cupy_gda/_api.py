@@ -289,7 +289,8 @@ def gpu_kept_bytes(fn, p, method, varlen=False):
     keep_states=True: chunk_bwd.forward_bytes where it runs chunk_bwd.ForwardPlan (as
     _forward_plan; the rule's shapes all have chunks), else 0 (it keeps none). For the current
     device (the rule counts its SMs)."""
-    if _dispatch.pick(fn, method, p, True) != "chunk" or not _dispatch.planes_forward(p, varlen):
+    if (_dispatch.pick(fn, method, p, True) != "chunk"
+            or not _dispatch.planes_forward(p, varlen, keep=True)):
         return 0
     return chunk_bwd.forward_bytes(p, varlen)
 
@@ -298,7 +299,7 @@ def _forward_plan(m, p, varlen, seq_int64, keep=False):
     """The GPU plan of forward method ``m`` (_dispatch.pick's) for Problem ``p``: "chunk" from
     the backward family's stages (chunk_bwd.ForwardPlan; one that keeps them where ``keep``)
     where _dispatch.planes_forward says."""
-    if m == "chunk" and _dispatch.planes_forward(p, varlen):
+    if m == "chunk" and _dispatch.planes_forward(p, varlen, keep=keep):
         return chunk_bwd.forward_plan(p, varlen, seq_int64, keep)
     return _FAMILIES[m].plan(p, seq_int64)
 

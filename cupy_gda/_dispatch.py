@@ -47,39 +47,45 @@ CHUNK_FROM = (
 
 # GPU, "chunk": bfloat16 inputs run as the backward family's stages (chunk_bwd.ForwardPlan, the
 # GEMMs' operands split once into planes) where the mean sequence length is at least
-# PLANES_FORWARD_FROM, K at least chunk.MAX_KT and the workspace within PLANES_FORWARD_MAX_BYTES,
-# and then where V >= 512, or scan_o runs (chunk_bwd.scan_o_runs: SCAN_O_FROM blocks an SM) with V
-# >= 192, or K > chunk.MAX_KT (gda_chunk_fwd tiles its keys) with the scan's blocks (a state tile
-# of a chain each) at least half the SMs; where those blocks are fewer than the SMs, only for
-# chains of at most PLANES_FORWARD_CHAIN rows (T, or with cu_seqlens every sequence's rows: a
-# chain runs a head's chunks in turn, where gda_chunk_fwd splits a long sequence in segments
-# over the idle SMs; longer ones not measured). docs/perf-notes.md, v46's rule (scripts/
-# sweep_planes_forward.py on an H100, 35 shapes, K 128..256, V 128..512, T 512..4096, 2..32
-# sequence-heads; scan_o by SCAN_O_FROM 0.7): it picks 26, at 0.42-0.98x gda_chunk_fwd's time
-# (0.88x at GLA-340M, where K = 128), and leaves 9 at 0.98-2.15x for it; v24's rule (K > 128,
-# T >= 2048, a scan block an SM) picked 6 and left 21 where the planes were 0.46-0.98x. The
-# workspace holds every chunk's state (1.5 GiB at
-# GLA-1.3B, 1.7 where it keeps them for the backward; O(T H K V / 64)): above
-# PLANES_FORWARD_MAX_BYTES (counted as kept) the call keeps to gda_chunk_fwd, whose workspace
-# stays within q's size (a million-token prefill fits).
+# PLANES_FORWARD_FROM, K at least chunk.MAX_KT and the call's workspace (the one that keeps the
+# stages where it keeps them) within PLANES_FORWARD_MAX_BYTES, and then where V >= 512, or scan_o
+# runs (chunk_bwd.scan_o_runs: SCAN_O_FROM blocks an SM) with PLANES_FORWARD_SCAN_O blocks an SM
+# and V >= 192 or the mean length at least 1024, or K > chunk.MAX_KT (gda_chunk_fwd tiles its
+# keys) with the scan's blocks (a state tile of a chain each) at least half the SMs; where those
+# blocks are fewer than the SMs, only for chains of at most PLANES_FORWARD_CHAIN rows (T, or with
+# cu_seqlens every sequence's rows: a chain runs a head's chunks in turn, where gda_chunk_fwd
+# splits a long sequence in segments over the idle SMs; longer ones not measured).
+# docs/perf-notes.md, v50's rule (scripts/sweep_planes_forward.py on an H100 after v49's producer
+# warps, K = 128 and V 128..256, K = 256 and V = 512, T 512..4096, 4..128 sequence-heads): the
+# planes with scan_o took 0.77x gda_chunk_fwd's time at big128 (B8 T4096 H16 K = V = 128),
+# 0.77x at B8 T4096 H4 and 0.95x at T = 1024 (0.48 scan_o blocks an SM), 1.07x at T = 512 (left
+# to gda_chunk_fwd), 0.55-0.81x at V = 256 from 0.97 blocks an SM, 1.19x at 0.24 (left); v46's
+# (35 shapes, K 128..256, V 128..512, scan_o by SCAN_O_FROM 0.7) picked 26 at 0.42-0.98x. The
+# workspace holds the planes and, kept, every chunk's state (1.7 GiB at GLA-1.3B kept, 0.53
+# not; O(T H K V / 64)): above PLANES_FORWARD_MAX_BYTES the call keeps to gda_chunk_fwd, whose
+# workspace stays within q's size (a million-token prefill fits).
 PLANES_FORWARD_FROM = 512
+PLANES_FORWARD_SCAN_O = 0.45
 PLANES_FORWARD_CHAIN = 4096
 PLANES_FORWARD_MAX_BYTES = 4 << 30
 
 
-def planes_forward(p, varlen=False, limits=None):
-    """Whether the chunked forward of Problem ``p`` (packed where ``varlen``) runs as
-    chunk_bwd.ForwardPlan on a GPU of ``limits`` ((SM count, opt-in shared memory bytes a block):
-    the current one's where None)."""
-    if (p.dtype != "bfloat16" or p.K < chunk.MAX_KT or mean_len(p) < PLANES_FORWARD_FROM
-            or chunk_bwd.forward_bytes(p, varlen) > PLANES_FORWARD_MAX_BYTES):
+def planes_forward(p, varlen=False, limits=None, keep=False):
+    """Whether the chunked forward of Problem ``p`` (packed where ``varlen``; one that keeps its
+    stages for the backward where ``keep``) runs as chunk_bwd.ForwardPlan on a GPU of ``limits``
+    ((SM count, opt-in shared memory bytes a block): the current one's where None)."""
+    if p.dtype != "bfloat16" or p.K < chunk.MAX_KT or mean_len(p) < PLANES_FORWARD_FROM:
         return False
     limits = limits or device_limits()
+    if chunk_bwd.forward_bytes(p, varlen, keep, limits) > PLANES_FORWARD_MAX_BYTES:
+        return False
     NH = chunk_bwd.chunks(p, 64, varlen)[0]         # the scan's chains: N H, or H where packed
     blocks = NH * chunk_bwd.tiles(p.K) * chunk_bwd.tiles(p.V)      # (its blocks)
     if blocks < limits[0] and p.T > PLANES_FORWARD_CHAIN:
         return False
-    return (p.V >= 512 or (p.V >= 192 and chunk_bwd.scan_o_runs(p, varlen, limits))
+    scan_o = (chunk_bwd.scan_o_runs(p, varlen, limits)
+              and NH * chunk_bwd.tiles(p.V) >= PLANES_FORWARD_SCAN_O * limits[0])
+    return (p.V >= 512 or (scan_o and (p.V >= 192 or mean_len(p) >= 1024))
             or (p.K > chunk.MAX_KT and 2 * blocks >= limits[0]))
 
 

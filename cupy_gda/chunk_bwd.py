@@ -86,12 +86,15 @@ USE_VROWS = True         # a ForwardPlan that keeps nothing and runs scan_o read
                          # and scores writes the planes of q A and k D, pack not launched (v44)
 SCAN_DV_FROM = 1.0       # scan_dv's blocks an SM from which it runs (its blocks are scan_o's:
                          # SCAN_O_FROM's reason; not measured)
-SCAN_O_FROM = 0.7        # scan_o's blocks (sequence-heads x tiles of FV value columns) an SM
+SCAN_O_FROM = 0.2        # scan_o's blocks (sequence-heads x tiles of FV value columns) an SM
                          # from which it runs: each runs a sequence-head's chunks in turn, so
                          # fewer leave SMs idle, where the scan's 4x as many blocks (at K = 256)
-                         # and dv's entry's do not (v46's sweep, an H100, bfloat16: the forward
-                         # with scan_o took 0.54-0.79x the time of the one without at 0.73-0.97
-                         # an SM, 0.79-1.12x at 0.48, 1.33-1.79x at 0.24 and under)
+                         # and dv's entry's do not. v50's sweep (an H100, bfloat16, scan_o with
+                         # its producer warps): the forward with scan_o took 0.71x the time of
+                         # the one without at 0.48 an SM (K = 256, V = 512), 0.62-0.73x at K =
+                         # 128, V = 128, 0.92x at 0.24 (K = 128, V = 256), 1.14x at 0.12 (K =
+                         # 256) and 0.99-1.12x at 0.12 and under (K = 128); v46's, before the
+                         # producer warps, 1.33-1.79x at 0.24 and under
 
 
 class Config(NamedTuple):
@@ -397,11 +400,16 @@ def layout(sizes):
     return at, base
 
 
-def forward_bytes(p, varlen=False):
-    """The bytes of the workspace a ForwardPlan made with keep holds for Problem ``p`` (packed
-    where ``varlen``): each chunk's S0 (float32) and the planes, O(T H K V / BT) (one that keeps
-    none holds less: two planes of q A and k D, not three)."""
-    return 4 * layout(workspace(p, planes_config(p, varlen), varlen, fwd=True))[1]
+def forward_bytes(p, varlen=False, keep=True, limits=None):
+    """The bytes of the workspace a ForwardPlan made with ``keep`` holds for Problem ``p``
+    (packed where ``varlen``): each chunk's S0 (float32) and the planes, O(T H K V / BT) (one
+    that keeps none holds less: two planes of q A and k D, not three, and no S0 where scan_o
+    runs on a GPU of ``limits``, scan_o_fits')."""
+    if keep:
+        return 4 * layout(workspace(p, planes_config(p, varlen), varlen, fwd=True))[1]
+    cfg = forward_config(p, varlen)
+    scan_o = scan_o_fits(p, cfg, varlen, limits)
+    return 4 * layout(workspace(p, cfg, varlen, fwd=True, scan_o=scan_o))[1]
 
 
 KEPT = ("st", "ae", "ww", "pl")  # the workspaces a backward takes from a ForwardPlan's (keep=)

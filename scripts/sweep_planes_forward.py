@@ -15,6 +15,8 @@ behind _dispatch.planes_forward and chunk_bwd.SCAN_O_FROM (docs/perf-notes.md, v
         fewer than the SMs and gda_chunk_fwd splits each sequence into segments: the shapes
         behind _dispatch.PLANES_FORWARD_CHAIN (the rule keeps them to gda_chunk_fwd from 4097
         rows a chain, not measured).
+    python -m scripts.sweep_planes_forward --kv 128x128,128x256
+        Only those key and value widths (of either list).
 """
 import sys
 
@@ -24,7 +26,7 @@ from cupy_gda import _verify
 from scripts.profile_chunk_bwd import inputs, median_ms
 
 KV = ((128, 128), (128, 256), (128, 512), (192, 192), (192, 512), (256, 256), (256, 512))
-BTH = ((8, 4096, 4), (2, 4096, 4), (8, 1024, 4), (4, 512, 8), (1, 2048, 2))
+BTH = ((8, 4096, 4), (8, 4096, 16), (2, 4096, 4), (8, 1024, 4), (4, 512, 8), (1, 2048, 2))
 LONG = (((128, 256), (256, 256), (256, 512)), ((1, 8192, 4), (1, 32768, 4), (2, 16384, 4),
                                                 (1, 65536, 2)))
 
@@ -48,7 +50,11 @@ def main(argv=None):
     print(f"(SCAN_O_FROM {chunk_bwd.SCAN_O_FROM}, {sms} SMs)")
     print(f"{'B':>2s} {'T':>5s} {'H':>3s} {'K':>4s} {'V':>4s}  {'chunk_fwd':>9s} {'planes':>15s} "
           f"{'scan_o':>15s}  blocks/SM  auto       flag  max |diff|", flush=True)
-    kv, bth = LONG if "--long" in (sys.argv[1:] if argv is None else argv) else (KV, BTH)
+    argv = sys.argv[1:] if argv is None else argv
+    kv, bth = LONG if "--long" in argv else (KV, BTH)
+    if "--kv" in argv:
+        kv = tuple(tuple(int(n) for n in w.split("x"))
+                   for w in argv[argv.index("--kv") + 1].split(","))
     for K, V in kv:
         for B, T, H in bth:
             args, _ = inputs(_verify.Case(B, T, H, K, V, dtype="bfloat16", init=False))

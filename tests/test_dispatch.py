@@ -598,9 +598,16 @@ def _bf16(T, K, V, B, H):
 _PLANES_RULE = [  # bfloat16, dense: (T, K, V, B, H, from the planes, id)
     (2047, 256, 512, 8, 4, True, "T2047"),
     (511, 256, 512, 8, 4, False, "T511"),
-    # K = 128 (gda_chunk_fwd's keys in one tile): where V >= 512, or scan_o runs and V >= 192
+    # K = 128 (gda_chunk_fwd's keys in one tile): where V >= 512, or scan_o runs with
+    # PLANES_FORWARD_SCAN_O blocks an SM and V >= 192 or T >= 1024
     (4096, 128, 256, 8, 4, True, "gla-340m-bf16-scan_o"),
     (4096, 128, 256, 2, 4, False, "K128-V256-32-blocks"),
+    (4096, 128, 128, 8, 4, True, "K128-V128-64-blocks"),
+    (1024, 128, 128, 8, 4, True, "K128-V128-T1024"),
+    (1023, 128, 128, 8, 4, False, "K128-V128-T1023"),
+    (512, 128, 128, 4, 8, False, "K128-V128-T512"),
+    (4096, 128, 128, 2, 4, False, "K128-V128-16-blocks"),
+    (4096, 128, 192, 2, 4, False, "K128-V192-24-blocks"),
     (2048, 128, 512, 1, 2, True, "K128-V512-two-heads"),
     (4096, 64, 512, 8, 4, False, "K64"),
     # fewer scan blocks than SMs: chains of at most PLANES_FORWARD_CHAIN rows
@@ -626,32 +633,57 @@ _PLANES_RULE_PACKED = [  # bfloat16, K = 256, cu_seqlens: (T, V, N, H, from the 
 @pytest.mark.parametrize("p, varlen, want", [
     pytest.param(P._replace(T=4096, K=256, V=512, B=8, N=8, H=4, **_BF16), False, True,
                  id="gla-1.3b-bf16"),
+    pytest.param(P._replace(T=4096, K=256, V=512, B=8, N=8, H=16, **_BF16), False, True,
+                 id="gla-1.3b-bf16-H16"),
     pytest.param(P._replace(T=4096, K=256, V=512, B=8, N=8, H=4), False, False, id="gla-1.3b-fp32"),
     pytest.param(P._replace(T=4096, K=256, V=512, B=8, N=8, H=4, dtype="float16"), False, False,
                  id="gla-1.3b-fp16"),
-    pytest.param(_p(T=4096, K=128, B=8, H=16)._replace(**_BF16), False, False, id="big128-bf16"),
+    pytest.param(_p(T=4096, K=128, B=8, H=16)._replace(**_BF16), False, True, id="big128-bf16"),
     *(pytest.param(_bf16(T, K, V, B, H), False, want, id=i)
       for T, K, V, B, H, want, i in _PLANES_RULE),
     # packed: one chain a head (H of them), the sequences' chunks in turn
     *(pytest.param(P._replace(T=T, K=256, V=V, B=1, N=N, H=H, **_BF16), True, want, id=i)
       for T, V, N, H, want, i in _PLANES_RULE_PACKED),
-    # the workspace (every chunk's state) over PLANES_FORWARD_MAX_BYTES: 1.7 GiB at GLA-1.3B
+    # the workspace over PLANES_FORWARD_MAX_BYTES: 0.53 GiB at GLA-1.3B (the planes; 1.7 GiB
+    # kept, with every chunk's state: test_kept_workspace_within_the_rule)
     pytest.param(P._replace(T=8192, K=256, V=512, B=8, N=8, H=4, **_BF16), False, True,
                  id="gla-1.3b-T8192"),
-    pytest.param(P._replace(T=12288, K=256, V=512, B=8, N=8, H=4, **_BF16), False, False,
-                 id="gla-1.3b-T12288"),
+    pytest.param(P._replace(T=4096 * 7, K=256, V=512, B=8, N=8, H=4, **_BF16), False, True,
+                 id="gla-1.3b-T28672"),
+    pytest.param(P._replace(T=4096 * 8, K=256, V=512, B=8, N=8, H=4, **_BF16), False, False,
+                 id="gla-1.3b-T32768"),
     pytest.param(P._replace(T=1 << 20, K=256, V=512, B=1, N=1, H=4, **_BF16), False, False,
                  id="prefill-1M"),
 ])
 def test_forward_from_the_planes_where_the_rule_says(p, varlen, want):
     """_dispatch.planes_forward on a Hopper GPU's 132 SMs: bfloat16 inputs, K at least
     chunk.MAX_KT, mean sequence length at least PLANES_FORWARD_FROM, a workspace within
-    PLANES_FORWARD_MAX_BYTES, and V >= 512, or scan_o (SCAN_O_FROM blocks an SM) with V >= 192,
-    or K over chunk.MAX_KT (gda_chunk_fwd's key tiles) with a scan block (a state tile of a
-    chain) for every other SM (v46's sweep); with fewer scan blocks than SMs, chains of at most
+    PLANES_FORWARD_MAX_BYTES, and V >= 512, or scan_o (SCAN_O_FROM blocks an SM) with
+    PLANES_FORWARD_SCAN_O blocks an SM and V >= 192 or T >= 1024, or K over chunk.MAX_KT
+    (gda_chunk_fwd's key tiles) with a scan block (a state tile of a chain) for every other SM
+    (v46's and v50's sweeps); with fewer scan blocks than SMs, chains of at most
     PLANES_FORWARD_CHAIN rows."""
     assert _dispatch.planes_forward(p, varlen, (132, 227 * 1024)) == want
     assert _dispatch.pick("f", "auto", p, True, (132, 227 * 1024)) == "chunk"
+
+
+@pytest.mark.parametrize("T, H, want", [
+    pytest.param(4096, 4, True, id="gla-1.3b-bf16"),
+    pytest.param(8192, 4, True, id="T8192"),        # 3.4 GiB kept
+    pytest.param(12288, 4, False, id="T12288"),     # 5.1 GiB kept, 1.6 not
+    pytest.param(4096, 16, False, id="H16"),        # 6.8 GiB kept, 2.1 not
+])
+def test_kept_workspace_within_the_rule(T, H, want):
+    """A forward that keeps its stages for the backward (keep_states) runs from the planes only
+    where the workspace it keeps, every chunk's state too (chunk_bwd.forward_bytes), is within
+    PLANES_FORWARD_MAX_BYTES; one that keeps nothing counts its own, the planes, and runs from
+    them at each of these shapes."""
+    p = P._replace(T=T, K=256, V=512, B=8, N=8, H=H, **_BF16)
+    limits = (132, 227 * 1024)
+    kept, lean = (chunk_bwd.forward_bytes(p, keep=x, limits=limits) for x in (True, False))
+    assert (kept <= _dispatch.PLANES_FORWARD_MAX_BYTES) == want and lean < kept / 3
+    assert _dispatch.planes_forward(p, False, limits, keep=True) == want
+    assert _dispatch.planes_forward(p, False, limits)
 
 
 @pytest.mark.parametrize("p, want", [
@@ -846,13 +878,14 @@ def test_scan_o_fits_where_its_shared_memory_and_blocks_do(monkeypatch):
         assert chunk_bwd.scan_o_fits(p._replace(K=K), cfg) == want, (smem, K, cfg)
     monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, hopper))
     assert chunk_bwd.scan_o_fits(p, lean)                   # 32 sequence-heads x 8: 256 blocks
-    assert chunk_bwd.scan_o_fits(p._replace(H=2), lean)                 # 128 blocks
-    assert not chunk_bwd.scan_o_fits(p._replace(H=1), lean)             # 64
-    assert chunk_bwd.scan_o_fits(p._replace(H=1, V=1024), lean)          # 128 again
-    assert not chunk_bwd.scan_o_fits(p._replace(B=1, N=5), lean, True)   # packed: H of them
-    assert chunk_bwd.scan_o_fits(p._replace(H=1), lean, limits=(64, hopper))
-    monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0.4)
-    assert chunk_bwd.scan_o_fits(p._replace(H=1), lean)
+    assert chunk_bwd.scan_o_fits(p._replace(B=1, N=1), lean)            # 32 blocks
+    assert not chunk_bwd.scan_o_fits(p._replace(B=1, N=1, H=2), lean)   # 16
+    assert chunk_bwd.scan_o_fits(p._replace(B=1, N=1, H=2, V=1024), lean)   # 32 again
+    assert chunk_bwd.scan_o_fits(p._replace(B=1, N=5), lean, True)      # packed: H of them
+    assert not chunk_bwd.scan_o_fits(p._replace(B=1, N=5, H=2), lean, True)
+    assert chunk_bwd.scan_o_fits(p._replace(B=1, N=1, H=2), lean, limits=(64, hopper))
+    monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0.1)
+    assert chunk_bwd.scan_o_fits(p._replace(B=1, N=1, H=2), lean)
     monkeypatch.setattr(chunk_bwd, "USE_SCAN_O", False)
     assert not chunk_bwd.scan_o_fits(p, lean)
 
