@@ -25,7 +25,9 @@
 #   sanitize-wg: the same (memcheck, racecheck, synccheck) for the opt-in wgmma forms' tests:
 #            scan_o as clusters against its wgmma form, the kept backward by scan_dv and scan_o's S0
 #   sanitize-producer: the same (memcheck, racecheck, synccheck, initcheck) for scan_o's
-#            producer warps' tests (v49; with SCAN_O_BULK's on a tree that has them)
+#            producer warps' tests (v49; with SCAN_O_BULK's on a tree that has them), then
+#            racecheck over scripts/racecheck_mbar_probe.py (a ring of mbarriers right by
+#            construction: racecheck reports its slots' writes and reads as races, v50)
 #   sanitize-dist: the same for gda_scan and gda_slice (tests/test_scan.py, test_slices.py) and
 #            the distributed GPU tests over simulated ranks
 #   sanitize: install, compute-sanitizer's memcheck, racecheck and synccheck over `cupy-gda
@@ -267,6 +269,11 @@ or varlen)) or forward_from_the_backward_stages or forward_from_planes_guard)" \
         # case
         san_tests producer "gpu and (scan_o_producer or scan_o_bulk)" \
             memcheck racecheck synccheck initcheck
+        # racecheck on a ring of mbarriers right by construction: what it reports there is the
+        # tool's (v50: it does not model their ordering, and reports scan_o's producer form so)
+        for m in "" --stores; do
+            san racecheck "probe${m:+-stores}" 60 python3 -m scripts.racecheck_mbar_probe $m
+        done
         exit 0
     fi
     if [ "$phase" = "sanitize-dist" ]; then
