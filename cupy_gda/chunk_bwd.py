@@ -94,7 +94,8 @@ SCAN_O_FROM = 0.2        # scan_o's blocks (sequence-heads x tiles of FV value c
                          # the one without at 0.48 an SM (K = 256, V = 512), 0.62-0.73x at K =
                          # 128, V = 128, 0.92x at 0.24 (K = 128, V = 256), 1.14x at 0.12 (K =
                          # 256) and 0.99-1.12x at 0.12 and under (K = 128); v46's, before the
-                         # producer warps, 1.33-1.79x at 0.24 and under
+                         # producer warps, 1.33-1.79x at 0.24 and under. K = 256 at 0.24 (B1
+                         # T4096 H4 V = 512, where it now runs) not measured
 
 
 class Config(NamedTuple):
