@@ -87,15 +87,17 @@ USE_VROWS = True         # a ForwardPlan that keeps nothing and runs scan_o read
 SCAN_DV_FROM = 1.0       # scan_dv's blocks an SM from which it runs (its blocks are scan_o's:
                          # SCAN_O_FROM's reason; not measured)
 SCAN_O_FROM = 0.2        # scan_o's blocks (sequence-heads x tiles of FV value columns) an SM
-                         # from which it runs: each runs a sequence-head's chunks in turn, so
-                         # fewer leave SMs idle, where the scan's 4x as many blocks (at K = 256)
-                         # and dv's entry's do not. v50's sweep (an H100, bfloat16, scan_o with
-                         # its producer warps): the forward with scan_o took 0.71x the time of
-                         # the one without at 0.48 an SM (K = 256, V = 512), 0.62-0.73x at K =
-                         # 128, V = 128, 0.92x at 0.24 (K = 128, V = 256), 1.14x at 0.12 (K =
-                         # 256) and 0.99-1.12x at 0.12 and under (K = 128); v46's, before the
-                         # producer warps, 1.33-1.79x at 0.24 and under. K = 256 at 0.24 (B1
-                         # T4096 H4 V = 512, where it now runs) not measured
+                         # from which it runs (times SCAN_O_WIDE at K > 128): each runs a
+                         # sequence-head's chunks in turn, so fewer leave SMs idle, where the
+                         # scan's 4x as many blocks (at K = 256) and dv's entry's do not. v50's
+                         # sweep (an H100, bfloat16, scan_o with its producer warps): the forward
+                         # with scan_o took 0.71x the time of the one without at 0.48 an SM (K =
+                         # 256, V = 512), 0.62-0.73x at K = 128, V = 128, 0.92x at 0.24 (K = 128,
+                         # V = 256), 1.14x at 0.12 (K = 256) and 0.99-1.12x at 0.12 and under (K
+                         # = 128); v46's, before the producer warps, 1.33-1.79x at 0.24 and under
+SCAN_O_WIDE = 1.5        # SCAN_O_FROM's factor at K > 128 (0.3 an SM): v51's sweep (an H100) put
+                         # K = 256, V = 512 at 0.24 an SM (B1 T4096 H4) at 1.13x (0.518 ms
+                         # against 0.457) and at 0.48 at 0.71x; between, not measured
 
 
 class Config(NamedTuple):
@@ -279,13 +281,15 @@ def scan_o_fits(p, cfg, varlen=False, limits=None):
     one's where None): USE_SCAN_O, one that keeps nothing (two terms), at most 256 keys (its
     state is KP / 2 registers a thread), its shared memory within the opt-in limit (at K = 256
     and chunks of 64, 195 KiB: a Hopper GPU's 227, not an A100's 163) and SCAN_O_FROM blocks an
-    SM. One that keeps its stages (three terms) runs it where planes_config gave it SCAN_O_WG:
-    then always, as its backward's S0 come from scan_o too (v41)."""
+    SM (SCAN_O_WIDE times that at K > 128). One that keeps its stages (three terms) runs it
+    where planes_config gave it SCAN_O_WG: then always, as its backward's S0 come from scan_o
+    too (v41)."""
     if cfg.TERMS == 3:
         return cfg.SCAN_O_WG
     sms, smem = limits or device_limits()
     return (USE_SCAN_O and cfg.TERMS == 2 and planes(p)[0] <= 256 and scan_o_smem(p, cfg) <= smem
-            and chunks(p, cfg.BT, varlen)[0] * tiles(p.V) >= SCAN_O_FROM * sms)
+            and chunks(p, cfg.BT, varlen)[0] * tiles(p.V)
+            >= SCAN_O_FROM * (SCAN_O_WIDE if p.K > 128 else 1) * sms)
 
 
 def forward_config(p, varlen=False, keep=False):

@@ -878,13 +878,16 @@ def test_scan_o_fits_where_its_shared_memory_and_blocks_do(monkeypatch):
         assert chunk_bwd.scan_o_fits(p._replace(K=K), cfg) == want, (smem, K, cfg)
     monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, hopper))
     assert chunk_bwd.scan_o_fits(p, lean)                   # 32 sequence-heads x 8: 256 blocks
-    assert chunk_bwd.scan_o_fits(p._replace(B=1, N=1), lean)            # 32 blocks
+    # at K > 128 from 0.3 blocks an SM (SCAN_O_FROM times SCAN_O_WIDE), at K <= 128 from 0.2
+    assert chunk_bwd.scan_o_fits(p._replace(B=2, N=2), lean)            # 64 blocks
+    assert not chunk_bwd.scan_o_fits(p._replace(B=1, N=1), lean)        # 32 (0.24 an SM)
+    assert chunk_bwd.scan_o_fits(p._replace(B=1, N=1, K=128), lean)     # 32 at K = 128
     assert not chunk_bwd.scan_o_fits(p._replace(B=1, N=1, H=2), lean)   # 16
-    assert chunk_bwd.scan_o_fits(p._replace(B=1, N=1, H=2, V=1024), lean)   # 32 again
-    assert chunk_bwd.scan_o_fits(p._replace(B=1, N=5), lean, True)      # packed: H of them
-    assert not chunk_bwd.scan_o_fits(p._replace(B=1, N=5, H=2), lean, True)
-    assert chunk_bwd.scan_o_fits(p._replace(B=1, N=1, H=2), lean, limits=(64, hopper))
-    monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0.1)
+    assert chunk_bwd.scan_o_fits(p._replace(B=1, N=1, H=4, V=1024), lean)   # 64 again
+    assert chunk_bwd.scan_o_fits(p._replace(B=1, N=5, H=8), lean, True)     # packed: H of them
+    assert not chunk_bwd.scan_o_fits(p._replace(B=1, N=5), lean, True)
+    assert chunk_bwd.scan_o_fits(p._replace(B=1, N=1, H=2), lean, limits=(48, hopper))
+    monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0.05)
     assert chunk_bwd.scan_o_fits(p._replace(B=1, N=1, H=2), lean)
     monkeypatch.setattr(chunk_bwd, "USE_SCAN_O", False)
     assert not chunk_bwd.scan_o_fits(p, lean)
