@@ -1261,6 +1261,10 @@ gda_chunk_bwd_rows(GDA_CHUNK_BWD_PARAMS)
 
 #define KI 16                                           // key columns a step of scores
 #define NBK (BT / 16)                                   // 16-step blocks a chunk
+#define QP (BT + 2)                                     // a key column's steps in b_q, b_sp and
+                                                        //   b_pr (padded: the loads' stores, the
+                                                        //   split items' and the diagonal's reads
+                                                        //   free of bank conflicts, v51)
 #define KW (KI / 2 + 4)                                 // words a row of a split operand (padded:
                                                         //   the fragments' reads are free of
                                                         //   bank conflicts)
@@ -1292,8 +1296,8 @@ __device__ __forceinline__ void gda_score_tiles(int warp, const F& f)
 // at t = 0 A_end into ae (the chunk's)
 __device__ __forceinline__ void gda_scores_planes(
     const gda_planes_at& pc, float* ae, int i0, int ii, int t, int blk,
-    const float2 (&kg)[KI][BT + 1], const float (&bq)[BT][KI + 1], const float (&sp)[BT][KI + 1],
-    const float (&pr)[BT][KI + 1], const float (&gb)[NBK][KI], float scale)
+    const float2 (&kg)[KI][BT + 1], const float (&bq)[KI][QP], const float (&sp)[KI][QP],
+    const float (&pr)[KI][QP], const float (&gb)[NBK][KI], float scale)
 {
     static_assert(!VROWS || PA == 2, "VROWS: two terms");
     float xq[2], xk[2];
@@ -1301,14 +1305,14 @@ __device__ __forceinline__ void gda_scores_planes(
     for (int c = 0; c < 2; ++c) {
         const int j = ii + c;
         float pre = 1.f, suf = 1.f;
-        for (int z = 0; z < blk; ++z) pre *= pr[16 * z + 15][j];    // (blk: a constant here)
+        for (int z = 0; z < blk; ++z) pre *= pr[j][16 * z + 15];    // (blk: a constant here)
         for (int z = NBK - 1; z > blk; --z) suf *= gb[z][j];
-        xq[c] = bq[t][j] * (pre * pr[t][j]);
+        xq[c] = bq[j][t] * (pre * pr[j][t]);
         xq[c] *= scale;
-        xk[c] = kg[j][t].x * (sp[t][j] * suf);
+        xk[c] = kg[j][t].x * (sp[j][t] * suf);
         if (t == 0 && i0 + j < K_DIM) {                 // (blk 0)
             #pragma unroll
-            for (int z = 0; z < NBK; ++z) pre *= pr[16 * z + 15][j];
+            for (int z = 0; z < NBK; ++z) pre *= pr[j][16 * z + 15];
             ae[i0 + j] = pre;
         }
     }
@@ -1368,9 +1372,9 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
 {
     __shared__ float2 b_kg[KI][BT + 1];                 // (k, g) by key column (padded: its
                                                         //   stores are by key column)
-    __shared__ float b_q[BT][KI + 1];
-    __shared__ float b_sp[BT][KI + 1];                  // P(s+1..end of s's block)
-    __shared__ float b_pr[BT][KI + 1];                  // P(start of u's block..u)
+    __shared__ float b_q[KI][QP];                       // (by key column, as b_kg)
+    __shared__ float b_sp[KI][QP];                      // P(s+1..end of s's block)
+    __shared__ float b_pr[KI][QP];                      // P(start of u's block..u)
     __shared__ float b_gb[NBK][KI];                     // P(the whole block)
     // (W's terms are DV_TERMS: dv's entry, the only stage that reads W, o in the forward)
     __shared__ unsigned b_ka[DV_TERMS][KAR > 0 ? KAR : 1][KW];  // anchored keys, tau = 1..
@@ -1445,26 +1449,29 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
                     }
                 }
                 b_kg[ii][t] = make_float2(kv, gv);
-                b_q[t][ii] = qv;
+                b_q[ii][t] = qv;
             }
         }
         __syncthreads();
         if constexpr (SCORES_PF)                        // the next step's rows while this one
             if (i0 + KI < K_DIM) prefetch(i0 + KI);     //  runs (the stage read: the barrier)
-        if (threadIdx.x < KI * NBK) {                   // thread (column, block): its products
-            const int ii = threadIdx.x % KI, s0 = threadIdx.x / KI * 16;
-            float p = 1.f;
-            #pragma unroll
-            for (int ss = 15; ss >= 0; --ss) {
-                b_sp[s0 + ss][ii] = p;
-                p *= b_kg[ii][s0 + ss].y;
-            }
-            b_gb[s0 / 16][ii] = p;
-            p = 1.f;
-            #pragma unroll
-            for (int ss = 0; ss < 16; ++ss) {
-                p *= b_kg[ii][s0 + ss].y;
-                b_pr[s0 + ss][ii] = p;
+        static_assert(2 * KI * NBK <= NTS, "scores: a thread a column's products in a block");
+        if (threadIdx.x < 2 * KI * NBK) {               // thread (column, block, its half): P(s+1..
+            const int ii = threadIdx.x % KI, s0 = threadIdx.x / KI % NBK * 16;   //  end) and the
+            float p = 1.f;                              //  block's product (the first KI NBK),
+            if (threadIdx.x < KI * NBK) {               //  P(start..u) (the next: v51, its chain
+                #pragma unroll                          //  beside the first's, not after it)
+                for (int ss = 15; ss >= 0; --ss) {
+                    b_sp[ii][s0 + ss] = p;
+                    p *= b_kg[ii][s0 + ss].y;
+                }
+                b_gb[s0 / 16][ii] = p;
+            } else {
+                #pragma unroll
+                for (int ss = 0; ss < 16; ++ss) {
+                    p *= b_kg[ii][s0 + ss].y;
+                    b_pr[ii][s0 + ss] = p;
+                }
             }
         }
         __syncthreads();
@@ -1474,7 +1481,7 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
         static_assert(NTS / (KI / 2) == 16, "scores: a thread's split items a 16-step block apart");
         gda_grid_each<BT, KI / 2, NTS>([&](int r0, int dr, int ip) {
             const int t = r0 + dr, ii = 2 * ip, blk = dr / 16;
-            float k0 = b_kg[ii][t].x * b_sp[t][ii], k1 = b_kg[ii + 1][t].x * b_sp[t][ii + 1];
+            float k0 = b_kg[ii][t].x * b_sp[ii][t], k1 = b_kg[ii + 1][t].x * b_sp[ii + 1][t];
             #pragma unroll
             for (int tau = 1; tau < NBK; ++tau) {
                 if (tau > blk) {
@@ -1489,7 +1496,7 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
                 }
             }
             if (blk > 0) {
-                const float q0 = b_q[t][ii] * b_pr[t][ii], q1 = b_q[t][ii + 1] * b_pr[t][ii + 1];
+                const float q0 = b_q[ii][t] * b_pr[ii][t], q1 = b_q[ii + 1][t] * b_pr[ii + 1][t];
                 unsigned h, m, l;
                 gda_split3<false>(q0, q1, h, m, l);
                 b_qa[0][t - 16][ip] = h;
@@ -1527,7 +1534,7 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
             #pragma unroll (SCORES_DIAG_UNROLL)
             for (int c = 0; c < KI / DP; ++c) {
                 const int ii = part * (KI / DP) + c;
-                const float qa = b_q[s0 + u][ii], qb = b_q[s0 + 15 - u][ii];
+                const float qa = b_q[ii][s0 + u], qb = b_q[ii][s0 + 15 - u];
                 const float2* const ka = &b_kg[ii][s0 + u];    // (s = u - j: ka[-j])
                 const float2* const kb = &b_kg[ii][s0 + 16];   // (s = 16 - j: kb[-j])
                 float p = 1.f;
