@@ -246,14 +246,23 @@ __device__ __forceinline__ void gda_cp_arrive(unsigned bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(bar) : "memory");
 }
 // waits until the phase of parity ``parity`` of this CTA's mbarrier bar has completed (acquire,
-// cluster scope: the arrivals' CTAs' writes and reads before them are ordered before what follows)
+// cluster scope: the arrivals' CTAs' writes and reads before them are ordered before what follows;
+// CTA: where every arrival is this CTA's, without the L1 invalidation (CCTL.IVALL) the cluster
+// scope costs each wait, v51)
+template <bool CTA = false>
 __device__ __forceinline__ void gda_mbar_wait(unsigned bar, unsigned parity) {
     unsigned done;
     do {
-        asm volatile("{\n\t.reg .pred p;\n\t"
-                     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        if constexpr (CTA)
+            asm volatile("{\n\t.reg .pred p;\n\t"
+                         "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n\t"
+                         "selp.u32 %0, 1, 0, p;\n\t}"
+                         : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        else
+            asm volatile("{\n\t.reg .pred p;\n\t"
+                         "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+                         "selp.u32 %0, 1, 0, p;\n\t}"
+                         : "=r"(done) : "r"(bar), "r"(parity) : "memory");
     } while (!done);
 }
 #endif

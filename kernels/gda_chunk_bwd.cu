@@ -2529,7 +2529,7 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
         for (long long c = 0; c < cend; ++c) {
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
-            if (c > 0) gda_mbar_wait(bar_ra, (unsigned)(c - 1) & 1);
+            if (c > 0) gda_mbar_wait<true>(bar_ra, (unsigned)(c - 1) & 1);
             planes(at_q(0, 0), pc.q);                    // q A's two planes
             if constexpr (VROWS)
                 gda_stage_v_rows<FO_PT>(sv, v, gda_chunk_at(b, T, H, NC, cu_seqlens, coff, N), n0, pt);
@@ -2537,7 +2537,7 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
                 gda_stage_vw<false, FO_PT>(sv, pc.v, n0, sw, ww, b, pt);
             gda_stage_w<FO_PT>(sw, ww, b, pt);
             filled(bar_fa);
-            if (c > 0) gda_mbar_wait(bar_rb, (unsigned)(c - 1) & 1);
+            if (c > 0) gda_mbar_wait<true>(bar_rb, (unsigned)(c - 1) & 1);
             planes(at_k(0, 0), pc.k);                    // k D's two planes
             gda_stage_ae<FO_PT>(sa, ae, b, pt);
             filled(bar_fb);
@@ -2619,7 +2619,7 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
         const long long b = nh * NC + c;
         GDA_CHUNK;
 #if FO_PRODUCER
-        gda_mbar_wait(bar_fa, (unsigned)c & 1);         // slot A filled by the producer
+        gda_mbar_wait<true>(bar_fa, (unsigned)c & 1);   // slot A filled by the producer
 #else
         gda_cp_wait<1>();                               // slot A's copies (B's may be in flight)
 #endif
@@ -2716,7 +2716,7 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
         gda_fo_store<2>(so, ch, n0, dv);                // o
 #endif
 #if FO_PRODUCER
-        gda_mbar_wait(bar_fb, (unsigned)c & 1);         // slot B filled by the producer
+        gda_mbar_wait<true>(bar_fb, (unsigned)c & 1);   // slot B filled by the producer
 #else
         gda_cp_wait<1>();                               // slot B's copies (A's next in flight)
 #endif
