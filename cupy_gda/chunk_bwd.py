@@ -95,9 +95,10 @@ SCAN_O_FROM = 0.2        # scan_o's blocks (sequence-heads x tiles of FV value c
                          # 256, V = 512), 0.62-0.73x at K = 128, V = 128, 0.92x at 0.24 (K = 128,
                          # V = 256), 1.14x at 0.12 (K = 256) and 0.99-1.12x at 0.12 and under (K
                          # = 128); v46's, before the producer warps, 1.33-1.79x at 0.24 and under
-SCAN_O_WIDE = 1.5        # SCAN_O_FROM's factor at K > 128 (0.3 an SM): v51's sweep (an H100) put
-                         # K = 256, V = 512 at 0.24 an SM (B1 T4096 H4) at 1.13x (0.518 ms
-                         # against 0.457) and at 0.48 at 0.71x; between, not measured
+SCAN_O_WIDE = 1.5        # SCAN_O_FROM's factor at K > 128 (0.3 an SM): v51 (an H100, K = 256,
+                         # V = 512, B1 T4096): the forward with scan_o took 1.13x the time of
+                         # the one without at 0.24 an SM (H4: 0.521 ms against 0.459), 0.89x at
+                         # 0.30 (H5), 0.82x at 0.36 (H6), 0.71x at 0.48 (B2 H4)
 
 
 class Config(NamedTuple):

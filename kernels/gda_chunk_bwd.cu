@@ -1264,7 +1264,8 @@ gda_chunk_bwd_rows(GDA_CHUNK_BWD_PARAMS)
 #define QP (BT + 2)                                     // a key column's steps in b_q, b_sp and
                                                         //   b_pr (padded: the loads' stores, the
                                                         //   split items' and the diagonal's reads
-                                                        //   free of bank conflicts, v51)
+                                                        //   free of bank conflicts, the products'
+                                                        //   stores 2-way; scripts/scores_banks.py)
 #define KW (KI / 2 + 4)                                 // words a row of a split operand (padded:
                                                         //   the fragments' reads are free of
                                                         //   bank conflicts)

@@ -81,3 +81,18 @@ def test_wgmma_probe_builds_for_sm90a_without_a_gpu():
     assert "serialized" not in log and "warning" not in log.lower(), log
     for entry in ("gda_wgmma_probe", "gda_cluster_probe"):
         assert entry.encode() in cubin, entry
+
+
+def test_scores_banks_model_counts_wavefronts():
+    """scripts/scores_banks.py: one warp's wavefronts (a bank's most distinct words; 8-byte
+    accesses a half-warp at a time), and v51's layout of scores' b_q, b_sp, b_pr against the one
+    before (1536 against 1728 a key step a block)."""
+    from scripts import scores_banks as sb
+    assert sb.waves(list(range(32))) == 1                   # 32 banks, one word each
+    assert sb.waves([0] * 32) == 1                          # one word: a broadcast
+    assert sb.waves([32 * i for i in range(32)]) == 32      # one bank, 32 words
+    assert sb.waves([2 * i for i in range(32)], 2) == 2     # 8 bytes a lane: two half-warps
+    new = sb.wavefronts(sb.Layout())
+    old = sb.wavefronts(sb.Layout(by_column=False, pad=1))
+    assert (sum(new.values()), sum(old.values())) == (1536, 1728)
+    assert new["diagonal: b_q reads"] == 32 and old["diagonal: b_q reads"] == 64
