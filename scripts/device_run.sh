@@ -72,6 +72,10 @@
 #            for _dispatch.planes_forward's K > 128 and chunk_bwd.SCAN_O_FROM (perf-notes v45)
 #   producer-ab: install, scan_o's producer-warp test, then the forward's stages of [NAMES
 #            (gla1.3b-bf16,gla340m-bf16)] with it and without it (--no-scan-o-producer), twice
+#   ncu-scan-o: install, ncu of one scan_o launch (the lean forward's second) at GLA-1.3B bf16
+#            for each form of [FORMS ("wg mma"): wg by wgmma (--scan-o-wg), mma by mma.sync]:
+#            its stages uninstrumented, the sections' details page and the SASS source page
+#            summed by scripts/ncu_sass.py (v52: the copies' L2 sectors and shared wavefronts)
 #   planes-long: install, scripts/sweep_planes_forward.py --long (long sequences of few
 #            sequence-heads: the shapes behind _dispatch.PLANES_FORWARD_CHAIN, v46)
 #   forms:   install, the bench's model rows [SHAPES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
@@ -105,6 +109,7 @@
 #   bash scripts/device_run.sh <commit> prefetch-ab [NAMES (gla1.3b-bf16,gla340m-bf16)]
 #   bash scripts/device_run.sh <commit> planes-rule
 #   bash scripts/device_run.sh <commit> producer-ab [NAMES (gla1.3b-bf16,gla340m-bf16)]
+#   bash scripts/device_run.sh <commit> ncu-scan-o [FORMS ("wg mma")]
 #   bash scripts/device_run.sh <commit> planes-long
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
@@ -421,6 +426,29 @@ if [ "$phase" = "producer-ab" ]; then
     # (a wrong or hung producer is not timed: its stages would only hang or mislead)
     [ "$rc" = 0 ] || exit 1
     forward_ab "$out/producer-ab.txt" "${3:-gla1.3b-bf16,gla340m-bf16}" --no-scan-o-producer with
+    exit 0
+fi
+if [ "$phase" = "ncu-scan-o" ]; then
+    sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats
+              --section SchedulerStats --section Occupancy --section LaunchStats
+              --section SourceCounters --section MemoryWorkloadAnalysis --section InstructionStats)
+    for form in ${3:-wg mma}; do
+        flag=()
+        [ "$form" = wg ] && flag=(--scan-o-wg)
+        timeout 80 python3 -m scripts.profile_chunk_bwd gla1.3b-bf16 --forward --stages "${flag[@]}" \
+            2>&1 | grep -v "^bench" > "$out/stages-$form.txt"
+        head -3 "$out/stages-$form.txt"
+        timeout 150 ncu -k regex:gda_chunk_bwd_scan_o -s 1 -c 1 "${sections[@]}" -o "$out/$form" \
+            python3 -m scripts.profile_chunk_bwd gla1.3b-bf16 --forward --stages "${flag[@]}" \
+            > /dev/null 2>&1
+        echo "ncu $form: rc $?"
+        ncu -i "$out/$form.ncu-rep" --page details > "$out/details-$form.txt" 2>&1
+        ncu -i "$out/$form.ncu-rep" --page source --print-source sass --csv 2>/dev/null \
+            | gzip > "$out/sass-$form.csv.gz"
+        rm -f "$out/$form.ncu-rep"
+        grep -E "Duration|L2 Cache Throughput|Issue Slots Busy|Registers Per" "$out/details-$form.txt"
+        python3 -m scripts.ncu_sass "$out/sass-$form.csv.gz" 12 | head -8
+    done
     exit 0
 fi
 if [ "$phase" = "planes-long" ]; then
