@@ -78,8 +78,9 @@ USE_SCAN_O_MC = False    # with SCAN_O_WG, a ForwardPlan that keeps nothing runs
 USE_SCAN_DV = False      # a backward from the planes on a Hopper GPU runs the scan's backward
                          # half and dv as one wgmma kernel (Config.SCAN_DV, scan_dv_fits): off,
                          # right but slower with scan_o's S0 (the backward 6.8 ms against 6.0)
-USE_SCAN_O_PRODUCER = True  # scan_o's mma.sync form (sm_90 on) fed by warps more that copy each
-                         # chunk's operands (SCAN_O_PRODUCER, scan_o_warps of them; v49)
+USE_SCAN_O_PRODUCER = True  # scan_o (sm_90 on) fed by warps more that copy each chunk's
+                         # operands (SCAN_O_PRODUCER, scan_o_warps of them; v49): by mma.sync,
+                         # and by wgmma (SCAN_O_WG) where not as clusters (v52)
 USE_VROWS = True         # a ForwardPlan that keeps nothing and runs scan_o reads v's rows from v
                          # itself (Config.VROWS, scan_o_vrows; v43): pack then neither reads v nor
                          # writes its plane (a third of its bytes at GLA-1.3B), scan_o checks v;
@@ -213,8 +214,8 @@ def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
                 ROWS_TERMS=cfg.TERMS if fwd else cfg.ROWS_TERMS, SCAN_O_WG=int(cfg.SCAN_O_WG),
                 SCAN_O_MC=int(cfg.SCAN_O_MC and fwd), SCAN_DV=int(cfg.SCAN_DV and not fwd),
                 VROWS=int(cfg.VROWS and fwd), ENTRIES=entries(cfg, fwd, keep),
-                SCAN_O_PRODUCER=scan_o_warps(p) if USE_SCAN_O_PRODUCER and fwd and cfg.TERMS == 2
-                                and not cfg.SCAN_O_WG else 0)
+                SCAN_O_PRODUCER=scan_o_warps(p, cfg) if USE_SCAN_O_PRODUCER and fwd
+                                and cfg.TERMS == 2 and not cfg.SCAN_O_MC else 0)
 
 
 def planes_config(p, varlen=False, wgmma=False, keep=True, scan_o_wg=False):
@@ -320,11 +321,12 @@ def scan_o_vrows(p, cfg):
     return USE_VROWS and cfg.TERMS == 2 and p.V % 8 == 0
 
 
-def scan_o_warps(p):
-    """The producer warps of scan_o's mma.sync form (SCAN_O_PRODUCER) at p's keys: 2 above 128
-    keys, 4 at 128 or fewer (v49, H100: GLA-1.3B's scan_o 0.86 ms without, 0.75-0.76 with 2,
-    0.76-0.77 with 4; GLA-340M's 0.294, 0.287-0.290, 0.262-0.266)."""
-    return 2 if p.K > 128 else 4
+def scan_o_warps(p, cfg=None):
+    """The producer warps of scan_o (SCAN_O_PRODUCER) at p's keys: 2 above 128 keys, 4 at 128
+    or fewer (v49, H100: GLA-1.3B's scan_o 0.86 ms without, 0.75-0.76 with 2, 0.76-0.77 with 4;
+    GLA-340M's 0.294, 0.287-0.290, 0.262-0.266); by wgmma (Config ``cfg``'s SCAN_O_WG), 4: a
+    warpgroup, whose registers setmaxnreg gives to the products (v52)."""
+    return 4 if cfg is not None and cfg.SCAN_O_WG else 2 if p.K > 128 else 4
 
 
 def scan_o_producer(d):

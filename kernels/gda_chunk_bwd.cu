@@ -2159,14 +2159,19 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 #define FQL (KP + 8)                                    // halves a staged row of q A, k D
 #define FO_BYTES (2 * (4 * BT * FQL + BT * FVL) + 4 * (BT * FWL + KP + 2 * FV * FOL))
 #endif
-// (SCAN_O_PRODUCER, sm_90, the mma.sync form: perf-notes v49) SCAN_O_PRODUCER warps more copy
-// each chunk's operands into the slots by cp.async, on an mbarrier a slot full and one a slot
-// read; the 8 warps of the products issue no copies
+// (SCAN_O_PRODUCER, sm_90: perf-notes v49; the wgmma form's too, not as clusters: v52)
+// SCAN_O_PRODUCER warps more copy each chunk's operands into the slots by cp.async, on an
+// mbarrier a slot full and one a slot read; the 8 warps of the products issue no copies
 #ifndef SCAN_O_PRODUCER
 #define SCAN_O_PRODUCER 0
 #endif
-#define FO_PRODUCER (SCAN_O_PRODUCER && !SCAN_O_WG && __CUDA_ARCH__ >= 900)
+#define FO_PRODUCER (SCAN_O_PRODUCER && !SCAN_O_MC && __CUDA_ARCH__ >= 900)
 #define FO_PT (FO_PRODUCER ? 32 * SCAN_O_PRODUCER : 0)  // the producer's threads
+// (the wgmma form with the producer: a warpgroup of it, 4 warps, its registers given to the
+// products' two warpgroups, which hold S^T, o^T and a chain's sums in wgmma's accumulators:
+// 168 a thread at 384 threads spilled; setmaxnreg, sm_90a)
+#define FO_REGS_PRODUCER 56
+#define FO_REGS_PRODUCTS 224
 #if SCAN_O_MC                                           // a cluster: a sequence-head's value tiles
 #define GDA_SCAN_O_CLUSTER __cluster_dims__(VP / FV, 1, 1)
 #else
@@ -2518,11 +2523,27 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
     __syncthreads();
     if (warp >= NTF / 32) {                             // the producer: every chunk's slots
         const unsigned pt = threadIdx.x - NTF;
-        const auto planes = [&](unsigned dst, const unsigned short* src) {   // (16 bytes a copy)
+#if SCAN_O_WG
+        static_assert(FO_PT == 128, "SCAN_O_WG's producer: one warpgroup (setmaxnreg's unit)");
+        static_assert(2 * 128 * FO_REGS_PRODUCTS + 128 * FO_REGS_PRODUCER <= 65536, "registers");
+        static_assert(FO_HALVES == 2, "SCAN_O_WG's producer: o^T's halves apart (no block barrier)");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(FO_REGS_PRODUCER));
+        // a chunk's two planes of q A (kd false) or k D at src into wgmma's layouts (rows r:
+        // plane * BT + step; 8 rows of 4 x 16 bytes a warp, as stage_planes copies them)
+        const auto planes = [&](bool kd, const unsigned short* src) {
+            for (unsigned x = pt; x < 2 * BT * KP / 8; x += FO_PT) {
+                const int r = x / KP * 8 + x % 8, c8 = x / 8 % (KP / 8) * 8;
+                gda_cp16_at(kd ? at_k(r, c8) : at_q(r, c8), src + (long long)r * KP + c8);
+            }
+        };
+#else
+        const auto planes = [&](bool kd, const unsigned short* src) {   // (16 bytes a copy)
+            const unsigned dst = kd ? at_k(0, 0) : at_q(0, 0);
             gda_grid_each_at<2 * BT, KP / 8, FO_PT, 8>(pt, [&](int r0, int dr, int c) {
                 gda_cp16_at(dst + 2 * ((r0 + dr) * FQL + 8 * c), src + (long long)(r0 + dr) * KP + 8 * c);
             });
         };
+#endif
         const auto filled = [&](unsigned bar) {         // (cp.async's landing, then the stores')
             gda_cp_arrive(bar);
             gda_mbar_arrive(bar);
@@ -2531,7 +2552,7 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
             if (c > 0) gda_mbar_wait<true>(bar_ra, (unsigned)(c - 1) & 1);
-            planes(at_q(0, 0), pc.q);                    // q A's two planes
+            planes(false, pc.q);                         // q A's two planes
             if constexpr (VROWS)
                 gda_stage_v_rows<FO_PT>(sv, v, gda_chunk_at(b, T, H, NC, cu_seqlens, coff, N), n0, pt);
             else
@@ -2539,13 +2560,16 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
             gda_stage_w<FO_PT>(sw, ww, b, pt);
             filled(bar_fa);
             if (c > 0) gda_mbar_wait<true>(bar_rb, (unsigned)(c - 1) & 1);
-            planes(at_k(0, 0), pc.k);                    // k D's two planes
+            planes(true, pc.k);                          // k D's two planes
             gda_stage_ae<FO_PT>(sa, ae, b, pt);
             filled(bar_fb);
         }
         gda_cp_wait<0>();
         return;
     }
+#if SCAN_O_WG
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(FO_REGS_PRODUCTS));
+#endif
 #endif
 
 #if !SCAN_O_MC && !FO_PRODUCER
@@ -2629,8 +2653,10 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 #endif
 #if SCAN_O_WG
         if constexpr (FO_O) {
-            gda_proxy_fence();                          // (read by wgmma)
+            gda_proxy_fence();                          // (read by wgmma; with the producer its
+#if !FO_PRODUCER                                        //  copies, seen through the mbarrier)
             __syncthreads();
+#endif
             gda_wg_split_b<BT, BT, NTF, false>([&](int u, int t) { return scale * sw[t * FWL + u]; },
                                                reinterpret_cast<unsigned*>(sp),
                                                reinterpret_cast<unsigned*>(sp + 2 * BT * BT), threadIdx.x);
@@ -2639,6 +2665,8 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 #endif
 #if !FO_PRODUCER
         __syncthreads();
+#elif SCAN_O_WG
+        gda_bar_sync(1, NTF);                           // (W's split planes, every compute warp's)
 #endif
         unsigned fv[NBK][4];                           // v^T's A fragments, a k-step of steps each
         #pragma unroll
@@ -2654,11 +2682,18 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
             gda_wg_o(o, s, fv, kh, gda_shared_at(sp), gda_shared_at(sq) + kb * 16);
             gda_fo_halves<FO_HALVES>(so, o, kh, vr + g8, tq);
         }
+#if FO_PRODUCER
+        gda_bar_sync(1, NTF);                           // (o^T's halves in; slot A read)
+        if (lane == 0) gda_mbar_arrive(bar_ra);
+#else
         __syncthreads();                                // (slot A read: the next chunk's copies)
+#endif
 #if SCAN_O_MC
         if (c + 1 < cend && threadIdx.x < TN) gda_mbar_arrive_at(bar_ea, threadIdx.x);
 #endif
+#if !FO_PRODUCER
         issue_a(c + 1);
+#endif
         if constexpr (FO_O) gda_fo_store<FO_HALVES>(so, ch, n0, dv);   // o
 #else
         float o[BT / 8][4] = {};                        // o^T: [step tile][C fragment]

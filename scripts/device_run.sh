@@ -76,6 +76,9 @@
 #            for each form of [FORMS ("wg mma"): wg by wgmma (--scan-o-wg), mma by mma.sync]:
 #            its stages uninstrumented, the sections' details page and the SASS source page
 #            summed by scripts/ncu_sass.py (v52: the copies' L2 sectors and shared wavefronts)
+#   wg-producer: install, the producer tests (mma.sync and wgmma forms), then the forward's
+#            stages of [NAMES (gla1.3b-bf16,gla340m-bf16)] by mma.sync, by wgmma with its
+#            producer warpgroup (v52) and by wgmma without, twice in turn, then scan_o's sweep
 #   planes-long: install, scripts/sweep_planes_forward.py --long (long sequences of few
 #            sequence-heads: the shapes behind _dispatch.PLANES_FORWARD_CHAIN, v46)
 #   forms:   install, the bench's model rows [SHAPES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
@@ -110,6 +113,7 @@
 #   bash scripts/device_run.sh <commit> planes-rule
 #   bash scripts/device_run.sh <commit> producer-ab [NAMES (gla1.3b-bf16,gla340m-bf16)]
 #   bash scripts/device_run.sh <commit> ncu-scan-o [FORMS ("wg mma")]
+#   bash scripts/device_run.sh <commit> wg-producer [NAMES (gla1.3b-bf16,gla340m-bf16)]
 #   bash scripts/device_run.sh <commit> planes-long
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
@@ -449,6 +453,26 @@ if [ "$phase" = "ncu-scan-o" ]; then
         grep -E "Duration|L2 Cache Throughput|Issue Slots Busy|Registers Per" "$out/details-$form.txt"
         python3 -m scripts.ncu_sass "$out/sass-$form.csv.gz" 12 | head -8
     done
+if [ "$phase" = "wg-producer" ]; then
+    # scan_o's wgmma form fed by a warpgroup of producer warps (v52, branch next/v52-wg-producer):
+    # the producer tests (bit for bit scan_o without them, by mma.sync and by wgmma; a hang cut
+    # at 200 s), then, where they passed, the forward's stages of [NAMES (gla1.3b-bf16,
+    # gla340m-bf16)] by mma.sync (the default), by wgmma with the producer and by wgmma without,
+    # twice in turn, and scan_o's sweep (every form beside the scan and dv's entry)
+    timeout -k 10 200 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py \
+        -k producer > "$out/pytest-producer.txt" 2>&1
+    rc=$?
+    echo "pytest: rc $rc $(tail -1 "$out/pytest-producer.txt")"
+    [ "$rc" = 0 ] || exit 1
+    for round in 1 2; do
+        for f in "" "--scan-o-wg" "--scan-o-wg --no-scan-o-producer"; do
+            echo "== forward ${f:-mma.sync} (round $round)" | tee -a "$out/wg-producer.txt"
+            timeout 80 python3 -m scripts.profile_chunk_bwd "${3:-gla1.3b-bf16,gla340m-bf16}" \
+                --forward --stages $f 2>&1 | tee -a "$out/wg-producer.txt" | grep -v "^bench"
+        done
+    done
+    timeout $((560 - SECONDS)) python3 -m scripts.profile_chunk_bwd --scan-o-sweep 2>&1 \
+        | grep -v "^bench" | tee "$out/scan-o-sweep.txt"
     exit 0
 fi
 if [ "$phase" = "planes-long" ]; then

@@ -475,25 +475,28 @@ def test_gpu_scan_o_clusters_are_bit_for_bit_its_wgmma_form(case, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("wg", [False, True], ids=["mma", "wgmma"])
 @pytest.mark.parametrize("case", FORWARD_FROM_PLANES, ids=lambda c: c.id)
-def test_gpu_scan_o_producer_is_bit_for_bit_scan_o(case, monkeypatch):
+def test_gpu_scan_o_producer_is_bit_for_bit_scan_o(case, wg, monkeypatch):
     """scan_o fed by its producer warps (SCAN_O_PRODUCER: 2 or 4 warps more copy each chunk's
     operands, on mbarriers; perf-notes v49) runs the same products in the same order as scan_o
     without them: o and the final state bit for bit the same (every forward-from-the-planes
     case: cut tiles, packed sequences, v's rows from v and from its plane, 2 warps above 128
-    keys and 4 at 128 or fewer; sm_90 on)."""
+    keys and 4 at 128 or fewer; sm_90 on). wgmma: scan_o's wgmma form (chunks of 64), with a
+    warpgroup of producer warps whose registers setmaxnreg gives to the products (v52)."""
     import cupy
     from cupy_gda import chunk_bwd
     if int(cupy.cuda.Device().compute_capability) < 90:
         pytest.skip("scan_o's producer warps need sm_90 (their mbarriers)")
     monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)
+    _chunks_of_64(monkeypatch, wg)
     p, call, _, _ = _forward_plan_inputs(case)
     got = []
     for on in (False, True):
         monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_PRODUCER", on)
         plan = chunk_bwd.ForwardPlan(p, call[6] is not None, False)
-        assert plan.scan_o and not plan.cfg.SCAN_O_WG
-        warps = chunk_bwd.scan_o_warps(p) * on              # (scan_o: the last stage)
+        assert plan.scan_o and plan.cfg.SCAN_O_WG == wg
+        warps = chunk_bwd.scan_o_warps(p, plan.cfg) * on    # (scan_o: the last stage)
         assert plan.stages[-1].block == chunk_bwd.NTF + 32 * warps
         flag = cupy.zeros((1,), np.int32)
         got.append(plan(*call, flag=flag))

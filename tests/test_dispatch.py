@@ -1033,8 +1033,8 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
     fp = chunk_bwd.ForwardPlan(p)                       # the lean forward: scan_o, by wgmma
     assert [e[1:] for e in entries([(0, s) for s in fp.stages])] == [  # with USE_SCAN_O_WG
         ("scores", NB, 128, 0),                         # (VROWS: scores writes the planes)
-        ("scan_o", NH * TV, 256, 211968) if scan_o_wg else   # (mma.sync: 2 producer warps)
-        ("scan_o", NH * TV, 256 + 64, 199680)]
+        ("scan_o", NH * TV, 256 + 128, 211968) if scan_o_wg else  # (4 producer warps: a
+        ("scan_o", NH * TV, 256 + 64, 199680)]                    #  warpgroup; mma.sync: 2)
     assert fp.sizes["st"] == 0 and fp.cfg.SCAN_O_WG == scan_o_wg
 
 
@@ -1064,7 +1064,7 @@ def test_lean_forward_runs_scan_o_as_clusters_where_it_can(monkeypatch, V, K, mc
     assert fp.cfg.VROWS and d["VROWS"] == 1
     assert held == {"gda_chunk_bwd_" + e for e in ("scores", "scan_o")}
     assert [s[0] for s in fp.stages] == ["gda_chunk_bwd_" + e for e in ("scores", "scan_o")]
-    assert fp.stages[1][1:3] == (NH * TV, 256)
+    assert fp.stages[1][1:3] == (NH * TV, 256 if mc else 256 + 128)   # (no cluster: producer warps)
     assert chunk_bwd.scan_o_mc(p, fp.cfg._replace(SCAN_O_MC=False)) == mc
     fk = chunk_bwd.ForwardPlan(p, keep=True)            # (the one that keeps: never)
     assert not fk.cfg.SCAN_O_MC and built["gda_chunk_bwd_pack"]["SCAN_O_MC"] == 0
