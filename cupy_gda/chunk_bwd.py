@@ -266,13 +266,14 @@ def scan_o_smem(p, cfg, fwd=True):
     of a chunk's operands (scale q A's and k D's two planes of BT rows of KP + 8 bfloat16, v's
     plane of FV + 8 columns, W's BT x BT + 4 floats, A_end's KP) and o^T's two key halves (FV
     rows of BT + 8 floats each: 199,680 bytes at K = 256); with SCAN_O_WG the planes of q A, k D
-    unpadded (wgmma's layouts), k D's TERMS of them, and W's h, m planes (BT x BT bfloat16
-    each), and with three terms one half of o^T (226,304 bytes at K = 256); in a backward (not
-    ``fwd``) only k D's planes, v's and A_end (108,544 bytes at K = 256)."""
+    unpadded (wgmma's layouts, 1,024-byte aligned: 1,024 bytes more), k D's TERMS of them, and
+    W's h, m planes (BT x BT bfloat16 each), and with three terms one half of o^T (227,328
+    bytes at K = 256); in a backward (not ``fwd``) only k D's planes, v's and A_end (109,568
+    bytes at K = 256)."""
     kp, bt = planes(p)[0], cfg.BT
     if cfg.SCAN_O_WG:
         o = 2 * 2 * bt * kp + 4 * bt * bt + 4 * bt * (bt + 4) + 4 * (4 - cfg.TERMS) * FV * (bt + 8)
-        return 2 * cfg.TERMS * bt * kp + 2 * bt * (FV + 8) + 4 * kp + (o if fwd else 0)
+        return 2 * cfg.TERMS * bt * kp + 2 * bt * (FV + 8) + 4 * kp + 1024 + (o if fwd else 0)
     f32 = 4 * (bt * (bt + 4) + kp + 2 * FV * (bt + 8)) + 2 * bt * (FV + 8)
     return 8 * bt * (kp + 8) + f32
 

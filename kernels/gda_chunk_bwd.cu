@@ -2154,7 +2154,7 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 #define FO_S0 (TERMS == 3)                              // each chunk's S0 stored (kept, or the backward's)
 #define FO_HALVES (TERMS == 2 ? 2 : 1)                  // o^T's key halves in shared memory
 #define FO_BYTES (FO_O * (2 * FPB + 4 * BT * BT + 4 * BT * FWL + 4 * FO_HALVES * FV * FOL) \
-                  + TERMS * FPB + 2 * BT * FVL + 4 * KP)
+                  + TERMS * FPB + 2 * BT * FVL + 4 * KP + 1024)   // (+ the planes' alignment)
 #else
 #define FQL (KP + 8)                                    // halves a staged row of q A, k D
 #define FO_BYTES (2 * (4 * BT * FQL + BT * FVL) + 4 * (BT * FWL + KP + 2 * FV * FOL))
@@ -2167,11 +2167,18 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 #endif
 #define FO_PRODUCER (SCAN_O_PRODUCER && !SCAN_O_MC && __CUDA_ARCH__ >= 900)
 #define FO_PT (FO_PRODUCER ? 32 * SCAN_O_PRODUCER : 0)  // the producer's threads
+// (SCAN_O_WG, not as clusters) q A's and k D's planes in the 128-byte swizzle: a plane's 64-key
+// panels of BT rows of 128 bytes, each row's 16-byte pieces at piece ^ row % 8, so that a
+// 128-byte line of a plane's row lands in one row of shared memory (v52: wgmma's layout without
+// a swizzle, each 16 bytes of a line 128 bytes or 1 KB from the next, cost the copies one L2
+// sector and one shared wavefront a lane; the clusters' bulk copies keep pack's such layout)
+#define FO_SW (SCAN_O_WG && !SCAN_O_MC)
 // (the wgmma form with the producer: a warpgroup of it, 4 warps, its registers given to the
 // products' two warpgroups, which hold S^T, o^T and a chain's sums in wgmma's accumulators:
-// 168 a thread at 384 threads spilled; setmaxnreg, sm_90a)
-#define FO_REGS_PRODUCER 56
-#define FO_REGS_PRODUCTS 224
+// 168 a thread at 384 threads spilled; setmaxnreg, sm_90a; 56 for the producer spilled 8
+// bytes at K = 100 once it copied in FO_SW's order)
+#define FO_REGS_PRODUCER 64
+#define FO_REGS_PRODUCTS 216
 #if SCAN_O_MC                                           // a cluster: a sequence-head's value tiles
 #define GDA_SCAN_O_CLUSTER __cluster_dims__(VP / FV, 1, 1)
 #else
@@ -2311,7 +2318,9 @@ __device__ __forceinline__ void gda_fo_halves(float* so, const float (&o)[BT / 8
 // o^T += W's k-steps of this half (A: f, the half's from f[kh NBK / 2]; B: W's h, m planes at
 // w, K-major, 16 BT bytes between 8 rows' cores) + x^T P^T (A: the state x^T split into h + m
 // a k-step, the C layout being the A layout; B: the K-major planes h, m at p, FQS between 8
-// steps' cores, FPB apart; m h, h m, h h): one chain, committed, waited for.
+// steps' cores, FPB apart; SW: in the 128-byte swizzle, panels of 64 keys BT rows of 128
+// bytes each, p the half's first; m h, h m, h h): one chain, committed, waited for.
+template <bool SW = false>
 __device__ __forceinline__ void gda_wg_o(float (&o)[8][4], const float (&x)[KH / 8][4],
                                          const unsigned (&f)[NBK][4], int kh, unsigned w, unsigned p)
 {
@@ -2335,11 +2344,15 @@ __device__ __forceinline__ void gda_wg_o(float (&o)[8][4], const float (&x)[KH /
         gda_wgmma_rs<0>(o, aw[i], gda_wg_desc(w + 2 * BT * BT + 256 * i, 16 * BT), 1);
         gda_wgmma_rs<0>(o, aw[i], gda_wg_desc(w + 256 * i, 16 * BT), 1);
     }
+    const auto q = [&](int kk, int e) {                 // k-step kk of plane e (0: h, 1: m)
+        return SW ? gda_wg_desc_sw(p + e * FPB + kk / 4 * BT * 128 + kk % 4 * 32, 1024)
+                  : gda_wg_desc(p + e * FPB + 256 * kk, FQS);
+    };
     #pragma unroll
     for (int kk = 0; kk < KH / 16; ++kk) {
-        gda_wgmma_rs<0>(o, am[kk], gda_wg_desc(p + 256 * kk, FQS), 1);
-        gda_wgmma_rs<0>(o, ah[kk], gda_wg_desc(p + FPB + 256 * kk, FQS), 1);
-        gda_wgmma_rs<0>(o, ah[kk], gda_wg_desc(p + 256 * kk, FQS), 1);
+        gda_wgmma_rs<0>(o, am[kk], q(kk, 0), 1);
+        gda_wgmma_rs<0>(o, ah[kk], q(kk, 1), 1);
+        gda_wgmma_rs<0>(o, ah[kk], q(kk, 0), 1);
     }
     gda_wg_commit();
     gda_wg_wait<0>();
@@ -2347,10 +2360,11 @@ __device__ __forceinline__ void gda_wg_o(float (&o)[8][4], const float (&x)[KH /
 }
 
 // x^T += f^T B over k-steps sg0 .. sg1 - 1 (A: f[sg]; B: the P MN-major planes at base, FKS
-// between 8 keys' cores, FPB apart, the small terms first): a chain of fresh sums a 64 keys
-// (KH / 64 of them in d, whatever d held: the first product does not add; one wgmma group
-// each), each added to x as its group ends (the first while the second runs)
-template <int P>
+// between 8 keys' cores, FPB apart, the small terms first; SW: in the 128-byte swizzle, as
+// gda_wg_o's): a chain of fresh sums a 64 keys (KH / 64 of them in d, whatever d held: the
+// first product does not add; one wgmma group each), each added to x as its group ends (the
+// first while the second runs)
+template <int P, bool SW = false>
 __device__ __forceinline__ void gda_wg_state(float (&x)[KH / 8][4], const unsigned (&f)[NBK][4],
                                              unsigned base, int sg0, int sg1, float (&d)[KH / 64][8][4])
 {
@@ -2363,7 +2377,9 @@ __device__ __forceinline__ void gda_wg_state(float (&x)[KH / 8][4], const unsign
         for (int sg = sg0; sg < sg1; ++sg)
             #pragma unroll
             for (int e = P - 1; e >= 0; --e)
-                gda_wgmma_rs<1>(d[h], f[sg], gda_wg_desc(base + 8 * h * FKS + e * FPB + 256 * sg, FKS),
+                gda_wgmma_rs<1>(d[h], f[sg],
+                                SW ? gda_wg_desc_sw(base + h * BT * 128 + e * FPB + sg * 2048, 1024)
+                                   : gda_wg_desc(base + 8 * h * FKS + e * FPB + 256 * sg, FKS),
                                 sg != sg0 || e != P - 1);
         gda_wg_commit();
     }
@@ -2379,6 +2395,18 @@ __device__ __forceinline__ void gda_wg_state(float (&x)[KH / 8][4], const unsign
     }
 }
 #endif
+
+// f(r, c8) for the 16 bytes of np planes [np * BT][KP] (halves: row r, keys from c8) that
+// thread tid of NW warps copies into FO_SW's layout: each 8 lanes a row's 128-byte line (into
+// one row of shared memory, all 32 banks), a warp 4 rows, a thread's rows NW / LINES * 4 apart
+template <int NW, typename F>
+__device__ __forceinline__ void gda_wg_rows(int tid, int np, const F& f) {
+    constexpr int LINES = KP / 64, STEP = NW / LINES * 4;   // a row's lines; rows between a thread's
+    static_assert(KP % 64 == 0 && NW % LINES == 0 && BT % STEP == 0, "gda_wg_rows: whole lines");
+    const int lane = tid % 32, w = tid / 32;
+    const int c8 = (w % LINES * 8 + lane % 8) * 8;
+    for (int r = w / LINES * 4 + lane / 8; r < np * BT; r += STEP) f(r, c8);
+}
 
 // f(j, r, key, col) for each of a thread's elements of S^T in scan_o, element r of tile j: S's
 // (key, col) in [K][V] (key0, col0: the thread's first)
@@ -2427,18 +2455,20 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 #if SCAN_O_WG
     static_assert(KH % 64 == 0, "SCAN_O_WG: v^T (k D) in fresh sums of 64 keys");
     static_assert(!FO_S0 || K_DIM == KP, "SCAN_O_WG, three terms: whole key tiles (K = KP)");
-    unsigned char* const sq = f_sm;                                      // scale q A's h, m [2][FPB]
+    unsigned char* const sq = f_sm + ((0u - gda_shared_at(f_sm)) & 1023);   // scale q A's h, m [2][FPB]
+                                                                         //  (1,024-byte aligned)
     unsigned char* const sk = sq + FO_O * 2 * FPB;                       // k D [TERMS][FPB]
     unsigned char* const sp = sk + TERMS * FPB;                          // scale W's h, m
     unsigned short* const sv = reinterpret_cast<unsigned short*>(sp + FO_O * 4 * BT * BT);  // v [BT][FVL]
-#if !SCAN_O_MC                                          // (SCAN_O_MC: as gda_plane_at's, copied)
-    // (plane, step) r and 8 keys from c8 of q A, k D: their 16 bytes in wgmma's layouts
-    const auto at_q = [&](int r, int c8) {
-        return gda_shared_at(sq + r / BT * FPB + r % BT / 8 * FQS + c8 / 8 * 128 + r % 8 * 16);
+#if FO_SW                                               // (SCAN_O_MC: as gda_plane_at's, copied)
+    // (plane, step) r and 8 keys from c8 of q A, k D: their 16 bytes in FO_SW's layout (q A's
+    // K-major for wgmma, k D's MN-major: the same rows)
+    const auto at_sw = [&](const unsigned char* pl, int r, int c8) {
+        return gda_shared_at(pl + r / BT * FPB + c8 / 64 * BT * 128 + r % BT * 128
+                             + (c8 / 8 % 8 ^ r % 8) * 16);
     };
-    const auto at_k = [&](int r, int c8) {
-        return gda_shared_at(sk + r / BT * FPB + c8 / 8 * FKS + r % BT / 8 * 128 + r % 8 * 16);
-    };
+    const auto at_q = [&](int r, int c8) { return at_sw(sq, r, c8); };
+    const auto at_k = [&](int r, int c8) { return at_sw(sk, r, c8); };
 #endif
 #else
     unsigned short* const sq = reinterpret_cast<unsigned short*>(f_sm);  // scale q A [2][BT][FQL]
@@ -2528,13 +2558,12 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
         static_assert(2 * 128 * FO_REGS_PRODUCTS + 128 * FO_REGS_PRODUCER <= 65536, "registers");
         static_assert(FO_HALVES == 2, "SCAN_O_WG's producer: o^T's halves apart (no block barrier)");
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(FO_REGS_PRODUCER));
-        // a chunk's two planes of q A (kd false) or k D at src into wgmma's layouts (rows r:
-        // plane * BT + step; 8 rows of 4 x 16 bytes a warp, as stage_planes copies them)
+        // a chunk's two planes of q A (kd false) or k D at src into FO_SW's layout (rows r:
+        // plane * BT + step; in gda_wg_rows' order, as stage_planes copies them)
         const auto planes = [&](bool kd, const unsigned short* src) {
-            for (unsigned x = pt; x < 2 * BT * KP / 8; x += FO_PT) {
-                const int r = x / KP * 8 + x % 8, c8 = x / 8 % (KP / 8) * 8;
+            gda_wg_rows<FO_PT / 32>(pt, 2, [&](int r, int c8) {
                 gda_cp16_at(kd ? at_k(r, c8) : at_q(r, c8), src + (long long)r * KP + c8);
-            }
+            });
         };
 #else
         const auto planes = [&](bool kd, const unsigned short* src) {   // (16 bytes a copy)
@@ -2574,14 +2603,12 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 
 #if !SCAN_O_MC && !FO_PRODUCER
     // the first np planes of q A (kd false) or k D of a chunk at src, to at_q or at_k (rows r:
-    // plane * BT + step; with SCAN_O_WG 8 rows of 4 x 16 bytes a warp: whole sectors and
-    // core matrices)
+    // plane * BT + step; with SCAN_O_WG in gda_wg_rows' order)
     const auto stage_planes = [&](bool kd, const unsigned short* src, int np) {
 #if SCAN_O_WG
-        for (int x = threadIdx.x; x < np * BT * KP / 8; x += NTF) {
-            const int r = x / KP * 8 + x % 8, c8 = x / 8 % (KP / 8) * 8;
+        gda_wg_rows<NTF / 32>(threadIdx.x, np, [&](int r, int c8) {
             gda_cp16_at(kd ? at_k(r, c8) : at_q(r, c8), src + (long long)r * KP + c8);
-        }
+        });
 #else
         gda_grid_each<2 * BT, KP / 8, NTF>([&](int r0, int dr, int c) {   // (np = TERMS = 2)
             gda_cp16_at((kd ? at_k(r0, 8 * c) : at_q(r0, 8 * c)) + 2 * dr * FQL,
@@ -2679,7 +2706,8 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
             gda_so_put<K_DIM != KP>(s, st + b * K_DIM * V_DIM, key0, col0);
         if constexpr (FO_O) {                           // scale W^T v + S^T (scale q A)^T
             float o[BT / 8][4] = {};                    // o^T: [step tile][C fragment]
-            gda_wg_o(o, s, fv, kh, gda_shared_at(sp), gda_shared_at(sq) + kb * 16);
+            gda_wg_o<FO_SW>(o, s, fv, kh, gda_shared_at(sp),
+                            gda_shared_at(sq) + (FO_SW ? kb * BT * 2 : kb * 16));
             gda_fo_halves<FO_HALVES>(so, o, kh, vr + g8, tq);
         }
 #if FO_PRODUCER
@@ -2768,7 +2796,8 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
         gda_so_decay(s, sa, key0, smax);                // the guard on S0, then S0 diag(A_end)
 #if SCAN_O_WG                                            // + v^T (k D): fresh sums of 64 keys
         float d[KH / 64][8][4] = {};                    // (its first product does not add)
-        gda_wg_state<TERMS>(s, fv, gda_shared_at(sk) + kb / 8 * FKS, 0, NBK, d);
+        gda_wg_state<TERMS, FO_SW>(s, fv, gda_shared_at(sk) + (FO_SW ? kb * BT * 2 : kb / 8 * FKS),
+                                   0, NBK, d);
 #else
         #pragma unroll
         for (int j0 = 0; j0 < KH / 8; j0 += 4) {        // + v^T (k D), 4 tiles at a time

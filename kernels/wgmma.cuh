@@ -31,6 +31,15 @@ __device__ __forceinline__ unsigned long long gda_wg_desc(unsigned addr, unsigne
          | ((unsigned long long)((sbo >> 4) & 0x3FFF) << 32);
 }
 
+// The same in the 128-byte swizzle (layout type 1): rows of 128 bytes (64 bfloat16 along k for
+// a K-major B, along n for an MN-major one), 8-row atoms of 1,024 bytes (their base 1,024-byte
+// aligned) whose 16-byte pieces lie at piece ^ row % 8; SBO sbo between atoms (8 rows of k for
+// MN-major, of n for K-major); LBO unused where n (MN-major) or k (K-major) is within a row
+__device__ __forceinline__ unsigned long long gda_wg_desc_sw(unsigned addr, unsigned sbo) {
+    return (unsigned long long)((addr >> 4) & 0x3FFF) | (1ull << 16)
+         | ((unsigned long long)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
 __device__ __forceinline__ unsigned gda_smem_addr(const void* p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }

@@ -868,8 +868,9 @@ def test_scan_o_fits_where_its_shared_memory_and_blocks_do(monkeypatch):
     assert chunk_bwd.scan_o_smem(p, lean) == 199680
     assert chunk_bwd.scan_o_smem(p, lean._replace(BT=32)) == 98304
     assert chunk_bwd.scan_o_smem(p._replace(K=100), lean) == 133632     # K rounded up to 128
-    # by wgmma (SCAN_O_WG): q A's and k D's planes unpadded, W's two bfloat16 planes: 207 KiB
-    assert chunk_bwd.scan_o_smem(p, lean._replace(SCAN_O_WG=True)) == 211968
+    # by wgmma (SCAN_O_WG): q A's and k D's planes unpadded (1,024-byte aligned), W's two
+    # bfloat16 planes: 208 KiB
+    assert chunk_bwd.scan_o_smem(p, lean._replace(SCAN_O_WG=True)) == 212992
     hopper, a100 = 232448, 166912                           # their opt-in bytes a block
     for smem, K, cfg, want in [(hopper, 256, lean, True), (hopper, 256, lean._replace(TERMS=3), False),
                                (hopper, 320, lean, False), (a100, 256, lean, False),
@@ -932,14 +933,14 @@ def test_scan_o_makes_the_s0_of_a_backward_with_scan_dv(monkeypatch):
     """With USE_SCAN_O_WG (v41) a backward that runs scan_dv takes its S0 from scan_o's wgmma
     form without o (in place of the scan's forward half), and the forward that keeps its stages
     for it runs scan_o's wgmma form storing each S0 (three terms, one half of o^T in shared
-    memory: 221 KiB at K = 256), so that the kept S0 are the backward's own: both where
+    memory: 222 KiB at K = 256), so that the kept S0 are the backward's own: both where
     scan_dv_fits and K is whole key tiles (scan_o_s0), neither elsewhere."""
     p = P._replace(B=8, N=8, T=4096, H=4, K=256, V=512, dtype="bfloat16")     # GLA-1.3B
     keep = chunk_bwd.planes_config(p)
-    assert chunk_bwd.scan_o_smem(p, keep._replace(SCAN_O_WG=True)) == 226304
-    assert chunk_bwd.scan_o_smem(p, keep._replace(SCAN_O_WG=True), fwd=False) == 108544
-    assert chunk_bwd.scan_o_smem(p._replace(K=128), keep._replace(SCAN_O_WG=True)) == 143872
-    assert chunk_bwd.scan_o_smem(p._replace(K=128), keep._replace(SCAN_O_WG=True), fwd=False) == 58880
+    assert chunk_bwd.scan_o_smem(p, keep._replace(SCAN_O_WG=True)) == 227328
+    assert chunk_bwd.scan_o_smem(p, keep._replace(SCAN_O_WG=True), fwd=False) == 109568
+    assert chunk_bwd.scan_o_smem(p._replace(K=128), keep._replace(SCAN_O_WG=True)) == 144896
+    assert chunk_bwd.scan_o_smem(p._replace(K=128), keep._replace(SCAN_O_WG=True), fwd=False) == 59904
     monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, 232448))
     monkeypatch.setattr(chunk_bwd, "hopper", lambda: True)
     assert not chunk_bwd.scan_o_s0(p, keep)                           # (USE_SCAN_DV off)
@@ -1006,7 +1007,7 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
         return [(n, e[0][14:], e[1], e[2], e[3]) for n, e in stages]
 
     scan = (3, "scan", NH * 4 * TV, 128, chunk_bwd.smem(chunk_bwd.planes_config(p)))
-    s0 = (3, "scan_o", NH * TV, 256, 108544) if wg else scan
+    s0 = (3, "scan_o", NH * TV, 256, 109568) if wg else scan
     want = ([(1, "pack", NB, 128, 0), s0, (5, "scores", NB, 128, 0),
              (3, "scan_dv", NH * TV, 256, 230400), (4, "rows", NB * 3 * 4, 128, 0),
              (6, "intra", NB * 4, 64, 0)] if dv else
@@ -1026,14 +1027,14 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
     fk = chunk_bwd.ForwardPlan(p, keep=True)            # the forward that keeps its stages
     assert fk.scan_o == fk.cfg.SCAN_O_WG == wg
     assert [e[1:] for e in entries([(0, s) for s in fk.stages])] == (
-        [("pack", NB, 128, 0), ("scores", NB, 128, 0), ("scan_o", NH * TV, 256, 226304)] if wg else
+        [("pack", NB, 128, 0), ("scores", NB, 128, 0), ("scan_o", NH * TV, 256, 227328)] if wg else
         [("pack", NB, 128, 0), scan[1:], ("scores", NB, 128, 0), ("dv", NB * TV, 128, 0)])
     assert built["gda_chunk_bwd_pack"]["SCAN_O_WG"] == wg and fk.sizes["st"] == NB * 256 * 512
     assert all(fk.at[n] == kplan.kept_at[n] for n in chunk_bwd.KEPT)   # (where its backward reads)
     fp = chunk_bwd.ForwardPlan(p)                       # the lean forward: scan_o, by wgmma
     assert [e[1:] for e in entries([(0, s) for s in fp.stages])] == [  # with USE_SCAN_O_WG
         ("scores", NB, 128, 0),                         # (VROWS: scores writes the planes)
-        ("scan_o", NH * TV, 256 + 128, 211968) if scan_o_wg else  # (4 producer warps: a
+        ("scan_o", NH * TV, 256 + 128, 212992) if scan_o_wg else  # (4 producer warps: a
         ("scan_o", NH * TV, 256 + 64, 199680)]                    #  warpgroup; mma.sync: 2)
     assert fp.sizes["st"] == 0 and fp.cfg.SCAN_O_WG == scan_o_wg
 
