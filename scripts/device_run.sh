@@ -453,6 +453,8 @@ if [ "$phase" = "ncu-scan-o" ]; then
         grep -E "Duration|L2 Cache Throughput|Issue Slots Busy|Registers Per" "$out/details-$form.txt"
         python3 -m scripts.ncu_sass "$out/sass-$form.csv.gz" 12 | head -8
     done
+    exit 0
+fi
 if [ "$phase" = "wg-producer" ]; then
     # scan_o's wgmma form fed by a warpgroup of producer warps (v52, branch next/v52-wg-producer):
     # the producer tests (bit for bit scan_o without them, by mma.sync and by wgmma; a hang cut
