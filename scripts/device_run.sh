@@ -154,6 +154,16 @@ forward_ab() {
         done
     done
 }
+# scan_o's producer tests (tests/test_backward.py -k producer: bit for bit scan_o without its
+# producer warps), a hang cut at CAP s, and their line; where they failed the call ends (a wrong
+# or hung producer is not timed: its stages would only hang or mislead)
+producer_tests() {
+    timeout -k 10 "$1" python3 -m pytest -q -p no:cacheprovider tests/test_backward.py \
+        -k producer > "$out/pytest-producer.txt" 2>&1
+    local rc=$?
+    echo "pytest: rc $rc $(tail -1 "$out/pytest-producer.txt")"
+    [ "$rc" = 0 ] || exit 1
+}
 if [ "$phase" = "suite" ]; then
     end=580                  # s since the call began: the call's 600 s less slack
     pytest=(python3 -m pytest -q -p no:cacheprovider tests)
@@ -423,12 +433,7 @@ if [ "$phase" = "producer-ab" ]; then
     # GPU test first (bit for bit scan_o without them, every forward-from-the-planes case; a
     # hang is cut at 150 s), then the forward's stages of [NAMES (gla1.3b-bf16,gla340m-bf16)]
     # with them and without them, twice in turn, where the test passed
-    timeout -k 10 150 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py \
-        -k producer > "$out/pytest-producer.txt" 2>&1
-    rc=$?
-    echo "pytest: rc $rc $(tail -1 "$out/pytest-producer.txt")"
-    # (a wrong or hung producer is not timed: its stages would only hang or mislead)
-    [ "$rc" = 0 ] || exit 1
+    producer_tests 150
     forward_ab "$out/producer-ab.txt" "${3:-gla1.3b-bf16,gla340m-bf16}" --no-scan-o-producer with
     exit 0
 fi
@@ -461,11 +466,7 @@ if [ "$phase" = "wg-producer" ]; then
     # at 200 s), then, where they passed, the forward's stages of [NAMES (gla1.3b-bf16,
     # gla340m-bf16)] by mma.sync (the default), by wgmma with the producer and by wgmma without,
     # twice in turn, and scan_o's sweep (every form beside the scan and dv's entry)
-    timeout -k 10 200 python3 -m pytest -q -p no:cacheprovider tests/test_backward.py \
-        -k producer > "$out/pytest-producer.txt" 2>&1
-    rc=$?
-    echo "pytest: rc $rc $(tail -1 "$out/pytest-producer.txt")"
-    [ "$rc" = 0 ] || exit 1
+    producer_tests 200
     for round in 1 2; do
         for f in "" "--scan-o-wg" "--scan-o-wg --no-scan-o-producer"; do
             echo "== forward ${f:-mma.sync} (round $round)" | tee -a "$out/wg-producer.txt"
