@@ -68,9 +68,14 @@ DV_SMEM = 98304          # its dynamic shared memory bytes (the kernel's WG_SMEM
 USE_SCAN_O = True        # a ForwardPlan that keeps nothing runs the scan and o as one kernel
                          # (gda_chunk_bwd_scan_o) where it fits (scan_o_fits; v38)
 NTF, FV = 256, 64        # scan_o's threads and value columns a block
-USE_SCAN_O_WG = False    # scan_o's products by wgmma on a Hopper GPU (Config.SCAN_O_WG; v39):
-                         # off: right but slower (an H100, GLA-1.3B bf16: scan_o 1.57 ms against
-                         # mma.sync's 1.16; perf-notes "v39-v42 measured")
+USE_SCAN_O_WG = False    # scan_o's products by wgmma on a Hopper GPU (Config.SCAN_O_WG; v39) in
+                         # every form that can (the keeping forward's S0 and at 128 keys too):
+                         # off, slower there (v39-v42, v52); SCAN_O_WG_KEYS takes it where it pays
+SCAN_O_WG_KEYS = (256,)  # without USE_SCAN_O_WG, a ForwardPlan that keeps nothing takes scan_o's
+                         # wgmma form on a Hopper GPU where its planes are of these keys (v53,
+                         # H100: the planes in the 128-byte swizzle, fed by a producer warpgroup;
+                         # GLA-1.3B bf16's scan_o 0.717-0.725 ms against mma.sync's 0.751-0.767;
+                         # at 128 keys 3-5 % slower than mma.sync)
 USE_SCAN_O_MC = False    # with SCAN_O_WG, a ForwardPlan that keeps nothing runs a sequence-head's
                          # scan_o blocks as a cluster sharing each chunk's planes of q A and k D
                          # (Config.SCAN_O_MC, scan_o_mc; v42): off, right but slower (clusters
@@ -295,16 +300,21 @@ def scan_o_fits(p, cfg, varlen=False, limits=None):
             >= SCAN_O_FROM * (SCAN_O_WIDE if p.K > 128 else 1) * sms)
 
 
-def forward_config(p, varlen=False, keep=False):
+def forward_config(p, varlen=False, keep=False, limits=None):
     """The Config a ForwardPlan of Problem ``p`` (packed where ``varlen``; keeping its stages
-    where ``keep``) starts from on the current device: planes_config with its wgmma forms."""
-    return planes_config(p, varlen, use_wgmma(), keep, use_scan_o_wg())
+    where ``keep``) starts from on the current device: planes_config with its wgmma forms
+    (scan_o's: USE_SCAN_O_WG, or one that keeps nothing at SCAN_O_WG_KEYS, on a Hopper GPU).
+    With ``limits`` (a GPU's, not asked) not SCAN_O_WG_KEYS' form: where it would run, on a
+    Hopper GPU, mma.sync's fits as well (scan_o_smem 199,680 and 212,992 bytes at 256 keys)."""
+    wg = use_scan_o_wg() or (not keep and planes(p)[0] in SCAN_O_WG_KEYS and limits is None
+                             and hopper())
+    return planes_config(p, varlen, use_wgmma(), keep, wg)
 
 
 def scan_o_runs(p, varlen=False, limits=None):
     """Whether a ForwardPlan that keeps nothing, for Problem ``p`` (packed where ``varlen``),
     runs scan_o on a GPU of ``limits`` (scan_o_fits' of its Config)."""
-    return scan_o_fits(p, forward_config(p, varlen), varlen, limits)
+    return scan_o_fits(p, forward_config(p, varlen, limits=limits), varlen, limits)
 
 
 def scan_o_mc(p, cfg):
@@ -416,7 +426,7 @@ def forward_bytes(p, varlen=False, keep=True, limits=None):
     runs on a GPU of ``limits``, scan_o_fits')."""
     if keep:
         return 4 * layout(workspace(p, planes_config(p, varlen), varlen, fwd=True))[1]
-    cfg = forward_config(p, varlen)
+    cfg = forward_config(p, varlen, limits=limits)
     scan_o = scan_o_fits(p, cfg, varlen, limits)
     return 4 * layout(workspace(p, cfg, varlen, fwd=True, scan_o=scan_o))[1]
 

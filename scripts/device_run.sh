@@ -444,6 +444,7 @@ if [ "$phase" = "ncu-scan-o" ]; then
     for form in ${3:-wg mma}; do
         flag=()
         [ "$form" = wg ] && flag=(--scan-o-wg)
+        [ "$form" = mma ] && flag=(--no-scan-o-wg)     # (the default takes wgmma at 256 keys: v53)
         timeout 80 python3 -m scripts.profile_chunk_bwd gla1.3b-bf16 --forward --stages "${flag[@]}" \
             2>&1 | grep -v "^bench" > "$out/stages-$form.txt"
         head -3 "$out/stages-$form.txt"
@@ -468,8 +469,8 @@ if [ "$phase" = "wg-producer" ]; then
     # twice in turn, and scan_o's sweep (every form beside the scan and dv's entry)
     producer_tests 200
     for round in 1 2; do
-        for f in "" "--scan-o-wg" "--scan-o-wg --no-scan-o-producer"; do
-            echo "== forward ${f:-mma.sync} (round $round)" | tee -a "$out/wg-producer.txt"
+        for f in "--no-scan-o-wg" "--scan-o-wg" "--scan-o-wg --no-scan-o-producer"; do
+            echo "== forward $f (round $round)" | tee -a "$out/wg-producer.txt"
             timeout 80 python3 -m scripts.profile_chunk_bwd "${3:-gla1.3b-bf16,gla340m-bf16}" \
                 --forward --stages $f 2>&1 | tee -a "$out/wg-producer.txt" | grep -v "^bench"
         done

@@ -22,6 +22,8 @@
         scan and dv's entry, not gda_chunk_bwd_scan_o: v38), likewise.
         --no-scan-o-producer: with chunk_bwd.USE_SCAN_O_PRODUCER off (scan_o's mma.sync form
         with no warps that only copy: the A/B of v49).
+        --no-scan-o-wg: with chunk_bwd.SCAN_O_WG_KEYS empty (the forward that keeps nothing runs
+        scan_o by mma.sync at 256 keys too, where it takes wgmma by default: v53).
         --scan-o-wg: with chunk_bwd.USE_SCAN_O_WG on (scan_o's products by wgmma on a Hopper
         GPU, where its chunks are of 64 steps and its planes of 128 or 256 keys: v39).
         --scan-o-mc: with USE_SCAN_O_WG and USE_SCAN_O_MC on (scan_o's wgmma form as clusters
@@ -248,6 +250,7 @@ def scan_o_sweep():
     from cupy_gda import chunk_bwd
     from cupy_gda._checks import Problem
     chunk_bwd.SCAN_O_FROM = 0.0
+    chunk_bwd.SCAN_O_WG_KEYS = ()       # (the "mma" and "pair" forms without wgmma: v53's rule off)
     sms = chunk_bwd.device_limits()[0]
     forms = {"mma": (True, False, False), "wgmma": (True, True, False), "mc": (True, True, True),
              "pair": (False, False, False)}
@@ -283,6 +286,10 @@ def main(argv):
         from cupy_gda import chunk_bwd
         chunk_bwd.USE_SCAN_DV = True
         print("(chunk_bwd.USE_SCAN_DV on)", flush=True)
+    if "--no-scan-o-wg" in argv:
+        from cupy_gda import chunk_bwd
+        chunk_bwd.SCAN_O_WG_KEYS = ()
+        print("(chunk_bwd.SCAN_O_WG_KEYS empty)", flush=True)
     if "--scan-o-wg" in argv or "--scan-dv-wg" in argv or "--scan-o-mc" in argv:
         from cupy_gda import chunk_bwd
         chunk_bwd.USE_SCAN_O_WG = True

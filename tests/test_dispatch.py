@@ -727,6 +727,28 @@ def test_chunk_backward_config(p, want):
     assert chunk_bwd.defines(p, wg, fwd=True)["SCAN_O_WG"] == int(wg.SCAN_O_WG)
 
 
+@pytest.mark.parametrize("K, V, want", [(256, 512, True), (256, 64, True), (128, 256, False),
+                                        (192, 384, False), (100, 72, False)])
+def test_lean_forward_takes_scan_o_by_wgmma_at_256_keys(K, V, want, monkeypatch):
+    """Without USE_SCAN_O_WG, a ForwardPlan that keeps nothing takes scan_o's wgmma form on a
+    Hopper GPU where its chunks are of 64 steps and its planes of 256 keys (SCAN_O_WG_KEYS, v53:
+    faster there than mma.sync, slower at 128); never on another GPU, nor one that keeps its
+    stages (its S0 stay by mma.sync), nor with SCAN_O_WG_KEYS empty."""
+    p = _p(T=4096, K=K, B=8, H=4)._replace(V=V, **_BF16)
+    assert chunk_bwd.config(p).BT == 64
+    for hopper in (True, False):
+        monkeypatch.setattr(chunk_bwd, "hopper", lambda: hopper)
+        assert chunk_bwd.forward_config(p).SCAN_O_WG == (want and hopper)
+        assert not chunk_bwd.forward_config(p, keep=True).SCAN_O_WG
+        assert chunk_bwd.forward_config(p) == chunk_bwd.planes_config(p, keep=False,
+                                                                      scan_o_wg=want and hopper)
+    monkeypatch.setattr(chunk_bwd, "hopper", lambda: True)
+    monkeypatch.setattr(chunk_bwd, "SCAN_O_WG_KEYS", ())
+    assert not chunk_bwd.forward_config(p).SCAN_O_WG
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_WG", True)       # (every form that can)
+    assert chunk_bwd.forward_config(p).SCAN_O_WG == (chunk_bwd.planes(p)[0] in (128, 256))
+
+
 def test_chunk_backward_two_terms_for_half_inputs(monkeypatch):
     """dv's entry (DV_TERMS) and rows' S0 and E (ROWS_TERMS) in two terms for half inputs (dv's
     not with wgmma), three for float32 ones and wherever DV_TWO_TERMS, ROWS_TWO_TERMS are off;
@@ -996,7 +1018,8 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
     kernels: by default the scan, scores and dv's entry; with scan_dv (v40) the scan's forward
     half, scores, then scan_dv (none of dv's entry; the kept backward no scan); with scan_o's
     wgmma form too (v41) the backward's S0 by scan_o without o, and the forward that keeps its
-    stages by scan_o storing them; scan_o's wgmma form alone changes the lean forward only."""
+    stages by scan_o storing them; scan_o's wgmma form alone changes the lean forward only,
+    which takes it at 256 keys without USE_SCAN_O_WG too (SCAN_O_WG_KEYS, v53)."""
     p = Problem(B=8, T=4096, H=4, K=256, V=512, N=8, dtype="bfloat16", g_dtype="float32",
                 log_gate=False)
     built = _fake_launches(monkeypatch, scan_dv, scan_o_wg)
@@ -1032,11 +1055,14 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
     assert built["gda_chunk_bwd_pack"]["SCAN_O_WG"] == wg and fk.sizes["st"] == NB * 256 * 512
     assert all(fk.at[n] == kplan.kept_at[n] for n in chunk_bwd.KEPT)   # (where its backward reads)
     fp = chunk_bwd.ForwardPlan(p)                       # the lean forward: scan_o, by wgmma
-    assert [e[1:] for e in entries([(0, s) for s in fp.stages])] == [  # with USE_SCAN_O_WG
-        ("scores", NB, 128, 0),                         # (VROWS: scores writes the planes)
-        ("scan_o", NH * TV, 256 + 128, 212992) if scan_o_wg else  # (4 producer warps: a
-        ("scan_o", NH * TV, 256 + 64, 199680)]                    #  warpgroup; mma.sync: 2)
-    assert fp.sizes["st"] == 0 and fp.cfg.SCAN_O_WG == scan_o_wg
+    assert [e[1:] for e in entries([(0, s) for s in fp.stages])] == [  # (at 256 keys with
+        ("scores", NB, 128, 0),                         # USE_SCAN_O_WG off too: SCAN_O_WG_KEYS;
+        ("scan_o", NH * TV, 256 + 128, 212992)]         # VROWS: scores writes the planes; a
+    assert fp.sizes["st"] == 0 and fp.cfg.SCAN_O_WG     # warpgroup of producer warps)
+    monkeypatch.setattr(chunk_bwd, "SCAN_O_WG_KEYS", ())
+    fp = chunk_bwd.ForwardPlan(p)                       # by mma.sync (2 producer warps) only
+    assert fp.cfg.SCAN_O_WG == scan_o_wg and fp.stages[-1][1:] == (   # with USE_SCAN_O_WG off
+        (NH * TV, 256 + 128, 212992) if scan_o_wg else (NH * TV, 256 + 64, 199680))
 
 
 @pytest.mark.parametrize("V, K, mc", [(512, 256, True), (256, 128, True), (128, 128, True),
@@ -1073,6 +1099,7 @@ def test_lean_forward_runs_scan_o_as_clusters_where_it_can(monkeypatch, V, K, mc
     assert not chunk_bwd.ForwardPlan(p._replace(B=7)).cfg.SCAN_O_MC
     monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_MC", True)
     monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_WG", False)
+    monkeypatch.setattr(chunk_bwd, "SCAN_O_WG_KEYS", ())     # (the lean forward's rule, v53)
     assert not chunk_bwd.ForwardPlan(p._replace(B=6)).cfg.SCAN_O_MC
 
 
