@@ -2179,6 +2179,12 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 // bytes at K = 100 once it copied in FO_SW's order)
 #define FO_REGS_PRODUCER 64
 #define FO_REGS_PRODUCTS 216
+// (the wgmma form with the producer) a chunk's v and W read by the products once they are split
+// into v^T's fragments and W's planes, the chunk's first step: the producer copies the next
+// chunk's there while this chunk's o runs, behind a third mbarrier (read-vw), so that slot A's
+// copy, which the state update covers, is q A's planes alone (v54: the products waited 11 % of
+// their samples on slot A)
+#define FO_EARLY (FO_PRODUCER && SCAN_O_WG)
 #if SCAN_O_MC                                           // a cluster: a sequence-head's value tiles
 #define GDA_SCAN_O_CLUSTER __cluster_dims__(VP / FV, 1, 1)
 #else
@@ -2539,15 +2545,17 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
     // full: slot A's (B's) bytes of a chunk landed (2 FO_PT arrivals: each producer thread's as
     // its cp.async land and once more for its plain stores);
     // read: slot A (B) of a chunk read by the 8 warps of the products (an arrival each)
+    // (FO_EARLY) read-vw: a chunk's v and W in shared memory read (an arrival a warp)
     if (blockDim.x != NTF + FO_PT) __trap();            // (the launcher's threads are wrong)
-    __shared__ __align__(8) unsigned long long f_bar[4];
+    __shared__ __align__(8) unsigned long long f_bar[5];
     const unsigned bar_fa = gda_shared_at(f_bar), bar_fb = bar_fa + 8;
-    const unsigned bar_ra = bar_fa + 16, bar_rb = bar_fa + 24;
+    const unsigned bar_ra = bar_fa + 16, bar_rb = bar_fa + 24, bar_rw = bar_fa + 32;
     if (threadIdx.x == 0) {
         gda_mbar_init(bar_fa, 2 * FO_PT);
         gda_mbar_init(bar_fb, 2 * FO_PT);
         gda_mbar_init(bar_ra, NTF / 32);
         gda_mbar_init(bar_rb, NTF / 32);
+        gda_mbar_init(bar_rw, NTF / 32);
         gda_mbar_init_fence();
     }
     __syncthreads();
@@ -2577,21 +2585,29 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
             gda_cp_arrive(bar);
             gda_mbar_arrive(bar);
         };
+        const auto vw = [&](long long b) {              // chunk b's v and W (slot A's)
+            if constexpr (VROWS)
+                gda_stage_v_rows<FO_PT>(sv, v, gda_chunk_at(b, T, H, NC, cu_seqlens, coff, N), n0, pt);
+            else
+                gda_stage_vw<false, FO_PT>(sv, gda_planes_at(pl, NB, b).v, n0, sw, ww, b, pt);
+            gda_stage_w<FO_PT>(sw, ww, b, pt);
+        };
+        if (FO_EARLY && cend > 0) vw(nh * NC);          // (FO_EARLY: each next one's below)
         for (long long c = 0; c < cend; ++c) {
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
             if (c > 0) gda_mbar_wait<true>(bar_ra, (unsigned)(c - 1) & 1);
             planes(false, pc.q);                         // q A's two planes
-            if constexpr (VROWS)
-                gda_stage_v_rows<FO_PT>(sv, v, gda_chunk_at(b, T, H, NC, cu_seqlens, coff, N), n0, pt);
-            else
-                gda_stage_vw<false, FO_PT>(sv, pc.v, n0, sw, ww, b, pt);
-            gda_stage_w<FO_PT>(sw, ww, b, pt);
-            filled(bar_fa);
-            if (c > 0) gda_mbar_wait<true>(bar_rb, (unsigned)(c - 1) & 1);
+            if (!FO_EARLY) vw(b);
+            filled(bar_fa);                             // (FO_EARLY: v's and W's copies too,
+            if (c > 0) gda_mbar_wait<true>(bar_rb, (unsigned)(c - 1) & 1);   // issued before)
             planes(true, pc.k);                          // k D's two planes
             gda_stage_ae<FO_PT>(sa, ae, b, pt);
             filled(bar_fb);
+            if (FO_EARLY && c + 1 < cend) {              // the next chunk's v and W, once this
+                gda_mbar_wait<true>(bar_rw, (unsigned)c & 1);   // one's are read
+                vw(b + 1);
+            }
         }
         gda_cp_wait<0>();
         return;
@@ -2700,6 +2716,10 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
         for (int sg = 0; sg < NBK; ++sg)
             gda_ldsm4_t(fv[sg], sv_at + 2 * ((16 * sg + lane / 16 * 8 + lane % 8) * FVL
                                              + vr + lane / 8 % 2 * 8));
+#if FO_EARLY
+        __syncwarp();                                   // (v and W read: W's planes split
+        if (lane == 0) gda_mbar_arrive(bar_rw);         //  before the named barrier above)
+#endif
         if constexpr (VROWS) gda_fv_absmax(vmax, fv, kh);   // (the guard on v: pack's without)
 #if SCAN_O_WG
         if constexpr (FO_S0)                            // S0, for the backward
