@@ -249,22 +249,22 @@ __device__ __forceinline__ void gda_cp_arrive(unsigned bar) {
 // cluster scope: the arrivals' CTAs' writes and reads before them are ordered before what follows;
 // CTA: where every arrival is this CTA's, without the L1 invalidation (CCTL.IVALL) the cluster
 // scope costs each wait, v51)
+#define GDA_MBAR_TRY_WAIT(scope)                                                                \
+    asm volatile("{\n\t.reg .pred p;\n\t"                                                        \
+                 "mbarrier.try_wait.parity.acquire." scope ".shared::cta.b64 p, [%1], %2;\n\t"     \
+                 "selp.u32 %0, 1, 0, p;\n\t}"                                                     \
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory")
 template <bool CTA = false>
 __device__ __forceinline__ void gda_mbar_wait(unsigned bar, unsigned parity) {
     unsigned done;
     do {
         if constexpr (CTA)
-            asm volatile("{\n\t.reg .pred p;\n\t"
-                         "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n\t"
-                         "selp.u32 %0, 1, 0, p;\n\t}"
-                         : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+            GDA_MBAR_TRY_WAIT("cta");
         else
-            asm volatile("{\n\t.reg .pred p;\n\t"
-                         "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-                         "selp.u32 %0, 1, 0, p;\n\t}"
-                         : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+            GDA_MBAR_TRY_WAIT("cluster");
     } while (!done);
 }
+#undef GDA_MBAR_TRY_WAIT
 #endif
 
 // f(r0, dr, c) for each item (row r0 + dr, column c) of a ROWS x COLS grid that thread tid of NT
