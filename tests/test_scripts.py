@@ -96,3 +96,24 @@ def test_scores_banks_model_counts_wavefronts():
     old = sb.wavefronts(sb.Layout(by_column=False, pad=1))
     assert (sum(new.values()), sum(old.values())) == (1536, 1728)
     assert new["diagonal: b_q reads"] == 32 and old["diagonal: b_q reads"] == 64
+
+
+def test_code_hashes_see_the_code_not_the_symbol_names(tmp_path):
+    """scripts/code_hashes.py: two compiles of one build (which differ in the symbol names NVRTC
+    draws afresh, in .strtab) hash the same, another arch's build not; --compare names the
+    builds whose code differs and those in one map only, and exits 1 then, 0 where all agree."""
+    import json
+    from cupy_gda import scan
+    from scripts import code_hashes
+    one, two, other = (scan.FAMILY.cubin({"NT": scan.NT}, arch)[0]
+                       for arch in ("sm_90", "sm_90", "sm_80"))
+    assert bytes(one) != bytes(two) and code_hashes.sections(bytes(one))[".text.gda_scan_segments"]
+    assert code_hashes.code_hash(one) == code_hashes.code_hash(two) != code_hashes.code_hash(other)
+    old = {"a": code_hashes.code_hash(one), "b": code_hashes.code_hash(one)}
+    new = {"a": code_hashes.code_hash(two), "b": code_hashes.code_hash(other), "c": "0"}
+    assert code_hashes.compare(old, new) == (["b"], ["c"])
+    paths = [tmp_path / "old.json", tmp_path / "new.json"]
+    for path, m in zip(paths, (old, new)):
+        path.write_text(json.dumps(m))
+    assert code_hashes.main(["--compare", *map(str, paths)]) == 1
+    assert code_hashes.main(["--compare", str(paths[0]), str(paths[0])]) == 0
