@@ -465,7 +465,8 @@ if [ "$phase" = "wg-producer" ]; then
     # scan_o's wgmma form fed by a warpgroup of producer warps (v52, branch next/v52-wg-producer):
     # the producer tests (bit for bit scan_o without them, by mma.sync and by wgmma; a hang cut
     # at 200 s), then, where they passed, the forward's stages of [NAMES (gla1.3b-bf16,
-    # gla340m-bf16)] by mma.sync (the default), by wgmma with the producer and by wgmma without,
+    # gla340m-bf16)] by mma.sync (--no-scan-o-wg: the default takes wgmma at 256 keys, v53), by
+    # wgmma with the producer and by wgmma without,
     # twice in turn, and scan_o's sweep (every form beside the scan and dv's entry)
     producer_tests 200
     for round in 1 2; do
