@@ -142,12 +142,13 @@ forward_stages() {
         python3 -m scripts.profile_chunk_bwd "$names" --forward --stages) \
         2>&1 | tee -a "$file" | grep -v "^bench"
 }
-# the forward's stages of NAMES without FLAG (its lines labelled LABEL) and with it, in turn,
-# twice, into FILE
+# the forward's stages of NAMES with each of FLAGS in turn (a string of flags each; "": none,
+# its lines labelled LABEL), twice, into FILE
 forward_ab() {
-    local file="$1" names="$2" flag="$3" label="$4"
+    local file="$1" names="$2" label="$3"
+    shift 3
     for round in 1 2; do
-        for f in "" "$flag"; do
+        for f in "$@"; do
             echo "== forward ${f:-$label} (round $round)" | tee -a "$file"
             timeout 80 python3 -m scripts.profile_chunk_bwd "$names" --forward --stages $f 2>&1 \
                 | tee -a "$file" | grep -v "^bench"
@@ -420,7 +421,7 @@ if [ "$phase" = "prefetch-ab" ]; then
     # the forward's stages of [NAMES (gla1.3b-bf16,gla340m-bf16)] with and without it, twice in
     # turn (each line's largest |o - o of gda_chunk_fwd| the check that it reads the same
     # values), then GLA-1.3B's backward stages each way (its gradients' differences likewise)
-    forward_ab "$out/prefetch-ab.txt" "${3:-gla1.3b-bf16,gla340m-bf16}" --no-scores-prefetch stage
+    forward_ab "$out/prefetch-ab.txt" "${3:-gla1.3b-bf16,gla340m-bf16}" stage "" --no-scores-prefetch
     for pf in "" --no-scores-prefetch; do
         echo "== backward ${pf:-stage}" | tee -a "$out/prefetch-ab.txt"
         timeout $(((570 - SECONDS) / 2)) python3 -m scripts.profile_chunk_bwd gla1.3b-bf16 \
@@ -434,7 +435,7 @@ if [ "$phase" = "producer-ab" ]; then
     # hang is cut at 150 s), then the forward's stages of [NAMES (gla1.3b-bf16,gla340m-bf16)]
     # with them and without them, twice in turn, where the test passed
     producer_tests 150
-    forward_ab "$out/producer-ab.txt" "${3:-gla1.3b-bf16,gla340m-bf16}" --no-scan-o-producer with
+    forward_ab "$out/producer-ab.txt" "${3:-gla1.3b-bf16,gla340m-bf16}" with "" --no-scan-o-producer
     exit 0
 fi
 if [ "$phase" = "ncu-scan-o" ]; then
@@ -466,16 +467,11 @@ if [ "$phase" = "wg-producer" ]; then
     # the producer tests (bit for bit scan_o without them, by mma.sync and by wgmma; a hang cut
     # at 200 s), then, where they passed, the forward's stages of [NAMES (gla1.3b-bf16,
     # gla340m-bf16)] by mma.sync (--no-scan-o-wg: the default takes wgmma at 256 keys, v53), by
-    # wgmma with the producer and by wgmma without,
-    # twice in turn, and scan_o's sweep (every form beside the scan and dv's entry)
+    # wgmma with the producer and by wgmma without, twice in turn (forward_ab), and scan_o's
+    # sweep (every form beside the scan and dv's entry)
     producer_tests 200
-    for round in 1 2; do
-        for f in "--no-scan-o-wg" "--scan-o-wg" "--scan-o-wg --no-scan-o-producer"; do
-            echo "== forward $f (round $round)" | tee -a "$out/wg-producer.txt"
-            timeout 80 python3 -m scripts.profile_chunk_bwd "${3:-gla1.3b-bf16,gla340m-bf16}" \
-                --forward --stages $f 2>&1 | tee -a "$out/wg-producer.txt" | grep -v "^bench"
-        done
-    done
+    forward_ab "$out/wg-producer.txt" "${3:-gla1.3b-bf16,gla340m-bf16}" default \
+        --no-scan-o-wg --scan-o-wg "--scan-o-wg --no-scan-o-producer"
     timeout $((560 - SECONDS)) python3 -m scripts.profile_chunk_bwd --scan-o-sweep 2>&1 \
         | grep -v "^bench" | tee "$out/scan-o-sweep.txt"
     exit 0
