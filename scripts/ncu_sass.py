@@ -1,8 +1,8 @@
 """A kernel's SASS source page from ncu, summed (CPU only, reads the CSV): its stall reasons,
 its shared-memory wavefronts and their excess over the ideal (bank conflicts), the
-instructions with the most excess, its opcode mix and the instructions with the most stall
-samples. NVRTC's sources are not on ncu's disk, so the CUDA page is empty; this reads the SASS
-one (perf-notes v51):
+instructions with the most excess, the L2 sectors and shared wavefronts a cp.async takes, its
+opcode mix and the instructions with the most stall samples. NVRTC's sources are not on ncu's
+disk, so the CUDA page is empty; this reads the SASS one (perf-notes v51):
 
     ncu -k regex:"gda_chunk_bwd_(scan_o|scores)" -c 2 --section SourceCounters \\
         --section WarpStateStats -o rep python3 ...
@@ -15,6 +15,7 @@ import gzip
 import sys
 
 SHARED, EXCESS = "L1 Wavefronts Shared", "L1 Wavefronts Shared Excessive"
+SECTORS = "L2 Theoretical Sectors Global"
 SAMPLES = "Warp Stall Sampling (All Samples)"
 
 
@@ -56,6 +57,14 @@ def summary(name, ins, top=25):
     lines.append(" stalls: " + ", ".join(f"{s} {n / total:.0%}" for s, n in stalls.most_common(9)))
     waves, excess = (sum(number(d.get(c, "0")) for d in ins) for c in (SHARED, EXCESS))
     lines.append(f" shared wavefronts {waves:.3g}, excess {excess:.3g}")
+    copies = [d for d in ins if opcode(d["Source"]) == "LDGSTS"]
+    n = sum(number(d["Instructions Executed"]) for d in copies)
+    if n:                                               # (cp.async: what each costs, v52, v53)
+        per = {c: sum(number(d.get(c, "0")) for d in copies) / n
+               for c in (SECTORS, SECTORS + " Ideal", SHARED, SHARED + " Ideal")}
+        lines.append(f" cp.async: {n:.3g} executed, a warp's each {per[SECTORS]:.1f} L2 sectors "
+                     f"(ideal {per[SECTORS + ' Ideal']:.1f}), {per[SHARED]:.1f} shared wavefronts "
+                     f"(ideal {per[SHARED + ' Ideal']:.1f})")
     for i in sorted(range(len(ins)), key=lambda i: -number(ins[i].get(EXCESS, "0")))[:top]:
         d = ins[i]
         if number(d.get(EXCESS, "0")):

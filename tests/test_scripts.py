@@ -117,3 +117,21 @@ def test_code_hashes_see_the_code_not_the_symbol_names(tmp_path):
         path.write_text(json.dumps(m))
     assert code_hashes.main(["--compare", *map(str, paths)]) == 1
     assert code_hashes.main(["--compare", str(paths[0]), str(paths[0])]) == 0
+
+
+def test_ncu_sass_sums_what_a_cp_async_takes():
+    """scripts/ncu_sass.py: a SASS page's cp.async (LDGSTS) instructions, and only those (not the
+    LDGSTSBAR arrivals), averaged per executed instruction: L2 sectors and shared wavefronts,
+    each beside its ideal."""
+    from scripts import ncu_sass
+    cols = ["Address", "Source", "Instructions Executed", ncu_sass.SECTORS,
+            ncu_sass.SECTORS + " Ideal", ncu_sass.SHARED, ncu_sass.SHARED + " Ideal"]
+    rows = [["0x0", "  LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64]", "100", "1600", "1600", "400", "400"],
+            ["0x10", "@!P0 LDGSTS.E.BYPASS.128 [R3], desc[UR4][R4.64]", "100", "3200", "1600", "3200",
+             "400"],
+            ["0x20", "  ARRIVES.LDGSTSBAR.64.ARVCNT [UR20]", "50", "0", "0", "0", "0"]]
+    lines = ['"Kernel Name","k",', ",".join(f'"{c}"' for c in cols)]
+    lines += [",".join(f'"{x}"' for x in r) for r in rows]
+    text = "\n".join(ncu_sass.summary("k", ncu_sass.kernels(lines)["k"]))
+    assert ("cp.async: 200 executed, a warp's each 24.0 L2 sectors (ideal 16.0), 18.0 shared "
+            "wavefronts (ideal 4.0)") in text
