@@ -142,13 +142,22 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=Non
     return pytest.param(kernel, arch, tuple(sorted(defines.items())), id=cid, marks=marks)
 
 
+def _chunk_core(arch, K):
+    """Whether the chunked kernels' build of the shape rotation at K runs by default. The
+    kernels' source has no per-arch code (only their tiles depend on the arch's limits), so
+    sm_80 builds its largest shape alone (K = 256: the most registers); sm_90 every shape but
+    K = 1 and 32, whose tiles K = 5 and 24 build too (gda_chunk_fwd: value tiles of 8 with key
+    tiles of 16, then key tiles of 32 in segments; gda_chunk_bwd: chunks of 32, key tiles of 32)."""
+    return K == 256 if arch == "sm_80" else K not in (1, 32)
+
+
 def _cases():
     """Per kernel and arch: every shape with a rotating variant, and every variant at the largest
     shape (most registers), so each (dtype, gate dtype, log_gate) compiles on both archs, with
     few and many sequence-heads: about 300 compiles, not the full product. The core builds run
     by default (each shape once a kernel and arch, with few or many heads in turn, the variants
-    rotating, the chunked kernels' shapes under K = 64 on sm_90 only; each special build once:
-    113 of its 315 builds, a quarter of the CPU time); the rest are marked
+    rotating, the chunked kernels' shapes as _chunk_core says; each special build once, on
+    sm_90: 101 of its 315 builds, a fifth of the CPU time); the rest are marked
     full_compile, which the default run deselects (setup.cfg) and `-m ""`, or any -m that
     selects them, runs: scripts/device_run.sh's suite does, after every kernel change."""
     core, full = [], []
@@ -172,7 +181,7 @@ def _cases():
         for i, (K, V) in enumerate(SHAPES + ((200, 120),)):
             for n, BH in enumerate((FEW, MANY)):
                 add(_case("gda_chunk_fwd", arch, K, V, VARIANTS[(i + 5 * a + 3 * n) % len(VARIANTS)],
-                          BH), n == (i + a) % 2 and (K >= 64 or arch == "sm_90"))
+                          BH), n == (i + a) % 2 and _chunk_core(arch, K))
         for j, variant in enumerate(VARIANTS):
             add(_case("gda_chunk_fwd", arch, 128, 128, variant, (FEW, MANY)[j % 2]), False)
             add(_case("gda_chunk_fwd", arch, 256, 256, variant, MANY), False)
@@ -197,7 +206,7 @@ def _cases():
         # the variants at K = V = 256 on each arch
         for i, (K, V) in enumerate(SHAPES):
             add(_case("gda_chunk_bwd", arch, K, V, VARIANTS[(i + 5 * a) % len(VARIANTS)],
-                      (FEW, MANY)[(i + a) % 2]), K >= 64 or arch == "sm_90")
+                      (FEW, MANY)[(i + a) % 2]), _chunk_core(arch, K))
         for j, variant in enumerate(VARIANTS):
             if j % 2 == a:
                 add(_case("gda_chunk_bwd", arch, 256, 256, variant, (FEW, MANY)[j % 2]), False)
@@ -264,9 +273,9 @@ def _cases():
         # gda_scan: no shape defines, one build an arch
         add(pytest.param("gda_scan", arch, (("NT", scan.NT),), id=f"gda_scan-{arch}-NT{scan.NT}"),
             True)
-        # gda_slice: no shape defines either (K, V run-time), one build an arch
+        # gda_slice: no shape defines either (K, V run-time), one build an arch (core: sm_90's)
         add(pytest.param("gda_slice", arch, tuple(sorted(slices.DEFINES.items())),
-                         id=f"gda_slice-{arch}"), True)
+                         id=f"gda_slice-{arch}"), arch == "sm_90")
         # gda_convert: each half dtype, 16-byte accesses or not
         for dtype in ("float16", "bfloat16"):
             for vec in (False, True):
@@ -290,10 +299,10 @@ def _build(kernel, items, arch):
     return FAMILIES[kernel].cubin(dict(items), arch)
 
 
-# the kernels by the CPU time a compile takes (NVRTC 12.9, two at a time on a 2-core VM, the core
-# builds, 2026-12-05, each with only the entries its launcher runs: chunk_fwd 1.2-3.3 s (42 s for
-# its 18), chunk_bwd 1-3 (40 s for 20), recurrent_fwd 0.4-1, slice 2-3, recurrent_bwd 0.2-0.5,
-# step 0.1-0.2; 108 s in all)
+# the kernels by the CPU time a compile takes (NVRTC 12.9, one at a time on a 2-core VM, the core
+# builds, 2026-12-06, each with only the entries its launcher runs: chunk_fwd 1.9-4.3 s (36 s for
+# its 13), chunk_bwd 1.2-3 (33 s for 17), recurrent_fwd 0.4-1.6 (15 s for 18), slice 2.3,
+# recurrent_bwd 0.3-0.6, step 0.1-0.3; 99 s in all, 60 % of it NVVM's and 40 % ptxas')
 _COST = {"gda_chunk_fwd": 2, "gda_recurrent_fwd": 1, "gda_recurrent_bwd": 1, "gda_chunk_bwd": 1,
          "gda_step": 0, "gda_scan": 0, "gda_slice": 1, "gda_convert": 0}
 _jobs = {}          # (kernel, items, arch) -> its compile's Future
