@@ -71,11 +71,12 @@ NTF, FV = 256, 64        # scan_o's threads and value columns a block
 USE_SCAN_O_WG = False    # scan_o's products by wgmma on a Hopper GPU (Config.SCAN_O_WG; v39) in
                          # every form that can (the keeping forward's S0 and at 128 keys too):
                          # off, slower there (v39-v42, v52); SCAN_O_WG_KEYS takes it where it pays
-SCAN_O_WG_KEYS = (256,)  # without USE_SCAN_O_WG, a ForwardPlan that keeps nothing takes scan_o's
-                         # wgmma form on a Hopper GPU where its planes are of these keys (v53,
-                         # H100: the planes in the 128-byte swizzle, fed by a producer warpgroup;
-                         # GLA-1.3B bf16's scan_o 0.717-0.725 ms against mma.sync's 0.751-0.767,
-                         # 0.668-0.692 after v54; at 128 keys 3-5 % slower than mma.sync, v53)
+SCAN_O_WG_KEYS = (128, 256)  # without USE_SCAN_O_WG, a ForwardPlan that keeps nothing takes
+                         # scan_o's wgmma form on a Hopper GPU where its planes are of these keys
+                         # (v53, H100: the planes in the 128-byte swizzle, fed by a producer
+                         # warpgroup; GLA-1.3B bf16's scan_o 0.717-0.725 ms against mma.sync's
+                         # 0.751-0.767, 0.668-0.692 after v54; at 128 keys 3-5 % slower than
+                         # mma.sync in v53, 1-5 % faster after v54: v56)
 USE_SCAN_O_MC = False    # with SCAN_O_WG, a ForwardPlan that keeps nothing runs a sequence-head's
                          # scan_o blocks as a cluster sharing each chunk's planes of q A and k D
                          # (Config.SCAN_O_MC, scan_o_mc; v42): off, right but slower (clusters

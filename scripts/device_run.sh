@@ -445,7 +445,7 @@ if [ "$phase" = "ncu-scan-o" ]; then
     for form in ${3:-wg mma}; do
         flag=()
         [ "$form" = wg ] && flag=(--scan-o-wg)
-        [ "$form" = mma ] && flag=(--no-scan-o-wg)     # (the default takes wgmma at 256 keys: v53)
+        [ "$form" = mma ] && flag=(--no-scan-o-wg)     # (the default takes wgmma: v53, v56)
         timeout 80 python3 -m scripts.profile_chunk_bwd gla1.3b-bf16 --forward --stages "${flag[@]}" \
             2>&1 | grep -v "^bench" > "$out/stages-$form.txt"
         head -3 "$out/stages-$form.txt"
@@ -466,7 +466,7 @@ if [ "$phase" = "wg-producer" ]; then
     # scan_o's wgmma form fed by a warpgroup of producer warps (v52, branch next/v52-wg-producer):
     # the producer tests (bit for bit scan_o without them, by mma.sync and by wgmma; a hang cut
     # at 200 s), then, where they passed, the forward's stages of [NAMES (gla1.3b-bf16,
-    # gla340m-bf16)] by mma.sync (--no-scan-o-wg: the default takes wgmma at 256 keys, v53), by
+    # gla340m-bf16)] by mma.sync (--no-scan-o-wg: the default takes wgmma at 128 and 256 keys), by
     # wgmma with the producer and by wgmma without, twice in turn (forward_ab), and scan_o's
     # sweep (every form beside the scan and dv's entry)
     producer_tests 200

@@ -23,7 +23,7 @@
         --no-scan-o-producer: with chunk_bwd.USE_SCAN_O_PRODUCER off (scan_o's mma.sync form
         with no warps that only copy: the A/B of v49).
         --no-scan-o-wg: with chunk_bwd.SCAN_O_WG_KEYS empty (the forward that keeps nothing runs
-        scan_o by mma.sync at 256 keys too, where it takes wgmma by default: v53).
+        scan_o by mma.sync at 128 and 256 keys too, where it takes wgmma by default: v53, v56).
         --scan-o-wg: with chunk_bwd.USE_SCAN_O_WG on (scan_o's products by wgmma on a Hopper
         GPU, where its chunks are of 64 steps and its planes of 128 or 256 keys: v39).
         --scan-o-mc: with USE_SCAN_O_WG and USE_SCAN_O_MC on (scan_o's wgmma form as clusters

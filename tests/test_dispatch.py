@@ -727,13 +727,14 @@ def test_chunk_backward_config(p, want):
     assert chunk_bwd.defines(p, wg, fwd=True)["SCAN_O_WG"] == int(wg.SCAN_O_WG)
 
 
-@pytest.mark.parametrize("K, V, want", [(256, 512, True), (256, 64, True), (128, 256, False),
-                                        (192, 384, False), (100, 72, False)])
-def test_lean_forward_takes_scan_o_by_wgmma_at_256_keys(K, V, want, monkeypatch):
+@pytest.mark.parametrize("K, V, want", [(256, 512, True), (256, 64, True), (128, 256, True),
+                                        (192, 384, False), (100, 72, True), (64, 64, False)])
+def test_lean_forward_takes_scan_o_by_wgmma_at_128_and_256_keys(K, V, want, monkeypatch):
     """Without USE_SCAN_O_WG, a ForwardPlan that keeps nothing takes scan_o's wgmma form on a
-    Hopper GPU where its chunks are of 64 steps and its planes of 256 keys (SCAN_O_WG_KEYS, v53:
-    faster there than mma.sync, slower at 128); never on another GPU, nor one that keeps its
-    stages (its S0 stay by mma.sync), nor with SCAN_O_WG_KEYS empty."""
+    Hopper GPU where its chunks are of 64 steps and its planes of 128 or 256 keys
+    (SCAN_O_WG_KEYS: faster there than mma.sync, v53 at 256 keys, v56 at 128; K = 192's planes
+    of 192 keys and K = 64's of 64 have no wgmma form); never on another GPU, nor one that
+    keeps its stages (its S0 stay by mma.sync), nor with SCAN_O_WG_KEYS empty."""
     p = _p(T=4096, K=K, B=8, H=4)._replace(V=V, **_BF16)
     assert chunk_bwd.config(p).BT == 64
     for hopper in (True, False):
@@ -1019,7 +1020,7 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
     half, scores, then scan_dv (none of dv's entry; the kept backward no scan); with scan_o's
     wgmma form too (v41) the backward's S0 by scan_o without o, and the forward that keeps its
     stages by scan_o storing them; scan_o's wgmma form alone changes the lean forward only,
-    which takes it at 256 keys without USE_SCAN_O_WG too (SCAN_O_WG_KEYS, v53)."""
+    which takes it at 256 keys without USE_SCAN_O_WG too (SCAN_O_WG_KEYS, v53, v56)."""
     p = Problem(B=8, T=4096, H=4, K=256, V=512, N=8, dtype="bfloat16", g_dtype="float32",
                 log_gate=False)
     built = _fake_launches(monkeypatch, scan_dv, scan_o_wg)
