@@ -2402,16 +2402,35 @@ __device__ __forceinline__ void gda_wg_state(float (&x)[KH / 8][4], const unsign
 }
 #endif
 
-// f(r, c8) for the 16 bytes of np planes [np * BT][KP] (halves: row r, keys from c8) that
-// thread tid of NW warps copies into FO_SW's layout: each 8 lanes a row's 128-byte line (into
-// one row of shared memory, all 32 banks), a warp 4 rows, a thread's rows NW / LINES * 4 apart
-template <int NW, typename F>
-__device__ __forceinline__ void gda_wg_rows(int tid, int np, const F& f) {
+// cp.async of np planes [np * BT][KP] (halves) at src into FO_SW's layout at dst (q A's planes
+// K-major for wgmma, k D's MN-major: the same rows; SCAN_O_MC's lie as gda_plane_at's, copied
+// as they are) by thread tid of NW warps: row r's 8 keys from c8 (16 bytes) to
+//   r / BT * FPB + c8 / 64 * BT * 128 + r % BT * 128 + (c8 / 8 % 8 ^ r % 8) * 16.
+// Each 8 lanes a row's 128-byte line (into one row of shared memory, all 32 banks), a warp 4
+// rows, a thread's rows of a plane r0 + d, with r0 < STEP = NW / LINES * 4 (4, or a multiple of
+// 8, dividing BT) and d a multiple of STEP: so r % BT = r0 + d and r % 8 = r0 % 8 ^ d % 8 (d % 8
+// is 0, or 4 where STEP is 4), and a thread's copies of a plane are two shared addresses and a
+// global one, each plus constants (the copies' immediates): v57, where the division,
+// remainders and 64-bit sums of each copy's addresses were 25 instructions a copy, most of the
+// producer's. (The planes' loop is not unrolled, so that no copy's address is invariant over a
+// block's chunks: hoisted out of them, the producer's 64 registers would not hold them all.)
+template <int NW>
+__device__ __forceinline__ void gda_wg_copy_planes(int tid, int np, unsigned dst, const unsigned short* src) {
     constexpr int LINES = KP / 64, STEP = NW / LINES * 4;   // a row's lines; rows between a thread's
-    static_assert(KP % 64 == 0 && NW % LINES == 0 && BT % STEP == 0, "gda_wg_rows: whole lines");
+    static_assert(KP % 64 == 0 && NW % LINES == 0 && BT % STEP == 0 && (STEP == 4 || STEP % 8 == 0),
+                  "gda_wg_copy_planes: whole lines, rows 4 or a multiple of 8 apart");
     const int lane = tid % 32, w = tid / 32;
-    const int c8 = (w % LINES * 8 + lane % 8) * 8;
-    for (int r = w / LINES * 4 + lane / 8; r < np * BT; r += STEP) f(r, c8);
+    const int c8 = (w % LINES * 8 + lane % 8) * 8, r0 = w / LINES * 4 + lane / 8;
+    const unsigned sw = (c8 / 8 % 8 ^ r0 % 8) * 16;
+    unsigned at = dst + c8 / 64 * BT * 128 + r0 * 128;  // (a plane's first row of the thread's)
+    const unsigned short* s = src + r0 * KP + c8;
+    #pragma unroll 1
+    for (int p = 0; p < np; ++p, at += FPB, s += BT * KP) {
+        const unsigned at0 = at + sw, at4 = at + (sw ^ 64);  // (rows r0 % 8 and r0 % 8 ^ 4)
+        #pragma unroll
+        for (int d = 0; d < BT; d += STEP)
+            gda_cp16_at((d % 8 ? at4 : at0) + d * 128, s + d * KP);
+    }
 }
 
 // f(j, r, key, col) for each of a thread's elements of S^T in scan_o, element r of tile j: S's
@@ -2466,16 +2485,6 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
     unsigned char* const sk = sq + FO_O * 2 * FPB;                       // k D [TERMS][FPB]
     unsigned char* const sp = sk + TERMS * FPB;                          // scale W's h, m
     unsigned short* const sv = reinterpret_cast<unsigned short*>(sp + FO_O * 4 * BT * BT);  // v [BT][FVL]
-#if FO_SW                                               // (SCAN_O_MC: as gda_plane_at's, copied)
-    // (plane, step) r and 8 keys from c8 of q A, k D: their 16 bytes in FO_SW's layout (q A's
-    // K-major for wgmma, k D's MN-major: the same rows)
-    const auto at_sw = [&](const unsigned char* pl, int r, int c8) {
-        return gda_shared_at(pl + r / BT * FPB + c8 / 64 * BT * 128 + r % BT * 128
-                             + (c8 / 8 % 8 ^ r % 8) * 16);
-    };
-    const auto at_q = [&](int r, int c8) { return at_sw(sq, r, c8); };
-    const auto at_k = [&](int r, int c8) { return at_sw(sk, r, c8); };
-#endif
 #else
     unsigned short* const sq = reinterpret_cast<unsigned short*>(f_sm);  // scale q A [2][BT][FQL]
     unsigned short* const sk = sq + 2 * BT * FQL;                        // k D [2][BT][FQL]
@@ -2567,11 +2576,9 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
         static_assert(FO_HALVES == 2, "SCAN_O_WG's producer: o^T's halves apart (no block barrier)");
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(FO_REGS_PRODUCER));
         // a chunk's two planes of q A (kd false) or k D at src into FO_SW's layout (rows r:
-        // plane * BT + step; in gda_wg_rows' order, as stage_planes copies them)
+        // plane * BT + step; in gda_wg_copy_planes' order, as stage_planes copies them)
         const auto planes = [&](bool kd, const unsigned short* src) {
-            gda_wg_rows<FO_PT / 32>(pt, 2, [&](int r, int c8) {
-                gda_cp16_at(kd ? at_k(r, c8) : at_q(r, c8), src + (long long)r * KP + c8);
-            });
+            gda_wg_copy_planes<FO_PT / 32>(pt, 2, gda_shared_at(kd ? sk : sq), src);
         };
 #else
         const auto planes = [&](bool kd, const unsigned short* src) {   // (16 bytes a copy)
@@ -2619,12 +2626,10 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 
 #if !SCAN_O_MC && !FO_PRODUCER
     // the first np planes of q A (kd false) or k D of a chunk at src, to at_q or at_k (rows r:
-    // plane * BT + step; with SCAN_O_WG in gda_wg_rows' order)
+    // plane * BT + step; with SCAN_O_WG in gda_wg_copy_planes' order)
     const auto stage_planes = [&](bool kd, const unsigned short* src, int np) {
 #if SCAN_O_WG
-        gda_wg_rows<NTF / 32>(threadIdx.x, np, [&](int r, int c8) {
-            gda_cp16_at(kd ? at_k(r, c8) : at_q(r, c8), src + (long long)r * KP + c8);
-        });
+        gda_wg_copy_planes<NTF / 32>(threadIdx.x, np, gda_shared_at(kd ? sk : sq), src);
 #else
         gda_grid_each<2 * BT, KP / 8, NTF>([&](int r0, int dr, int c) {   // (np = TERMS = 2)
             gda_cp16_at((kd ? at_k(r0, 8 * c) : at_q(r0, 8 * c)) + 2 * dr * FQL,
