@@ -2,7 +2,8 @@
 regime, gates above 1 too: the forward (scripts/chunk_exact.py) that the tensor-core kernel
 follows, the backward (scripts/chunk_backward_exact.py) a chunked backward kernel would, the
 sub-block form of that backward's intra-chunk sums (scripts/intra_blocks_exact.py), and the
-scores' W with its diagonal blocks anchored at sub-blocks (scripts/scores_subanchors_exact.py)."""
+scores' W with its diagonal blocks anchored at sub-blocks (scripts/scores_subanchors_exact.py);
+and one address map, scan_o's copies of the planes into wgmma's swizzled layout."""
 import numpy as np
 import pytest
 
@@ -199,3 +200,38 @@ def test_scores_diagonal_pairs_take_every_pair_once(C, DP, gate):
                                atol=1e-12 * max(1, np.abs(want).max()))
     assert (got[~upper] == 0).all() and np.isnan(got[upper & ~blocks]).all()
 
+
+
+def _wg_copy_planes(KP, NW, NP, BT=64):
+    """kernels/gda_chunk_bwd.cu's gda_wg_copy_planes as its NW warps' threads run it: each
+    16-byte copy's (shared byte offset, offset in the planes in halves), in order."""
+    LINES, FPB = KP // 64, BT * KP * 2
+    STEP = NW // LINES * 4
+    copies = []
+    for tid in range(32 * NW):
+        lane, w = tid % 32, tid // 32
+        c8, r0 = (w % LINES * 8 + lane % 8) * 8, w // LINES * 4 + lane // 8
+        sw = (c8 // 8 % 8 ^ r0 % 8) * 16
+        at, s = c8 // 64 * BT * 128 + r0 * 128, r0 * KP + c8
+        for _ in range(NP):
+            at0, at4 = at + sw, at + (sw ^ 64)
+            copies += [((at4 if d % 8 else at0) + d * 128, s + d * KP) for d in range(0, BT, STEP)]
+            at, s = at + FPB, s + BT * KP
+    return copies
+
+
+@pytest.mark.parametrize("NP", [1, 2, 3])
+@pytest.mark.parametrize("KP, NW", [(256, 4), (128, 4), (256, 8), (128, 8)])
+def test_wg_copy_planes_fill_the_swizzled_layout(KP, NW, NP):
+    """scan_o's copies of q A's and k D's planes (v57: a thread's rows r0 + d from two shared
+    addresses and one global plus constants; the producer's 4 warps and the 8 without it, 128
+    and 256 keys, 1 to 3 planes): every 16 bytes of the planes, row r's 8 keys from c8, copied
+    once, to r / BT * FPB + c8 / 64 * BT * 128 + r % BT * 128 + (c8 / 8 % 8 ^ r % 8) * 16,
+    FO_SW's 128-byte swizzle (wgmma's layout). (Rows 4 apart, 256 keys by 4 warps, are the
+    ones whose swizzle takes two values a thread.)"""
+    BT = 64
+    copies = _wg_copy_planes(KP, NW, NP, BT)
+    want = {(r // BT * BT * KP * 2 + c8 // 64 * BT * 128 + r % BT * 128
+             + (c8 // 8 % 8 ^ r % 8) * 16, r * KP + c8)
+            for r in range(NP * BT) for c8 in range(0, KP, 8)}
+    assert len(copies) == len(want) and set(copies) == want
