@@ -201,7 +201,6 @@ def test_scores_diagonal_pairs_take_every_pair_once(C, DP, gate):
     assert (got[~upper] == 0).all() and np.isnan(got[upper & ~blocks]).all()
 
 
-
 def _wg_copy_planes(KP, NW, NP, BT=64):
     """kernels/gda_chunk_bwd.cu's gda_wg_copy_planes as its NW warps' threads run it: each
     16-byte copy's (shared byte offset, offset in the planes in halves), in order."""
