@@ -2625,7 +2625,7 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 #endif
 
 #if !SCAN_O_MC && !FO_PRODUCER
-    // the first np planes of q A (kd false) or k D of a chunk at src, to at_q or at_k (rows r:
+    // the first np planes of q A (kd false) or k D of a chunk at src, into sq or sk (rows r:
     // plane * BT + step; with SCAN_O_WG in gda_wg_copy_planes' order)
     const auto stage_planes = [&](bool kd, const unsigned short* src, int np) {
 #if SCAN_O_WG
