@@ -84,7 +84,8 @@
 //   runs scan_o, V a multiple of 8: scan_o copies v's rows from v itself and checks them for
 //   the guard, and pack writes no plane of v: v43; the build holds no scan and dv entry),
 //   SCAN_O_PRODUCER (0, or 2 or 4 in a forward that keeps nothing, scan_o's mma.sync form
-//   run on sm_90 on: that many warps more copy scan_o's operands: v49),
+//   run on sm_90 on: that many warps more copy scan_o's operands: v49; with SCAN_O_WG and
+//   VROWS scores then stores W as scan_o's wgmma form reads it, W_SPLIT below: v58),
 //   SCAN_DV (1, built for sm_90a, a
 //   backward with PLANES: the scan's backward half and dv's entry as one kernel by wgmma,
 //   gda_chunk_bwd_scan_dv; the scan runs its forward half alone, and none where KEEP), ENTRIES
@@ -124,6 +125,15 @@ static_assert(!SCAN_O_MC || (SCAN_O_WG && FWD && TERMS == 2 && !GDA_HAS(3) && !G
 static_assert(!VROWS || (FWD && TERMS == 2 && V_DIM % 8 == 0 && !GDA_HAS(3) && !GDA_HAS(7)),
               "VROWS: scan_o in a forward that keeps nothing, V a multiple of 8, without the scan "
               "and dv's entry");
+
+#ifndef SCAN_O_PRODUCER
+#define SCAN_O_PRODUCER 0
+#endif
+// (W_SPLIT: W's only reader is scan_o's wgmma form fed by its producer warpgroup, in a forward
+// that keeps nothing: scores stores W as scale W's h, m planes in wgmma's B layout, as scan_o's
+// shared memory holds them, and the producer copies them there as they lie, so that W is split
+// once a chunk, not once a value tile, and not on the products' warps: v58)
+#define W_SPLIT (VROWS && SCAN_O_WG && SCAN_O_PRODUCER && !SCAN_O_MC)
 
 #define GDA_BWD_VAL_MAX 0x1p20f         // the guard: |q|, |k|, |v|, |do| at most this,
 #define GDA_BWD_GATE_MAX 1.09050773f    //   |g| at most 2^(1/8),
@@ -1342,7 +1352,8 @@ __device__ __forceinline__ void gda_scores_planes(
 // the guard on q, k and g, the planes of scale q A and k D (gda_scores_planes: pack's A_t and
 // D_t from the same block products, the same bits) and A_end, over every key column of the
 // planes (KP; the key steps past K's last write zeros only) and every chunk, those of no rows
-// too (zeros, A_end 1: scan_o reads them).
+// too (zeros, A_end 1: scan_o reads them). With W_SPLIT (v58) it then writes W over itself as
+// scan_o's wgmma form reads it: scale W's h, m planes in wgmma's B layout (gda_wg_split_b_over).
 // Its blocks an SM (the launch bounds) and the unroll of its diagonal's key columns: 4 and 2,
 // 123 registers at GLA-1.3B's VROWS build; 5 and 1 fit 96 with no spill (5 and 2 spill 12
 // bytes, 6 and 1 8), so SCORES_BLOCKS and SCORES_DIAG_UNROLL given override them for an A/B
@@ -1575,6 +1586,14 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
     });
     for (int x = threadIdx.x; x < BT * BT; x += NTS)    // below the diagonal (s > u): 0
         if (x / BT > x % BT) w[x] = 0.f;
+#if W_SPLIT
+    // W over itself as scan_o's wgmma form splits it (scale W's h, m planes, element (u, s) =
+    // scale W[s][u]: u the output's step, s the input's), once all of it is stored
+    __syncthreads();
+    gda_wg_split_b_over<BT, BT, NTS>([&](int u, int s) { return __fmul_rn(scale, w[s * BT + u]); },
+                                     [] { __syncthreads(); }, reinterpret_cast<unsigned*>(w),
+                                     reinterpret_cast<unsigned*>(w) + BT * BT / 2, threadIdx.x);
+#endif
     if (VROWS && !(mqk <= GDA_BWD_VAL_MAX && mg <= GDA_BWD_GATE_MAX)) *flag = 1;
 }
 #endif
@@ -2115,7 +2134,8 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 // wgmma: A (S^T's split, v^T) from registers as above, B from shared memory, where q A's and
 // k D's planes land in wgmma's layouts without swizzle (core matrices of 8 rows of 16 bytes,
 // 128 contiguous bytes; q A K-major: n the step, k the key; k D MN-major: n the key, k the
-// step) and W is split into its h, m planes there (gda_wg_split_b) once a chunk: o^T's
+// step) and W is split into its h, m planes there (gda_wg_split_b) once a chunk (W_SPLIT, v58:
+// scores split it, the producer copies its planes, the odd chunks' into W's room): o^T's
 // products are one chain of m64n64k16 a warpgroup, v^T (k D) two of fresh sums (64 keys each).
 // With SCAN_O_WG and three terms (v41) it also stores each chunk's S0 to st (from the
 // accumulators, before the chunk's update), k D's three planes in the update (S0 exact to
@@ -2162,9 +2182,6 @@ extern "C" __global__ void __launch_bounds__(NTG, DV_BLOCKS) gda_chunk_bwd_dv(GD
 // (SCAN_O_PRODUCER, sm_90: perf-notes v49; the wgmma form's too, not as clusters: v52)
 // SCAN_O_PRODUCER warps more copy each chunk's operands into the slots by cp.async, on an
 // mbarrier a slot full and one a slot read; the 8 warps of the products issue no copies
-#ifndef SCAN_O_PRODUCER
-#define SCAN_O_PRODUCER 0
-#endif
 #define FO_PRODUCER (SCAN_O_PRODUCER && !SCAN_O_MC && __CUDA_ARCH__ >= 900)
 #define FO_PT (FO_PRODUCER ? 32 * SCAN_O_PRODUCER : 0)  // the producer's threads
 // (SCAN_O_WG, not as clusters) q A's and k D's planes in the 128-byte swizzle: a plane's 64-key
@@ -2211,6 +2228,17 @@ __device__ __forceinline__ void gda_stage_w(float* sw, const float* ww, long lon
     gda_grid_each_at<BT, BT / 4, NT>(tid, [&](int r0, int dr, int c) {
         gda_cp16_at(d + 4 * (r0 * FWL + 4 * c) + 4 * dr * FWL, w + r0 * BT + 4 * c + dr * BT);
     });
+}
+
+// (W_SPLIT) scan_o's producer's cp.async of chunk b's W as scores left it (scale W's h, m
+// planes, gda_wg_split_b_over) into dst (a shared address), as it lies: 16 bytes a copy
+template <int NT>
+__device__ __forceinline__ void gda_stage_w_split(unsigned dst, const float* ww, long long b,
+                                                  unsigned tid) {
+    static_assert(BT * BT / 4 % NT == 0, "W's planes: as many 16-byte copies a thread");
+    const float* const w = ww + b * BT * BT + 4 * tid;
+    #pragma unroll
+    for (int i = 0; i < BT * BT / 4 / NT; ++i) gda_cp16_at(dst + 16 * (tid + i * NT), w + 4 * i * NT);
 }
 
 // scan_o's and scan_dv's cp.async of a chunk's FV columns from n0 of a plane of v or do (src,
@@ -2503,6 +2531,13 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
     float* const so = sa + KP;                                           // o^T's halves [2][FV][FOL]
 #endif
     const unsigned sv_at = gda_shared_at(sv);
+#if W_SPLIT
+    // chunk c's W planes (scores', as they lie): in sp for an even c, in sw's room for an odd
+    // one (17,408 bytes, 16-byte aligned), so that the producer copies the next chunk's while
+    // this chunk's o reads its own; a chunk's o by wgmma is done before the next chunk starts
+    static_assert(FO_PRODUCER && FO_O && FWL >= BT, "W_SPLIT: scan_o's wgmma form with its producer");
+    const auto wsplit = [&](long long c) { return gda_shared_at((c & 1) ? (void*)sw : (void*)sp); };
+#endif
     unsigned dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     if (dyn < FO_BYTES) __trap();                       // (the launcher's scan_o_smem is wrong)
@@ -2597,7 +2632,11 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
                 gda_stage_v_rows<FO_PT>(sv, v, gda_chunk_at(b, T, H, NC, cu_seqlens, coff, N), n0, pt);
             else
                 gda_stage_vw<false, FO_PT>(sv, gda_planes_at(pl, NB, b).v, n0, sw, ww, b, pt);
+#if W_SPLIT
+            gda_stage_w_split<FO_PT>(wsplit(b - nh * NC), ww, b, pt);
+#else
             gda_stage_w<FO_PT>(sw, ww, b, pt);
+#endif
         };
         if (FO_EARLY && cend > 0) vw(nh * NC);          // (FO_EARLY: each next one's below)
         for (long long c = 0; c < cend; ++c) {
@@ -2705,15 +2744,18 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 #if !FO_PRODUCER                                        //  copies, seen through the mbarrier)
             __syncthreads();
 #endif
-            gda_wg_split_b<BT, BT, NTF, false>([&](int u, int t) { return scale * sw[t * FWL + u]; },
-                                               reinterpret_cast<unsigned*>(sp),
-                                               reinterpret_cast<unsigned*>(sp + 2 * BT * BT), threadIdx.x);
+#if !W_SPLIT                                            // (W_SPLIT: split by scores)
+            gda_wg_split_b<BT, BT, NTF, false>(
+                [&](int u, int t) { return __fmul_rn(scale, sw[t * FWL + u]); },
+                reinterpret_cast<unsigned*>(sp), reinterpret_cast<unsigned*>(sp + 2 * BT * BT),
+                threadIdx.x);
             gda_proxy_fence();
+#endif
         }
 #endif
 #if !FO_PRODUCER
         __syncthreads();
-#elif SCAN_O_WG
+#elif SCAN_O_WG && !W_SPLIT
         gda_bar_sync(1, NTF);                           // (W's split planes, every compute warp's)
 #endif
         unsigned fv[NBK][4];                           // v^T's A fragments, a k-step of steps each
@@ -2723,16 +2765,20 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
                                              + vr + lane / 8 % 2 * 8));
 #if FO_EARLY
         __syncwarp();                                   // (v and W read: W's planes split
-        if (lane == 0) gda_mbar_arrive(bar_rw);         //  before the named barrier above)
-#endif
+        if (lane == 0) gda_mbar_arrive(bar_rw);         //  before the named barrier above, or
+#endif                                                  //  W_SPLIT's in the other buffer)
         if constexpr (VROWS) gda_fv_absmax(vmax, fv, kh);   // (the guard on v: pack's without)
 #if SCAN_O_WG
         if constexpr (FO_S0)                            // S0, for the backward
             gda_so_put<K_DIM != KP>(s, st + b * K_DIM * V_DIM, key0, col0);
         if constexpr (FO_O) {                           // scale W^T v + S^T (scale q A)^T
             float o[BT / 8][4] = {};                    // o^T: [step tile][C fragment]
-            gda_wg_o<FO_SW>(o, s, fv, kh, gda_shared_at(sp),
-                            gda_shared_at(sq) + (FO_SW ? kb * BT * 2 : kb * 16));
+#if W_SPLIT
+            const unsigned wp = wsplit(c);
+#else
+            const unsigned wp = gda_shared_at(sp);
+#endif
+            gda_wg_o<FO_SW>(o, s, fv, kh, wp, gda_shared_at(sq) + (FO_SW ? kb * BT * 2 : kb * 16));
             gda_fo_halves<FO_HALVES>(so, o, kh, vr + g8, tq);
         }
 #if FO_PRODUCER

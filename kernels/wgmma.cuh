@@ -153,6 +153,14 @@ __device__ __forceinline__ void gda_wg_frag_a(F f, int lane, unsigned (&hi)[4], 
 #endif
 }
 
+// The row n and the 4-byte word w (along k) of B's layout above at word 32 c + lane (core c)
+template <int KD>
+__device__ __forceinline__ void gda_wg_b_word(int c, int lane, int& n, int& w) {
+    constexpr int W = GDA_WG_WORDS(KD);
+    n = 8 * (c / (W / 4)) + (lane >> 2);
+    w = 4 * (c % (W / 4)) + (lane & 3);
+}
+
 // B [N][KD] (element (n, kk) = f(n, kk), fp32) split into hi and lo (no lo when EXACT and BF16:
 // a bf16 input) at
 // b_hi, b_lo in the layout above, by the NTHR threads tid: a warp writes one core matrix (its
@@ -161,10 +169,11 @@ template <int N, int KD, int NTHR, bool EXACT, typename F>
 __device__ __forceinline__ void gda_wg_split_b(F f, unsigned* b_hi, unsigned* b_lo, int tid) {
     constexpr int W = GDA_WG_WORDS(KD), CORES = (N / 8) * (W / 4);
     static_assert(N % 8 == 0 && KD % (2 * GDA_WG_KC) == 0, "B: whole core matrices, whole k-steps");
-    const int lane = tid & 31, rn = lane >> 2, rw = lane & 3;
+    const int lane = tid & 31;
     #pragma unroll 2
     for (int c = tid >> 5; c < CORES; c += NTHR / 32) {
-        const int n = 8 * (c / (W / 4)) + rn, w = 4 * (c % (W / 4)) + rw;
+        int n, w;
+        gda_wg_b_word<KD>(c, lane, n, w);
         unsigned hi, lo;
 #if GDA_BF16
         gda_split2<EXACT>(f(n, 2 * w), f(n, 2 * w + 1), hi, lo);
@@ -173,6 +182,36 @@ __device__ __forceinline__ void gda_wg_split_b(F f, unsigned* b_hi, unsigned* b_
 #endif
         b_hi[32 * c + lane] = hi;
         if constexpr (!(EXACT && GDA_BF16)) b_lo[32 * c + lane] = lo;
+    }
+}
+
+// gda_wg_split_b's planes (BF16, not EXACT) where they overwrite f's own source (scores' W in
+// global memory, W_SPLIT): each thread reads all its elements first (2 CORES / (NTHR / 32)
+// floats), then sync() (a barrier of the NTHR: no plane's word is written while any thread may
+// still read the element it overwrites), then writes their words
+template <int N, int KD, int NTHR, typename F, typename S>
+__device__ __forceinline__ void gda_wg_split_b_over(F f, S sync, unsigned* b_hi, unsigned* b_lo,
+                                                    int tid) {
+    constexpr int CORES = (N / 8) * (GDA_WG_WORDS(KD) / 4), EACH = CORES / (NTHR / 32);
+    static_assert(GDA_BF16 && N % 8 == 0 && KD % (2 * GDA_WG_KC) == 0 && CORES % (NTHR / 32) == 0,
+                  "B over its source: bfloat16, whole core matrices and k-steps, as many a warp");
+    const int lane = tid & 31;
+    float x[EACH][2];
+    #pragma unroll
+    for (int i = 0; i < EACH; ++i) {
+        int n, w;
+        gda_wg_b_word<KD>((tid >> 5) + i * (NTHR / 32), lane, n, w);
+        x[i][0] = f(n, 2 * w);
+        x[i][1] = f(n, 2 * w + 1);
+    }
+    sync();
+    #pragma unroll
+    for (int i = 0; i < EACH; ++i) {
+        const int c = (tid >> 5) + i * (NTHR / 32);
+        unsigned hi, lo;
+        gda_split2<false>(x[i][0], x[i][1], hi, lo);
+        b_hi[32 * c + lane] = hi;
+        b_lo[32 * c + lane] = lo;
     }
 }
 

@@ -486,7 +486,9 @@ def test_gpu_scan_o_producer_is_bit_for_bit_scan_o(case, wg, monkeypatch):
     case: cut tiles, packed sequences, v's rows from v and from its plane, 2 warps above 128
     keys and 4 at 128 or fewer; sm_90 on). wgmma: scan_o's wgmma form (chunks of 64; the
     cases whose planes are of 128 or 256 keys, planes_config's rule), with a warpgroup of
-    producer warps whose registers setmaxnreg gives to the products (v52)."""
+    producer warps whose registers setmaxnreg gives to the products (v52); where v's rows come
+    from v (VROWS), W split by scores and copied as it lies, not split by scan_o (W_SPLIT, v58):
+    the same words."""
     import cupy
     from cupy_gda import chunk_bwd
     if int(cupy.cuda.Device().compute_capability) < 90:
@@ -515,8 +517,9 @@ def test_gpu_scan_o_producer_is_bit_for_bit_scan_o(case, wg, monkeypatch):
 def test_gpu_forward_from_planes_takes_the_scale(case, bt64, monkeypatch):
     """The forward that keeps nothing (scan_o where it fits, its rule's minimum of blocks set
     aside; by wgmma on a Hopper GPU with chunks of 64 steps; bt64-mc: and as clusters) at a
-    scale other than 1, which pack bakes into q A's planes and scan_o into W as it splits it: o
-    and the final state within the contract against the references at that scale."""
+    scale other than 1, which pack bakes into q A's planes and scan_o (with W_SPLIT scores) into
+    W as it splits it: o and the final state within the contract against the references at that
+    scale."""
     import cupy
     from cupy_gda import chunk_bwd
     monkeypatch.setattr(chunk_bwd, "SCAN_O_FROM", 0)
