@@ -2238,7 +2238,8 @@ __device__ __forceinline__ void gda_stage_w_split(unsigned dst, const float* ww,
     static_assert(BT * BT / 4 % NT == 0, "W's planes: as many 16-byte copies a thread");
     const float* const w = ww + b * BT * BT + 4 * tid;
     #pragma unroll
-    for (int i = 0; i < BT * BT / 4 / NT; ++i) gda_cp16_at(dst + 16 * (tid + i * NT), w + 4 * i * NT);
+    for (int i = 0; i < BT * BT / 4 / NT; ++i)
+        gda_cp16_at(dst + 16 * (tid + i * NT), w + 4 * i * NT);
 }
 
 // scan_o's and scan_dv's cp.async of a chunk's FV columns from n0 of a plane of v or do (src,
@@ -2535,7 +2536,8 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
     // chunk c's W planes (scores', as they lie): in sp for an even c, in sw's room for an odd
     // one (17,408 bytes, 16-byte aligned), so that the producer copies the next chunk's while
     // this chunk's o reads its own; a chunk's o by wgmma is done before the next chunk starts
-    static_assert(FO_PRODUCER && FO_O && FWL >= BT, "W_SPLIT: scan_o's wgmma form with its producer");
+    static_assert(FO_PRODUCER && FO_O && FWL >= BT,
+                  "W_SPLIT: scan_o's wgmma form with its producer warpgroup, o made");
     const auto wsplit = [&](long long c) { return gda_shared_at((c & 1) ? (void*)sw : (void*)sp); };
 #endif
     unsigned dyn;
