@@ -2354,18 +2354,12 @@ __device__ __forceinline__ void gda_fo_halves(float* so, const float (&o)[BT / 8
 // w, K-major, 16 BT bytes between 8 rows' cores) + x^T P^T (A: the state x^T split into h + m
 // a k-step, the C layout being the A layout; B: the K-major planes h, m at p, FQS between 8
 // steps' cores, FPB apart; SW: in the 128-byte swizzle, panels of 64 keys BT rows of 128
-// bytes each, p the half's first; m h, h m, h h): one chain, committed, waited for.
+// bytes each, p the half's first; m h, h m, h h): one chain, committed, waited for. x^T is
+// split while W's products run (a second fence before its own: v59).
 template <bool SW = false>
 __device__ __forceinline__ void gda_wg_o(float (&o)[8][4], const float (&x)[KH / 8][4],
                                          const unsigned (&f)[NBK][4], int kh, unsigned w, unsigned p)
 {
-    unsigned ah[KH / 16][4], am[KH / 16][4];            // x^T's A fragments, every k-step
-    #pragma unroll
-    for (int kk = 0; kk < KH / 16; ++kk)
-        #pragma unroll
-        for (int i = 0; i < 4; ++i)
-            gda_split2<false>(x[2 * kk + i / 2][2 * (i % 2)], x[2 * kk + i / 2][2 * (i % 2) + 1],
-                              ah[kk][i], am[kk][i]);
     unsigned aw[NBK / 2][4];                            // this half's of f (selected, not branched
     #pragma unroll                                      //  on: ptxas serializes a wgmma in a
     for (int i = 0; i < NBK / 2; ++i)                   //  branch it cannot prove uniform)
@@ -2379,6 +2373,14 @@ __device__ __forceinline__ void gda_wg_o(float (&o)[8][4], const float (&x)[KH /
         gda_wgmma_rs<0>(o, aw[i], gda_wg_desc(w + 2 * BT * BT + 256 * i, 16 * BT), 1);
         gda_wgmma_rs<0>(o, aw[i], gda_wg_desc(w + 256 * i, 16 * BT), 1);
     }
+    unsigned ah[KH / 16][4], am[KH / 16][4];            // x^T's A fragments, every k-step
+    #pragma unroll
+    for (int kk = 0; kk < KH / 16; ++kk)
+        #pragma unroll
+        for (int i = 0; i < 4; ++i)
+            gda_split2<false>(x[2 * kk + i / 2][2 * (i % 2)], x[2 * kk + i / 2][2 * (i % 2) + 1],
+                              ah[kk][i], am[kk][i]);
+    gda_wg_fence();                                     // (ah, am written: before their products)
     const auto q = [&](int kk, int e) {                 // k-step kk of plane e (0: h, 1: m)
         return SW ? gda_wg_desc_sw(p + e * FPB + kk / 4 * BT * 128 + kk % 4 * 32, 1024)
                   : gda_wg_desc(p + e * FPB + 256 * kk, FQS);
@@ -2397,11 +2399,14 @@ __device__ __forceinline__ void gda_wg_o(float (&o)[8][4], const float (&x)[KH /
 // x^T += f^T B over k-steps sg0 .. sg1 - 1 (A: f[sg]; B: the P MN-major planes at base, FKS
 // between 8 keys' cores, FPB apart, the small terms first; SW: in the 128-byte swizzle, as
 // gda_wg_o's): a chain of fresh sums a 64 keys (KH / 64 of them in d, whatever d held: the
-// first product does not add; one wgmma group each), each added to x as its group ends (the
-// first while the second runs)
-template <int P, bool SW = false>
+// first product does not add; one wgmma group each), each put into x as its group ends (the
+// first while the second runs) as x = put(j, r, x, d) for x's element r of tile j; between()
+// runs once all are issued, before the first wait (scan_o: the guard on S0 and o's store while
+// the products run, v59)
+template <int P, bool SW = false, typename B, typename U>
 __device__ __forceinline__ void gda_wg_state(float (&x)[KH / 8][4], const unsigned (&f)[NBK][4],
-                                             unsigned base, int sg0, int sg1, float (&d)[KH / 64][8][4])
+                                             unsigned base, int sg0, int sg1, float (&d)[KH / 64][8][4],
+                                             B between, U put)
 {
     #pragma unroll
     for (int h = 0; h < KH / 64; ++h) gda_wg_pin<8>(d[h]);
@@ -2418,6 +2423,7 @@ __device__ __forceinline__ void gda_wg_state(float (&x)[KH / 8][4], const unsign
                                 sg != sg0 || e != P - 1);
         gda_wg_commit();
     }
+    between();
     #pragma unroll
     for (int h = 0; h < KH / 64; ++h) {
         if (h + 1 < KH / 64) gda_wg_wait<1>();          // (at most two chains: KH <= 128)
@@ -2426,7 +2432,7 @@ __device__ __forceinline__ void gda_wg_state(float (&x)[KH / 8][4], const unsign
         #pragma unroll
         for (int i = 0; i < 8; ++i)
             #pragma unroll
-            for (int r = 0; r < 4; ++r) x[8 * h + i][r] += d[h][i][r];
+            for (int r = 0; r < 4; ++r) x[8 * h + i][r] = put(8 * h + i, r, x[8 * h + i][r], d[h][i][r]);
     }
 }
 #endif
@@ -2784,8 +2790,8 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
             gda_fo_halves<FO_HALVES>(so, o, kh, vr + g8, tq);
         }
 #if FO_PRODUCER
-        gda_bar_sync(1, NTF);                           // (o^T's halves in; slot A read)
-        if (lane == 0) gda_mbar_arrive(bar_ra);
+        __syncwarp();                                   // (slot A read: the warp's products done;
+        if (lane == 0) gda_mbar_arrive(bar_ra);         //  o^T's halves meet before o's store)
 #else
         __syncthreads();                                // (slot A read: the next chunk's copies)
 #endif
@@ -2795,7 +2801,6 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 #if !FO_PRODUCER
         issue_a(c + 1);
 #endif
-        if constexpr (FO_O) gda_fo_store<FO_HALVES>(so, ch, n0, dv);   // o
 #else
         float o[BT / 8][4] = {};                        // o^T: [step tile][C fragment]
         #pragma unroll
@@ -2866,12 +2871,28 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 #if !FO_PRODUCER
         __syncthreads();
 #endif
-        gda_so_decay(s, sa, key0, smax);                // the guard on S0, then S0 diag(A_end)
-#if SCAN_O_WG                                            // + v^T (k D): fresh sums of 64 keys
-        float d[KH / 64][8][4] = {};                    // (its first product does not add)
+#if SCAN_O_WG
+        // S0 diag(A_end) + v^T (k D), one rounding (S0's fused product with A_end: the
+        // instruction NVVM made of the decay and the add where nothing stood between them): v^T
+        // (k D) as fresh sums of 64 keys (the first product does not add); while they run, the
+        // guard on S0, A_end of the thread's keys, and o's store (v59: the products wait for none)
+        float d[KH / 64][8][4] = {};
+        float ae[KH / 8][2];                            // A_end of keys key0 + 8 j + e
         gda_wg_state<TERMS, FO_SW>(s, fv, gda_shared_at(sk) + (FO_SW ? kb * BT * 2 : kb / 8 * FKS),
-                                   0, NBK, d);
+                                   0, NBK, d, [&] {
+            gda_so_each(key0, 0, [&](int j, int r, int key, int) {
+                gda_absmax(smax, s[j][r]);
+                if (r < 2) ae[j][r] = sa[key];
+            });
+            if constexpr (FO_O) {
+#if FO_PRODUCER
+                gda_bar_sync(1, NTF);                   // (o^T's halves in)
+#endif
+                gda_fo_store<FO_HALVES>(so, ch, n0, dv);    // o
+            }
+        }, [&](int j, int r, float x, float y) { return __fmaf_rn(x, ae[j][r & 1], y); });
 #else
+        gda_so_decay(s, sa, key0, smax);                // the guard on S0, then S0 diag(A_end)
         #pragma unroll
         for (int j0 = 0; j0 < KH / 8; j0 += 4) {        // + v^T (k D), 4 tiles at a time
             float d[4][4] = {};
@@ -3094,7 +3115,8 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
         float d[KH / 64][8][4] = {};                    // + do^T (scale q A): a k-step's planes
         #pragma unroll                                  //  l, m, h into fresh sums, added after
         for (int sg = 0; sg < NBK; ++sg)
-            gda_wg_state<TERMS>(s, fd, gda_shared_at(sq) + kb / 8 * FKS, sg, sg + 1, d);
+            gda_wg_state<TERMS>(s, fd, gda_shared_at(sq) + kb / 8 * FKS, sg, sg + 1, d, [] {},
+                                [](int, int, float x, float y) { return x + y; });
         __syncthreads();                                // (slot B read: the next chunk's copies)
         issue_b(next_b);
         next_b.next();
