@@ -1352,8 +1352,10 @@ __device__ __forceinline__ void gda_scores_planes(
 // the guard on q, k and g, the planes of scale q A and k D (gda_scores_planes: pack's A_t and
 // D_t from the same block products, the same bits) and A_end, over every key column of the
 // planes (KP; the key steps past K's last write zeros only) and every chunk, those of no rows
-// too (zeros, A_end 1: scan_o reads them). With W_SPLIT (v58) it then writes W over itself as
-// scan_o's wgmma form reads it: scale W's h, m planes in wgmma's B layout (gda_wg_split_b_over).
+// too (zeros, A_end 1: scan_o reads them). With W_SPLIT (v58) it writes W as scan_o's wgmma
+// form reads it: scale W's h, m planes in wgmma's B layout (gda_wg_split_b), split from W's
+// rows in shared memory, where the key steps' arrays were (v60; v58 wrote W, read it back and
+// wrote it over itself).
 // Its blocks an SM (the launch bounds) and the unroll of its diagonal's key columns: 4 and 2,
 // 123 registers at GLA-1.3B's VROWS build; 5 and 1 fit 96 with no spill (5 and 2 spill 12
 // bytes, 6 and 1 8), so SCORES_BLOCKS and SCORES_DIAG_UNROLL given override them for an A/B
@@ -1382,11 +1384,21 @@ constexpr bool SCORES_PF = SCORES_PREFETCH && sizeof(io::t) == 2 && K_DIM % 8 ==
                            && (sizeof(gt::t) == 2 || (BT == 64 && DV_TERMS == 2 && __CUDA_ARCH__ >= 900));
 extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_scores(GDA_CHUNK_BWD_PARAMS)
 {
+#if W_SPLIT
+    // (W_SPLIT) the key steps' four arrays below in one, which holds W once they are done (v60)
+    constexpr int KG = 2 * KI * (BT + 1);               // (b_kg's floats)
+    __shared__ __align__(16) float b_keys[KG + 3 * KI * QP];
+    float2 (&b_kg)[KI][BT + 1] = *reinterpret_cast<float2 (*)[KI][BT + 1]>(b_keys);
+    float (&b_q)[KI][QP] = *reinterpret_cast<float (*)[KI][QP]>(b_keys + KG);
+    float (&b_sp)[KI][QP] = *reinterpret_cast<float (*)[KI][QP]>(b_keys + KG + KI * QP);
+    float (&b_pr)[KI][QP] = *reinterpret_cast<float (*)[KI][QP]>(b_keys + KG + 2 * KI * QP);
+#else
     __shared__ float2 b_kg[KI][BT + 1];                 // (k, g) by key column (padded: its
                                                         //   stores are by key column)
     __shared__ float b_q[KI][QP];                       // (by key column, as b_kg)
     __shared__ float b_sp[KI][QP];                      // P(s+1..end of s's block)
     __shared__ float b_pr[KI][QP];                      // P(start of u's block..u)
+#endif
     __shared__ float b_gb[NBK][KI];                     // P(the whole block)
     // (W's terms are DV_TERMS: dv's entry, the only stage that reads W, o in the forward)
     __shared__ unsigned b_ka[DV_TERMS][KAR > 0 ? KAR : 1][KW];  // anchored keys, tau = 1..
@@ -1569,7 +1581,17 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
                 unsigned* const pk = reinterpret_cast<unsigned*>(gda_plane_at<true>(pc.k, t, i));
                 pq[0] = pq[BT * KP / 2] = pk[0] = pk[BT * KP / 2] = 0u;
             });
-    float* w = ww + b * BT * BT;
+#if W_SPLIT
+    // W [BT][WL] in shared memory (rows 16-byte aligned; the split's reads, 8 rows apart a
+    // lane's 4, without bank conflicts), once every key step's reads are done
+    constexpr int WL = BT + 4;
+    static_assert(BT * WL <= KG + 3 * KI * QP, "W_SPLIT: W's stage within the key steps' arrays");
+    float* const w = b_keys;
+    __syncthreads();
+#else
+    constexpr int WL = BT;                              // (W's rows in global memory)
+    float* const w = ww + b * BT * BT;
+#endif
     #pragma unroll
     for (int o = 1; o < DP; o *= 2)                     // the parts' sums, in every part
         #pragma unroll
@@ -1578,21 +1600,21 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
         #pragma unroll
         for (int j = 0; j < ND; ++j)
             if (j % DP == part)
-                w[(s0 + (j <= u ? u - j : 16 - j)) * BT + s0 + (j <= u ? u : 15 - u)] = wd[j];
+                w[(s0 + (j <= u ? u - j : 16 - j)) * WL + s0 + (j <= u ? u : 15 - u)] = wd[j];
     gda_score_tiles(warp, [&](int slot, int tau, int sg, int jn) {
         const int s = 16 * sg + g8, uc = 16 * tau + 8 * jn + 2 * t4;
-        *reinterpret_cast<float2*>(w + s * BT + uc) = make_float2(acc[slot][0], acc[slot][1]);
-        *reinterpret_cast<float2*>(w + (s + 8) * BT + uc) = make_float2(acc[slot][2], acc[slot][3]);
+        *reinterpret_cast<float2*>(w + s * WL + uc) = make_float2(acc[slot][0], acc[slot][1]);
+        *reinterpret_cast<float2*>(w + (s + 8) * WL + uc) = make_float2(acc[slot][2], acc[slot][3]);
     });
     for (int x = threadIdx.x; x < BT * BT; x += NTS)    // below the diagonal (s > u): 0
-        if (x / BT > x % BT) w[x] = 0.f;
+        if (x / BT > x % BT) w[WL == BT ? x : x / BT * WL + x % BT] = 0.f;
 #if W_SPLIT
-    // W over itself as scan_o's wgmma form splits it (scale W's h, m planes, element (u, s) =
-    // scale W[s][u]: u the output's step, s the input's), once all of it is stored
+    // W as scan_o's wgmma form splits it, into global memory (scale W's h, m planes, element
+    // (u, s) = scale W[s][u]: u the output's step, s the input's), once all of it is stored
     __syncthreads();
-    gda_wg_split_b_over<BT, BT, NTS>([&](int u, int s) { return __fmul_rn(scale, w[s * BT + u]); },
-                                     [] { __syncthreads(); }, reinterpret_cast<unsigned*>(w),
-                                     reinterpret_cast<unsigned*>(w) + BT * BT / 2, threadIdx.x);
+    unsigned* const wp = reinterpret_cast<unsigned*>(ww + b * BT * BT);
+    gda_wg_split_b<BT, BT, NTS, false>([&](int u, int s) { return __fmul_rn(scale, w[s * WL + u]); },
+                                       wp, wp + BT * BT / 2, threadIdx.x);
 #endif
     if (VROWS && !(mqk <= GDA_BWD_VAL_MAX && mg <= GDA_BWD_GATE_MAX)) *flag = 1;
 }
@@ -2231,7 +2253,7 @@ __device__ __forceinline__ void gda_stage_w(float* sw, const float* ww, long lon
 }
 
 // (W_SPLIT) scan_o's producer's cp.async of chunk b's W as scores left it (scale W's h, m
-// planes, gda_wg_split_b_over) into dst (a shared address), as it lies: 16 bytes a copy
+// planes, gda_wg_split_b) into dst (a shared address), as it lies: 16 bytes a copy
 template <int NT>
 __device__ __forceinline__ void gda_stage_w_split(unsigned dst, const float* ww, long long b,
                                                   unsigned tid) {

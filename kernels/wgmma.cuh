@@ -185,36 +185,6 @@ __device__ __forceinline__ void gda_wg_split_b(F f, unsigned* b_hi, unsigned* b_
     }
 }
 
-// gda_wg_split_b's planes (BF16, not EXACT) where they overwrite f's own source (scores' W in
-// global memory, W_SPLIT): each thread reads all its elements first (2 CORES / (NTHR / 32)
-// floats), then sync() (a barrier of the NTHR: no plane's word is written while any thread may
-// still read the element it overwrites), then writes their words
-template <int N, int KD, int NTHR, typename F, typename S>
-__device__ __forceinline__ void gda_wg_split_b_over(F f, S sync, unsigned* b_hi, unsigned* b_lo,
-                                                    int tid) {
-    constexpr int CORES = (N / 8) * (GDA_WG_WORDS(KD) / 4), EACH = CORES / (NTHR / 32);
-    static_assert(GDA_BF16 && N % 8 == 0 && KD % (2 * GDA_WG_KC) == 0 && CORES % (NTHR / 32) == 0,
-                  "B over its source: bfloat16, whole core matrices and k-steps, as many a warp");
-    const int lane = tid & 31;
-    float x[EACH][2];
-    #pragma unroll
-    for (int i = 0; i < EACH; ++i) {
-        int n, w;
-        gda_wg_b_word<KD>((tid >> 5) + i * (NTHR / 32), lane, n, w);
-        x[i][0] = f(n, 2 * w);
-        x[i][1] = f(n, 2 * w + 1);
-    }
-    sync();
-    #pragma unroll
-    for (int i = 0; i < EACH; ++i) {
-        const int c = (tid >> 5) + i * (NTHR / 32);
-        unsigned hi, lo;
-        gda_split2<false>(x[i][0], x[i][1], hi, lo);
-        b_hi[32 * c + lane] = hi;
-        b_lo[32 * c + lane] = lo;
-    }
-}
-
 // the 32 accumulators of an m64n64 product (d[8][4]) as an asm statement's outputs
 #define GDA_WG_D64(d) \
     "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
