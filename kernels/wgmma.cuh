@@ -153,14 +153,6 @@ __device__ __forceinline__ void gda_wg_frag_a(F f, int lane, unsigned (&hi)[4], 
 #endif
 }
 
-// The row n and the 4-byte word w (along k) of B's layout above at word 32 c + lane (core c)
-template <int KD>
-__device__ __forceinline__ void gda_wg_b_word(int c, int lane, int& n, int& w) {
-    constexpr int W = GDA_WG_WORDS(KD);
-    n = 8 * (c / (W / 4)) + (lane >> 2);
-    w = 4 * (c % (W / 4)) + (lane & 3);
-}
-
 // B [N][KD] (element (n, kk) = f(n, kk), fp32) split into hi and lo (no lo when EXACT and BF16:
 // a bf16 input) at
 // b_hi, b_lo in the layout above, by the NTHR threads tid: a warp writes one core matrix (its
@@ -169,11 +161,10 @@ template <int N, int KD, int NTHR, bool EXACT, typename F>
 __device__ __forceinline__ void gda_wg_split_b(F f, unsigned* b_hi, unsigned* b_lo, int tid) {
     constexpr int W = GDA_WG_WORDS(KD), CORES = (N / 8) * (W / 4);
     static_assert(N % 8 == 0 && KD % (2 * GDA_WG_KC) == 0, "B: whole core matrices, whole k-steps");
-    const int lane = tid & 31;
+    const int lane = tid & 31, rn = lane >> 2, rw = lane & 3;
     #pragma unroll 2
     for (int c = tid >> 5; c < CORES; c += NTHR / 32) {
-        int n, w;
-        gda_wg_b_word<KD>(c, lane, n, w);
+        const int n = 8 * (c / (W / 4)) + rn, w = 4 * (c % (W / 4)) + rw;
         unsigned hi, lo;
 #if GDA_BF16
         gda_split2<EXACT>(f(n, 2 * w), f(n, 2 * w + 1), hi, lo);
