@@ -94,6 +94,9 @@
 #            (carry [".old"], as compare's) interleaved, every build's SASS (cuobjdump), and ncu's
 #            source view (SASS, executed instructions and stall samples a line) of one launch
 #            each of scan_o and scores
+#   l2-rate: install, scripts/l2_rate.py (the L2's rate into the SMs by cp.async, cp.async.bulk and
+#            clusters of 2 multicasting: whether L2's rate binds scan_o, perf-notes v63 and v64),
+#            then the forward's stages of [NAMES (gla1.3b-bf16)] beside it
 #   dist2:   (nvidia-h200-x2) install, the distributed and scan GPU tests (the two-process
 #            ones need the second GPU), then scripts/dist_ranks.py over 2 ranks at B1 T512K H16
 #            K=V=128 against one GPU, CuPy's NCCL and torch.distributed, fp32 and bf16
@@ -115,6 +118,7 @@
 #   bash scripts/device_run.sh <commit> ncu-scan-o [FORMS ("wg mma")]
 #   bash scripts/device_run.sh <commit> wg-producer [NAMES (gla1.3b-bf16,gla340m-bf16)]
 #   bash scripts/device_run.sh <commit> planes-long
+#   bash scripts/device_run.sh <commit> l2-rate [NAMES (gla1.3b-bf16)]
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
 commit="${1:-unknown}"
@@ -606,6 +610,16 @@ if [ "$phase" = "forms" ]; then
             > "$out/forms-$run.txt" 2>&1
         cat "$out/forms-$run.txt"
     done
+    exit 0
+fi
+if [ "$phase" = "l2-rate" ]; then
+    # the L2's ceiling beside scan_o's own rate (2.57 GB into its SMs at GLA-1.3B bf16)
+    timeout 240 python3 -m scripts.l2_rate > "$out/l2-rate.txt" 2>&1
+    echo "l2_rate: rc $?"
+    cat "$out/l2-rate.txt"
+    timeout 200 python3 -m scripts.profile_chunk_bwd "${3:-gla1.3b-bf16}" --forward --stages \
+        > "$out/stages.txt" 2>&1
+    grep -v "^bench" "$out/stages.txt" | head -20
     exit 0
 fi
 if [ "$phase" = "fwdbwd-fla" ]; then

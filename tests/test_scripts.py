@@ -83,6 +83,22 @@ def test_wgmma_probe_builds_for_sm90a_without_a_gpu():
         assert entry.encode() in cubin, entry
 
 
+def test_l2_rate_builds_for_sm90a_without_a_gpu():
+    """scripts/l2_rate.py (the L2's rate into the SMs by cp.async, cp.async.bulk and clusters of
+    2 multicasting, perf-notes v63) builds without a GPU, its three entries in the cubin; the
+    words its check expects are each block's slot 0's last piece's first."""
+    from scripts import l2_rate
+    cubin, log = l2_rate.build()
+    assert cubin[:4] == b"\x7fELF", log
+    assert "warning" not in log.lower(), log
+    for mode in l2_rate.MODES:
+        assert f"gda_l2_{mode}".encode() in cubin, mode
+    # 16 blocks, 10 fills of 4 slots: slot 0's last is fill 8; pieces of groups of 4 blocks
+    words = l2_rate.first_words("bulk", 16, 10, 4, 4, 1000)
+    assert list(words[[0, 3, 4, 15]]) == [8 * 4 * 2048, 8 * 4 * 2048, (1 + 32) * 2048, (3 + 32) * 2048]
+    assert list(l2_rate.first_words("mc2", 4, 5, 8, 4, 3)[:3]) == [(4 * 2) % 3 * 2048] * 2 + [(1 + 8) % 3 * 2048]
+
+
 def test_scores_banks_model_counts_wavefronts():
     """scripts/scores_banks.py: one warp's wavefronts (a bank's most distinct words; 8-byte
     accesses a half-warp at a time), and v51's layout of scores' b_q, b_sp, b_pr against the one
