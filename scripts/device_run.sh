@@ -97,6 +97,9 @@
 #   l2-rate: install, scripts/l2_rate.py (the L2's rate into the SMs by cp.async, cp.async.bulk and
 #            clusters of 2 multicasting: whether L2's rate binds scan_o, perf-notes v63 and v64),
 #            then the forward's stages of [NAMES (gla1.3b-bf16)] beside it
+#   scores-parts: install, scripts/scores_parts.py [NAMES (gla1.3b-bf16,big128-bf16)]: the
+#            forward's stages with parts of scores left out (its diagonal, tiles, split, planes),
+#            each in a process of its own (wrong results on purpose; scores' times are the point)
 #   dist2:   (nvidia-h200-x2) install, the distributed and scan GPU tests (the two-process
 #            ones need the second GPU), then scripts/dist_ranks.py over 2 ranks at B1 T512K H16
 #            K=V=128 against one GPU, CuPy's NCCL and torch.distributed, fp32 and bf16
@@ -119,6 +122,7 @@
 #   bash scripts/device_run.sh <commit> wg-producer [NAMES (gla1.3b-bf16,gla340m-bf16)]
 #   bash scripts/device_run.sh <commit> planes-long
 #   bash scripts/device_run.sh <commit> l2-rate [NAMES (gla1.3b-bf16)]
+#   bash scripts/device_run.sh <commit> scores-parts [NAMES (gla1.3b-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> compare <old commit> [SHAPES (all)] [ROUNDS (1)]
 set -uo pipefail
 commit="${1:-unknown}"
@@ -620,6 +624,13 @@ if [ "$phase" = "l2-rate" ]; then
     timeout 200 python3 -m scripts.profile_chunk_bwd "${3:-gla1.3b-bf16}" --forward --stages \
         > "$out/stages.txt" 2>&1
     grep -v "^bench" "$out/stages.txt" | head -20
+    exit 0
+fi
+if [ "$phase" = "scores-parts" ]; then
+    timeout 540 python3 -m scripts.scores_parts "${3:-gla1.3b-bf16,big128-bf16}" \
+        > "$out/scores-parts.txt" 2>&1
+    echo "scores_parts: rc $?"
+    grep -E "^==|gda_chunk_bwd_scores|from the planes " "$out/scores-parts.txt" | cut -c1-120
     exit 0
 fi
 if [ "$phase" = "fwdbwd-fla" ]; then

@@ -99,6 +99,32 @@ def test_l2_rate_builds_for_sm90a_without_a_gpu():
     assert list(l2_rate.first_words("mc2", 4, 5, 8, 4, 3)[:3]) == [(4 * 2) % 3 * 2048] * 2 + [(1 + 8) % 3 * 2048]
 
 
+def test_scores_parts_edits_match_the_kernel_once_and_build(monkeypatch):
+    """scripts/scores_parts.py's edits of kernels/gda_chunk_bwd.cu (scores' parts left out, an
+    ablation) each match exactly once in today's kernel, so the script cannot time a kernel it
+    did not edit; with all of them made, GLA-1.3B's lean forward build (scores by wgmma's
+    W_SPLIT) compiles for sm_90, scores within its 128 registers; an edit that matches nothing
+    says which."""
+    import functools
+    import sys
+    from scripts import scores_parts as sp
+    text = _compile._read(sp.KERNEL)
+    for parts in sp.VARIANTS.values():
+        sp.edited(text, parts)
+    with pytest.raises(ValueError, match="the edit 'tiles' matches 0 times"):
+        sp.edited("no such kernel", ("tiles",))
+    read = _compile._read
+    monkeypatch.setattr(_compile, "_read", functools.lru_cache(None)(
+        lambda n: sp.edited(read(n), sp.VARIANTS["loads-alone"]) if n == sp.KERNEL else read(n)))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import test_compile
+    case = next(c for c in test_compile.CASES
+                if c.id == "gda_chunk_bwd-sm_90-K256-V512-bf16-g_f32-BT64-KT64-fwd-sowg-vrows")
+    kernel, arch, items = case.values
+    _, res = test_compile._build(kernel, items, arch)
+    assert res["functions"]["gda_chunk_bwd_scores"]["registers"] <= 128, res["log"]
+
+
 def test_scores_banks_model_counts_wavefronts():
     """scripts/scores_banks.py: one warp's wavefronts (a bank's most distinct words; 8-byte
     accesses a half-warp at a time), and v51's layout of scores' b_q, b_sp, b_pr against the one
