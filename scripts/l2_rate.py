@@ -13,8 +13,9 @@ value tiles reading one chunk's planes); mc2's pair is its own sharing.
 
     python -m scripts.l2_rate [--compile-only] [--reps N]
 
-Prints, per row, the median ms of N launches (CUDA events) and two rates: bytes into the SMs a
-second, and bytes read from the L2 (or beyond) a second (mc2: half the first). scan_o at
+Prints, per row, the median ms of N launches (15; CUDA events, as the benchmark times a call:
+bench.measure), two rates (bytes into the SMs a second, and bytes read from the L2 or beyond a
+second: for mc2 half the first) and whether every block's ring holds what it copied. scan_o at
 GLA-1.3B bf16 took 2.57 GB into its SMs in 0.47 ms on an H100, 5.5 TB/s (perf-notes, "scan_o's
 time after v60"): a ceiling near that says L2's rate binds it.
 """
@@ -24,7 +25,7 @@ import tempfile
 
 import numpy as np
 
-from cupy_gda import _compile
+from cupy_gda import _compile, bench
 
 PIECE = 8192
 SRC = r"""
@@ -148,22 +149,6 @@ def first_words(mode, blocks, iters, share, slots, npieces):
     return ((b // group + last * (blocks // group)) % npieces * (PIECE // 4)).astype(np.uint32)
 
 
-def time_ms(launch, reps):
-    """Median ms of ``reps`` launches, each between two CUDA events, after two warm-ups."""
-    import cupy
-    for _ in range(2):
-        launch()
-    times = []
-    for _ in range(reps):
-        a, b = cupy.cuda.Event(), cupy.cuda.Event()
-        a.record()
-        launch()
-        b.record()
-        b.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(a, b))
-    return float(np.median(times))
-
-
 def main(argv):
     cubin, _ = build()
     print(f"built for sm_90a: {len(cubin)} bytes", flush=True)
@@ -171,6 +156,7 @@ def main(argv):
         return 0
     import cupy
     reps = int(argv[argv.index("--reps") + 1]) if "--reps" in argv else 15
+    clock = bench.CupyClock()
     dev = cupy.cuda.Device()
     sms = dev.attributes["MultiProcessorCount"]
     l2 = dev.attributes["L2CacheSize"]
@@ -201,7 +187,7 @@ def main(argv):
                                                    np.int32(share), np.int32(slots), out),
                                shared_mem=slots * PIECE)
                         out.fill(0xFFFFFFFF)
-                        ms = time_ms(launch, reps)
+                        ms = bench.measure(clock, launch, reps, 10.0)["ms"]
                         into = blocks * iters * PIECE / (ms * 1e-3) / 1e12
                         reads = into / 2 if mode == "mc2" else into
                         right = np.array_equal(cupy.asnumpy(out[:blocks]), first_words(
