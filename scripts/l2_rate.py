@@ -115,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(128) __cluster_dims__(2, 1, 1) gda_
                 gda_mbar_wait(empty + 8 * s, (unsigned)(i / slots - 1) & 1);  // and the other's
             }
             gda_mbar_expect(full + 8 * s, PIECE);
-            const long long p = ((long long)(blockIdx.x / 2) + (long long)i * (gridDim.x / 2)) % npieces;
+            const long long p = gda_l2_piece(i, 2, npieces);           // (the pair's piece)
             gda_bulk_multicast(gda_shared_at(ring + s * PIECE) + rank * (PIECE / 2),
                                src + p * PIECE + rank * (PIECE / 2), PIECE / 2, full + 8 * s, 3);
         }

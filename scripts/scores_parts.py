@@ -51,14 +51,15 @@ def edited(text, parts):
     return text
 
 
+def edited_reader(read, parts):
+    """_compile._read's stand-in: ``read`` with the EDITS of ``parts`` made to the kernel."""
+    return functools.lru_cache(maxsize=None)(
+        lambda name: edited(read(name), parts) if name == KERNEL else read(name))
+
+
 def child(variant, names):
     """In this process: gda_chunk_bwd built with ``variant``'s edits, then the forward's stages."""
-    read = _compile._read
-
-    @functools.lru_cache(maxsize=None)
-    def read_edited(name):
-        return edited(read(name), VARIANTS[variant]) if name == KERNEL else read(name)
-    _compile._read = read_edited
+    _compile._read = edited_reader(_compile._read, VARIANTS[variant])
     from scripts import profile_chunk_bwd
     profile_chunk_bwd.main([names, "--forward", "--stages"])
 

@@ -105,7 +105,6 @@ def test_scores_parts_edits_match_the_kernel_once_and_build(monkeypatch):
     did not edit; with all of them made, GLA-1.3B's lean forward build (scores by wgmma's
     W_SPLIT) compiles for sm_90, scores within its 128 registers; an edit that matches nothing
     says which."""
-    import functools
     import sys
     from scripts import scores_parts as sp
     text = _compile._read(sp.KERNEL)
@@ -113,9 +112,8 @@ def test_scores_parts_edits_match_the_kernel_once_and_build(monkeypatch):
         sp.edited(text, parts)
     with pytest.raises(ValueError, match="the edit 'tiles' matches 0 times"):
         sp.edited("no such kernel", ("tiles",))
-    read = _compile._read
-    monkeypatch.setattr(_compile, "_read", functools.lru_cache(None)(
-        lambda n: sp.edited(read(n), sp.VARIANTS["loads-alone"]) if n == sp.KERNEL else read(n)))
+    monkeypatch.setattr(_compile, "_read",
+                        sp.edited_reader(_compile._read, sp.VARIANTS["loads-alone"]))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import test_compile
     case = next(c for c in test_compile.CASES
