@@ -134,6 +134,14 @@ static_assert(!VROWS || (FWD && TERMS == 2 && V_DIM % 8 == 0 && !GDA_HAS(3) && !
 // shared memory holds them, and the producer copies them there as they lie, so that W is split
 // once a chunk, not once a value tile, and not on the products' warps: v58)
 #define W_SPLIT (VROWS && SCAN_O_WG && SCAN_O_PRODUCER && !SCAN_O_MC)
+// (PLANES_PANELS, the same builds: scan_o's wgmma form fed by its producer, scores writing the
+// planes) scores stores the planes of q A and k D as scan_o's shared memory holds them, in
+// FO_SW's 128-byte swizzle (gda_plane_at), so that each 64-key panel of a plane is BT rows of
+// 128 bytes, contiguous, and the producer copies a chunk's planes as 2 KP / 64 bulk copies by
+// one thread, not 16-byte cp.async by its 128 (v65: v50's bulk copies took 7 % off scan_o, but
+// its rows of KP + 8 halves doubled scores' time; these rows are 128 bytes, as scores' stores
+// already touch them)
+#define PLANES_PANELS W_SPLIT
 
 #define GDA_BWD_VAL_MAX 0x1p20f         // the guard: |q|, |k|, |v|, |do| at most this,
 #define GDA_BWD_GATE_MAX 1.09050773f    //   |g| at most 2^(1/8),
@@ -233,9 +241,12 @@ struct gda_planes_at {
 // The element (step t, key i) of a chunk's plane of q A (KD false) or of k D at p: [t][KP], or
 // with SCAN_O_MC as scan_o's shared memory holds it with SCAN_O_WG (wgmma's core matrices of 8
 // rows of 8 bfloat16, 128 contiguous bytes; q A K-major: core (t / 8, i / 8) of 8 t by 8 i; k D
-// MN-major: core (i / 8, t / 8), the same), so that scan_o copies a chunk's planes as they lie
+// MN-major: core (i / 8, t / 8), the same), so that scan_o copies a chunk's planes as they lie;
+// with PLANES_PANELS as FO_SW holds it: 64-key panel i / 64 of BT rows of 64 halves, row t's
+// 8-key pieces at piece ^ t % 8 (gda_wg_copy_planes' order)
 template <bool KD>
 __device__ __forceinline__ unsigned short* gda_plane_at(unsigned short* p, int t, int i) {
+    if (PLANES_PANELS) return p + i / 64 * (BT * 64) + t * 64 + ((i / 8 % 8) ^ (t % 8)) * 8 + i % 8;
     if (!SCAN_O_MC) return p + t * KP + i;
     return p + (KD ? i / 8 * 8 * BT + t / 8 * 64 : t / 8 * 8 * KP + i / 8 * 64) + t % 8 * 8 + i % 8;
 }
@@ -2617,7 +2628,8 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
     for (int i = K_DIM + threadIdx.x; i < KP; i += NTF) sa[i] = 1.f;   // (keys past K: 0 stays 0)
 #if FO_PRODUCER
     // full: slot A's (B's) bytes of a chunk landed (2 FO_PT arrivals: each producer thread's as
-    // its cp.async land and once more for its plain stores);
+    // its cp.async land and once more for its plain stores; PLANES_PANELS: and the planes' bulk
+    // copies' bytes);
     // read: slot A (B) of a chunk read by the 8 warps of the products (an arrival each)
     // (FO_EARLY) read-vw: a chunk's v and W in shared memory read (an arrival a warp)
     if (blockDim.x != NTF + FO_PT) __trap();            // (the launcher's threads are wrong)
@@ -2641,12 +2653,26 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
         static_assert(FO_HALVES == 2, "SCAN_O_WG's producer: o^T's halves apart (no block barrier)");
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(FO_REGS_PRODUCER));
         // a chunk's two planes of q A (kd false) or k D at src into FO_SW's layout (rows r:
-        // plane * BT + step; in gda_wg_copy_planes' order, as stage_planes copies them)
-        const auto planes = [&](bool kd, const unsigned short* src) {
+        // plane * BT + step; in gda_wg_copy_planes' order, as stage_planes copies them), their
+        // bytes landing on bar; PLANES_PANELS: as they lie, a bulk copy a 64-key panel by the
+        // producer's first thread, its bytes added to bar's phase (the arrivals as before)
+        const auto planes = [&](bool kd, const unsigned short* src, unsigned bar) {
+#if PLANES_PANELS
+            if (pt == 0) {
+                constexpr unsigned PANEL = BT * 128, NPAN = KP / 64;   // bytes, a plane's panels
+                const unsigned dst = gda_shared_at(kd ? sk : sq);
+                gda_mbar_tx(bar, 2 * NPAN * PANEL);
+                #pragma unroll
+                for (unsigned x = 0; x < 2 * NPAN; ++x)
+                    gda_bulk_copy(dst + x / NPAN * FPB + x % NPAN * PANEL, src + x * (BT * 64),
+                                  PANEL, bar);
+            }
+#else
             gda_wg_copy_planes<FO_PT / 32>(pt, 2, gda_shared_at(kd ? sk : sq), src);
+#endif
         };
 #else
-        const auto planes = [&](bool kd, const unsigned short* src) {   // (16 bytes a copy)
+        const auto planes = [&](bool kd, const unsigned short* src, unsigned) {   // (16 bytes a copy)
             const unsigned dst = kd ? at_k(0, 0) : at_q(0, 0);
             gda_grid_each_at<2 * BT, KP / 8, FO_PT, 8>(pt, [&](int r0, int dr, int c) {
                 gda_cp16_at(dst + 2 * ((r0 + dr) * FQL + 8 * c), src + (long long)(r0 + dr) * KP + 8 * c);
@@ -2673,11 +2699,11 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
             const long long b = nh * NC + c;
             const gda_planes_at pc(pl, NB, b);
             if (c > 0) gda_mbar_wait<true>(bar_ra, (unsigned)(c - 1) & 1);
-            planes(false, pc.q);                         // q A's two planes
+            planes(false, pc.q, bar_fa);                 // q A's two planes
             if (!FO_EARLY) vw(b);
             filled(bar_fa);                             // (FO_EARLY: v's and W's copies too,
             if (c > 0) gda_mbar_wait<true>(bar_rb, (unsigned)(c - 1) & 1);   // issued before)
-            planes(true, pc.k);                          // k D's two planes
+            planes(true, pc.k, bar_fb);                  // k D's two planes
             gda_stage_ae<FO_PT>(sa, ae, b, pt);
             filled(bar_fb);
             if (FO_EARLY && c + 1 < cend) {              // the next chunk's v and W, once this

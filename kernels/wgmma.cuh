@@ -234,6 +234,18 @@ __device__ __forceinline__ void gda_mbar_arrive_at(unsigned bar, unsigned rank) 
                  "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [at];\n\t}"
                  :: "r"(bar), "r"(rank) : "memory");
 }
+// ``bytes`` (a multiple of 16) from global src (16-byte aligned) to this CTA's shared address dst
+// (16-byte aligned), its mbarrier bar counting them as they land (complete_tx); one thread's
+__device__ __forceinline__ void gda_bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+// bytes more of copies for the current phase of this CTA's mbarrier bar to wait for, with no
+// arrival (the phase's arrivals are counted as before)
+__device__ __forceinline__ void gda_mbar_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(bytes)
+                 : "memory");
+}
 // ``bytes`` (a multiple of 16) from global src (16-byte aligned) to the shared address dst of
 // every CTA of the cluster in ``mask`` (bit r: rank r), each CTA's mbarrier at bar's place
 // counting them as they land (complete_tx); issued by one thread
