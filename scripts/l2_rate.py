@@ -58,11 +58,6 @@ extern "C" __global__ void __launch_bounds__(128) gda_l2_cp(
     if (threadIdx.x == 0) out[blockIdx.x] = reinterpret_cast<const unsigned*>(ring)[0];
 }
 
-__device__ __forceinline__ void gda_l2_bulk_to(unsigned dst, const void* g, unsigned bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(dst), "l"(g), "r"(PIECE), "r"(bar) : "memory");
-}
-
 extern "C" __global__ void __launch_bounds__(128) gda_l2_bulk(
     const unsigned char* __restrict__ src, long long npieces, int iters, int share, int slots,
     unsigned* out)
@@ -80,8 +75,8 @@ extern "C" __global__ void __launch_bounds__(128) gda_l2_bulk(
             const int s = i % slots;
             if (i >= slots) gda_mbar_wait<true>(full + 8 * s, (unsigned)(i / slots - 1) & 1);
             gda_mbar_expect(full + 8 * s, PIECE);
-            gda_l2_bulk_to(gda_shared_at(ring + s * PIECE), src + gda_l2_piece(i, share, npieces) * PIECE,
-                           full + 8 * s);
+            gda_bulk_copy(gda_shared_at(ring + s * PIECE), src + gda_l2_piece(i, share, npieces) * PIECE,
+                          PIECE, full + 8 * s);
         }
         for (int i = iters > slots ? iters - slots : 0; i < iters; ++i)
             gda_mbar_wait<true>(full + 8 * (i % slots), (unsigned)(i / slots) & 1);
