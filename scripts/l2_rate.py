@@ -29,7 +29,6 @@ from cupy_gda import _compile, bench
 
 PIECE = 8192
 SRC = r"""
-#define PIECE 8192
 // piece i of block b: G blocks read each piece, their group the (b / G)-th of gridDim.x / G
 __device__ __forceinline__ long long gda_l2_piece(int i, int share, long long npieces) {
     const long long groups = gridDim.x / share;
@@ -122,7 +121,8 @@ extern "C" __global__ void __launch_bounds__(128) __cluster_dims__(2, 1, 1) gda_
     gda_cluster_sync();                                       // no block leaves while copies land
 }
 """
-DEFINES = {"IO_DTYPE": 2, "G_DTYPE": 0, "LOG_GATE": 0, "SCAN_O_WG": 1}   # (wgmma.cuh's cluster helpers)
+DEFINES = {"IO_DTYPE": 2, "G_DTYPE": 0, "LOG_GATE": 0, "SCAN_O_WG": 1,   # (wgmma.cuh's cluster helpers)
+           "PIECE": PIECE}
 MODES = ("cp", "bulk", "mc2")
 
 
