@@ -105,7 +105,6 @@ def test_scores_parts_edits_match_the_kernel_once_and_build(monkeypatch):
     did not edit; with all of them made, GLA-1.3B's lean forward build (scores by wgmma's
     W_SPLIT) compiles for sm_90, scores within its 128 registers; an edit that matches nothing
     says which."""
-    import sys
     from scripts import scores_parts as sp
     text = _compile._read(sp.KERNEL)
     for parts in sp.VARIANTS.values():
@@ -114,8 +113,7 @@ def test_scores_parts_edits_match_the_kernel_once_and_build(monkeypatch):
         sp.edited("no such kernel", ("tiles",))
     monkeypatch.setattr(_compile, "_read",
                         sp.edited_reader(_compile._read, sp.VARIANTS["loads-alone"]))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import test_compile
+    import test_compile                                 # (tests/ is on the path: pytest's prepend)
     case = next(c for c in test_compile.CASES
                 if c.id == "gda_chunk_bwd-sm_90-K256-V512-bf16-g_f32-BT64-KT64-fwd-sowg-vrows")
     kernel, arch, items = case.values
