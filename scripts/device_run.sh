@@ -89,6 +89,8 @@
 #   compare: `cupy-gda bench --shapes SHAPES --impl ours` of an older tree (its files in .old/,
 #            e.g. `git archive <commit> | tar -x -C .old`) and of this one, in one run, ROUNDS
 #            times each, interleaved (old, new, old, new, ...), and the ratios of the best times
+#            (IMPL: --impl's value in place of ours, e.g. ours-auto-fwd+bwd,ours-keep-fwd+bwd
+#            for the forward + backward rows)
 #   sass:    install, the forward's GPU tests (forward_from), the forward's stages of [NAMES
 #            (gla1.3b-bf16)] (profile_chunk_bwd --forward --stages) of this tree and of .old's
 #            (carry [".old"], as compare's) interleaved, every build's SASS (cuobjdump), and ncu's
@@ -346,8 +348,9 @@ if [ "$phase" = "compare" ]; then
     for round in $(seq "$rounds"); do
         (cd .old && PYTHONPATH=. python3 -c "import cupy_gda; print('old tree:', cupy_gda.__file__)" && \
          CUPY_GDA_COMMIT="$old" PYTHONPATH=. timeout 260 python3 -m cupy_gda bench \
-            --shapes "$cmp_shapes" --impl ours --json "$out/bench-old-$round.json" > "$out/bench-old-$round.txt" 2>&1)
-        timeout 260 cupy-gda bench --shapes "$cmp_shapes" --impl ours --json "$out/bench-new-$round.json" \
+            --shapes "$cmp_shapes" --impl "${IMPL:-ours}" --json "$out/bench-old-$round.json" \
+            > "$out/bench-old-$round.txt" 2>&1)
+        timeout 260 cupy-gda bench --shapes "$cmp_shapes" --impl "${IMPL:-ours}" --json "$out/bench-new-$round.json" \
             > "$out/bench-new-$round.txt" 2>&1
     done
     python3 - "$out" <<'PY'
