@@ -8,7 +8,9 @@
 #            before them (SUITE_MARK: the rest's -m, e.g. "gpu and not whole_gpu and not
 #            clusters" where the CPU tests and the compile tests ran on a CPU machine after the
 #            same change), then cupy-gda verify, then (carry [".old"] too) the forward's stages of
-#            .old's tree and this one where time is left (STAGES, gla1.3b-bf16). The property
+#            .old's tree and this one where time is left (STAGES, gla1.3b-bf16); all of it within
+#            SUITE_END s of the phase's start (580; less where the call ran something first, as
+#            docs/pending/first-call.sh does). The property
 #            tests (tests/test_properties.py: their GPU draws compile some 70 kernels) need
 #            hypothesis and the workers pytest-xdist, which the device may lack: carry
 #            [".vendor"] from scripts/vendor_tests.sh. Without pytest-xdist the suite runs in one
@@ -176,7 +178,7 @@ producer_tests() {
     [ "$rc" = 0 ] || exit 1
 }
 if [ "$phase" = "suite" ]; then
-    end=580                  # s since the call began: the call's 600 s less slack
+    end=${SUITE_END:-580}    # s since the phase began: the call's 600 s less slack
     pytest=(python3 -m pytest -q -p no:cacheprovider tests)
     # the tests that launch thread-block clusters (scan_o's SCAN_O_MC) first, alone, within 150
     # s: a cluster's barrier never completing would hang them, and the suite after them leaves

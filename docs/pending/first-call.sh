@@ -2,16 +2,15 @@
 # The next session's first device call (perf-notes "v67-v70, still unmeasured"), in a tree of main
 # with docs/pending/scan-dv-v67-v70.patch applied (`git am`) and main's files in .old (`git
 # archive main | tar -x -C .old`); carry [".old", ".vendor"]; run `bash
-# docs/pending/first-call.sh` from the tree's root (the device tool's 600 s; it ends by 585 s):
+# docs/pending/first-call.sh` from the tree's root (the device tool's 600 s; it ends by 580 s):
 #   1. v70 (this tree) against main (.old): GLA-1.3B bf16's forward + backward rows, the lean
 #      backward's and the kept one's, twice, interleaved (scripts/device_run.sh compare);
 #   2. the whole GPU suite of the tree that won (v70's where its auto row is faster and within
-#      the accuracy contract in every round, else main's, which is owed anyway): whole_gpu
-#      alone, the rest in 14 workers, then the clusters tests.
+#      the accuracy contract in every round, else main's, which is owed anyway): that tree's
+#      scripts/device_run.sh suite in the call's time left (its GPU tests; CI runs the rest).
 # A copy of what was lost with the sessions' untracked .devrun/ scripts; delete it with the
 # patch once v70 lands or is dropped.
 set -uo pipefail
-vendor="$PWD/.vendor"
 out="${OUT:-/tmp/out}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -41,22 +40,11 @@ print("new" if k in old and k in new and new[k][1] and new[k][0] < old[k][0] els
 PY
 )
 echo "suite of: $tree"
-if [ "$tree" = old ]; then
-    cd .old && python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 \
-        | grep -v WARNING | tail -2
+label=v70
+if [ "$tree" = old ]; then            # (main's tree installs itself and finds .vendor beside it)
+    label=main
+    ln -sfn "$PWD/.vendor" .old/.vendor
+    cd .old
 fi
-export PYTHONPATH="$vendor"
-echo "hypothesis: $(python3 -c 'import hypothesis as h; print(h.__version__)' 2>&1 | tail -1)"
-pytest=(python3 -m pytest -q -p no:cacheprovider tests)
-timeout -k 5 60 "${pytest[@]}" -m whole_gpu > "$out/pytest-alone.txt" 2>&1
-echo "whole_gpu: rc $? $(tail -1 "$out/pytest-alone.txt")"
-timeout -k 5 $((540 - SECONDS)) "${pytest[@]}" --durations=10 -n 14 --dist worksteal \
-    -m "gpu and not whole_gpu and not clusters" > "$out/pytest.txt" 2>&1
-echo "gpu suite: rc $?"
-tail -2 "$out/pytest.txt"
-left=$((585 - SECONDS))
-if [ "$left" -gt 20 ]; then
-    timeout -k 5 "$left" "${pytest[@]}" -m clusters > "$out/pytest-clusters.txt" 2>&1
-    echo "clusters: rc $? $(tail -1 "$out/pytest-clusters.txt")"
-fi
-grep -E "FAILED|ERROR" "$out/pytest.txt" | head -20
+SUITE_END=$((580 - SECONDS)) SUITE_WORKERS=14 SUITE_MARK="gpu and not whole_gpu and not clusters" \
+    bash scripts/device_run.sh "$label" suite
