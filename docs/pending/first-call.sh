@@ -14,17 +14,16 @@
 #   bash docs/pending/first-call.sh   (timeout_s 600): both in one call, as the split's two.
 # Two calls, not one, since 2026-12-07 06:00 UTC: a machine taken back mid-call returns nothing,
 # and a call's output is all that comes back (156 s of device time went so).
+# (scripts/device_run.sh installs the tree and sets the environment in each phase.)
 # A copy of what was lost with the sessions' untracked .devrun/ scripts; delete it with the
 # patch once v70 lands or is dropped.
 set -uo pipefail
 what="${1:-both}"
 out="${OUT:-/tmp/out}"
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 tree="${2:-}"
 if [ "$what" != suite ]; then
-    python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARNING | tail -2
     IMPL=ours-auto-fwd+bwd,ours-keep-fwd+bwd timeout 220 bash scripts/device_run.sh v70 compare \
         main gla1.3b-bf16 2 | tee "$out/compare.txt"
     echo "compare done at $SECONDS s"
