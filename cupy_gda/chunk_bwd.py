@@ -350,13 +350,14 @@ def scan_o_producer(d):
 
 def scan_dv_smem(p, cfg):
     """scan_dv's dynamic shared memory bytes (the kernel's FD_BYTES, which it checks): k D's two
-    planes and scale q A's TERMS (BT x KP bfloat16 each), W's two split planes and its float32
-    rows (BT x BT + 4), do's plane of FV + 8 columns, A_end's KP floats, dv^T's second half (FV
-    rows of BT + 8 floats) and the rowsum's four row groups of KP floats: 230,400 bytes at K =
-    256 (a Hopper GPU's 227 KiB, with 2 to spare)."""
+    planes and scale q A's TERMS (BT x KP bfloat16 each, in the 128-byte swizzle, 1,024-byte
+    aligned: 1,024 bytes more, v67), W's two split planes and its float32 rows (BT x BT + 4),
+    do's plane of FV + 8 columns, A_end's KP floats, dv^T's second half (FV rows of BT + 8
+    floats) and the rowsum's four row groups of KP floats: 231,424 bytes at K = 256 (a Hopper
+    GPU's 227 KiB, with 1 to spare)."""
     kp, bt = planes(p)[0], cfg.BT
     return ((2 + cfg.TERMS) * bt * kp * 2 + 4 * bt * bt + 2 * bt * (FV + 8)
-            + 4 * (bt * (bt + 4) + kp + FV * (bt + 8) + 4 * kp))
+            + 4 * (bt * (bt + 4) + kp + FV * (bt + 8) + 4 * kp) + 1024)
 
 
 def scan_dv_fits(p, cfg, varlen=False):

@@ -2471,9 +2471,10 @@ __device__ __forceinline__ void gda_wg_state(float (&x)[KH / 8][4], const unsign
 }
 #endif
 
-// cp.async of np planes [np * BT][KP] (halves) at src into FO_SW's layout at dst (q A's planes
-// K-major for wgmma, k D's MN-major: the same rows; SCAN_O_MC's lie as gda_plane_at's, copied
-// as they are) by thread tid of NW warps: row r's 8 keys from c8 (16 bytes) to
+// cp.async of np planes [np * BT][KP] (halves) at src into FO_SW's layout at dst (scan_o's q A
+// planes K-major for wgmma, k D's MN-major, scan_dv's the other way round: the same rows;
+// SCAN_O_MC's lie as gda_plane_at's, copied as they are) by thread tid of NW warps: row r's 8
+// keys from c8 (16 bytes) to
 //   r / BT * FPB + c8 / 64 * BT * 128 + r % BT * 128 + (c8 / 8 % 8 ^ r % 8) * 16.
 // Each 8 lanes a row's 128-byte line (into one row of shared memory, all 32 banks), a warp 4
 // rows, a thread's rows of a plane r0 + d, with r0 < STEP = NW / LINES * 4 (4, or a multiple of
@@ -3009,7 +3010,8 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 // gradient of the initial state) to dh0. A chunk b's operands come in two slots copied by
 // cp.async, each while the other's products run (A: k D's h, m planes, K-major as scan_o's q A;
 // do's plane of the block's columns; W. B: scale q A's TERMS planes, MN-major as scan_o's k D;
-// A_end):
+// A_end). The planes lie in FO_SW's 128-byte swizzle, copied by gda_wg_copy_planes, 1,024-byte
+// aligned (v67: v53's layout, which took scan_o's L2 from 94 % to 29 % busy):
 //   E_b to et (rows reads it), then
 //   dv^T = E_b^T (k D)^T + do^T (scale W)^T: scan_o's o with k D for q A, do for v, W^T for W
 //          (DV_TERMS = 2: E^T's h + m a k-step against k D's planes, W split into h, m once a
@@ -3024,7 +3026,8 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 // Launched (chunk_bwd.BackwardPlan) where Config.SCAN_DV, after scores: in place of the scan's
 // backward half (which SCAN_DV leaves out of it) and of dv's entry. Its shared memory is
 // chunk_bwd.scan_dv_smem (checked here); in every other build its body is empty.
-#define FD_BYTES ((2 + TERMS) * FPB + 4 * BT * BT + 2 * BT * FVL + 4 * (BT * FWL + KP + FV * FOL + 4 * KP))
+#define FD_BYTES ((2 + TERMS) * FPB + 4 * BT * BT + 2 * BT * FVL + 4 * (BT * FWL + KP + FV * FOL + 4 * KP) \
+                  + 1024)                       // (+ the planes' alignment)
 
 // scan_dv's chunks in the order it takes them: each sequence's from its last (c < 0: past them)
 struct gda_rev_chunks {
@@ -3050,7 +3053,8 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
 #if SCAN_DV
     static_assert(KH % 64 == 0 && KP <= 256 && FV == PT, "scan_dv: key halves of 64 or 128");
     extern __shared__ __align__(16) unsigned char d_sm[];
-    unsigned char* const sk = d_sm;                                      // k D's h, m [2][FPB]
+    unsigned char* const sk = d_sm + ((0u - gda_shared_at(d_sm)) & 1023);   // k D's h, m [2][FPB]
+                                                                         //  (1,024-byte aligned)
     unsigned char* const sq = sk + 2 * FPB;                              // scale q A [TERMS][FPB]
     unsigned char* const sp = sq + TERMS * FPB;                          // scale W's h, m
     unsigned short* const sdo = reinterpret_cast<unsigned short*>(sp + 4 * BT * BT);  // do [BT][FVL]
@@ -3068,21 +3072,11 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
     const int vr = warp % 4 * 16, kh = warp / 4, kb = kh * KH;
     for (int i = K_DIM + threadIdx.x; i < KP; i += NTF) sa[i] = 1.f;   // (keys past K: 0 stays 0)
 
-    // P planes of a chunk at src (rows r: plane * BT + step) to shared memory in wgmma's
-    // layout (MN: MN-major, n the key; else K-major, n the step), 8 rows of 4 x 16 bytes a warp
-    const auto stage = [&](unsigned char* dst, const unsigned short* src, int P, bool MN) {
-        for (int x = threadIdx.x; x < P * BT * KP / 8; x += NTF) {
-            const int r = x / KP * 8 + x % 8, c8 = x / 8 % (KP / 8) * 8;
-            const int at = r / BT * FPB + (MN ? c8 / 8 * FKS + r % BT / 8 * 128
-                                              : r % BT / 8 * FQS + c8 / 8 * 128) + r % 8 * 16;
-            gda_cp16_at(gda_shared_at(dst + at), src + (long long)r * KP + c8);
-        }
-    };
     const auto issue_a = [&](const gda_rev_chunks& u) {  // slot A of u's chunk (none past them)
         if (u.c >= 0) {
             const long long b = nh * NC + u.c;
             const gda_planes_at pc(pl, NB, b);
-            stage(sk, pc.k, 2, false);
+            gda_wg_copy_planes<NTF / 32>(threadIdx.x, 2, gda_shared_at(sk), pc.k);
             gda_stage_vw(sdo, pc.d, n0, sw, ww, b, threadIdx.x);
         }
         gda_cp_commit();
@@ -3091,7 +3085,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
         if (u.c >= 0) {
             const long long b = nh * NC + u.c;
             const gda_planes_at pc(pl, NB, b);
-            stage(sq, pc.q, TERMS, true);
+            gda_wg_copy_planes<NTF / 32>(threadIdx.x, TERMS, gda_shared_at(sq), pc.q);
             gda_stage_ae(sa, ae, b, threadIdx.x);
         }
         gda_cp_commit();
@@ -3130,7 +3124,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
                                               + vr + lane / 8 % 2 * 8));
         gda_so_put(s, et + b * K_DIM * V_DIM, key0, col0);   // E_b, for rows
         float o[BT / 8][4] = {};                        // dv^T: [step tile][C fragment]
-        gda_wg_o(o, s, fd, kh, gda_shared_at(sp), gda_shared_at(sk) + kb * 16);  // do^T (scale W)^T
+        gda_wg_o<true>(o, s, fd, kh, gda_shared_at(sp), gda_shared_at(sk) + kb * BT * 2);  // do^T (scale W)^T
                                                         //  + E_b^T (k D)^T
         gda_fo_halves<1>(so, o, kh, vr + g8, tq);       // the second half's dv^T, then the first's
         __syncthreads();                                // (slot A read: the next chunk's copies)
@@ -3164,7 +3158,7 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
         float d[KH / 64][8][4] = {};                    // + do^T (scale q A): a k-step's planes
         #pragma unroll                                  //  l, m, h into fresh sums, added after
         for (int sg = 0; sg < NBK; ++sg)
-            gda_wg_state<TERMS>(s, fd, gda_shared_at(sq) + kb / 8 * FKS, sg, sg + 1, d, [] {},
+            gda_wg_state<TERMS, true>(s, fd, gda_shared_at(sq) + kb * BT * 2, sg, sg + 1, d, [] {},
                                 [](int, int, float x, float y) { return x + y; });
         __syncthreads();                                // (slot B read: the next chunk's copies)
         issue_b(next_b);

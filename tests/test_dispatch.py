@@ -921,13 +921,13 @@ def test_scan_dv_fits_a_hopper_backward_from_the_planes(monkeypatch):
     """A backward runs scan_dv (its E scan and dv as one wgmma kernel) where USE_SCAN_DV is on,
     the GPU is a Hopper one, the operands are the planes, chunks of 64 steps, planes of 128 or
     256 keys, dv in two terms and not by dv's wgmma entry, its shared memory (the kernel's
-    FD_BYTES) fits (225 KiB at GLA-1.3B's K = 256, three planes of q A) and its blocks, a
+    FD_BYTES) fits (226 KiB at GLA-1.3B's K = 256, three planes of q A) and its blocks, a
     sequence-head's 64 value columns each, number SCAN_DV_FROM an SM."""
     p = P._replace(B=8, N=8, T=4096, H=4, K=256, V=512, dtype="bfloat16")     # GLA-1.3B
     cfg = chunk_bwd.planes_config(p)
     assert (cfg.BT, cfg.PLANES, cfg.TERMS, cfg.DV_TERMS, cfg.SCAN_DV) == (64, True, 3, 2, False)
-    assert chunk_bwd.scan_dv_smem(p, cfg) == 230400
-    assert chunk_bwd.scan_dv_smem(p._replace(K=100), cfg) == 145920     # K rounded up to 128
+    assert chunk_bwd.scan_dv_smem(p, cfg) == 231424
+    assert chunk_bwd.scan_dv_smem(p._replace(K=100), cfg) == 146944     # K rounded up to 128
     monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, 232448))
     monkeypatch.setattr(chunk_bwd, "hopper", lambda: True)
     assert not chunk_bwd.scan_dv_fits(p, cfg)                            # (USE_SCAN_DV off)
@@ -1033,7 +1033,7 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
     scan = (3, "scan", NH * 4 * TV, 128, chunk_bwd.smem(chunk_bwd.planes_config(p)))
     s0 = (3, "scan_o", NH * TV, 256, 109568) if wg else scan
     want = ([(1, "pack", NB, 128, 0), s0, (5, "scores", NB, 128, 0),
-             (3, "scan_dv", NH * TV, 256, 230400), (4, "rows", NB * 3 * 4, 128, 0),
+             (3, "scan_dv", NH * TV, 256, 231424), (4, "rows", NB * 3 * 4, 128, 0),
              (6, "intra", NB * 4, 64, 0)] if dv else
             [(1, "pack", NB, 128, 0), scan, (4, "rows", NB * 3 * 4, 128, 0),
              (5, "scores", NB, 128, 0), (6, "intra", NB * 4, 64, 0), (7, "dv", NB * TV, 128, 0)])
