@@ -68,6 +68,7 @@ DV_SMEM = 98304          # its dynamic shared memory bytes (the kernel's WG_SMEM
 USE_SCAN_O = True        # a ForwardPlan that keeps nothing runs the scan and o as one kernel
                          # (gda_chunk_bwd_scan_o) where it fits (scan_o_fits; v38)
 NTF, FV = 256, 64        # scan_o's threads and value columns a block
+FD_PT = 128              # scan_dv's producer warpgroup's threads, beside NTF (the kernel's; v68)
 USE_SCAN_O_WG = False    # scan_o's products by wgmma on a Hopper GPU (Config.SCAN_O_WG; v39) in
                          # every form that can (the keeping forward's S0 and at 128 keys too):
                          # off, slower there (v39-v42, v52); SCAN_O_WG_KEYS takes it where it pays
@@ -505,7 +506,7 @@ class BackwardPlan:
                  "states": (-(-NH * K // rows), NTP, 0),                      #  dynamic shared
                  "scan": (NH * tk * tv, NTG, d["SMEM_BYTES"]),                #  memory
                  "scan_o": (NH * tv, NTF, scan_o_smem(p, self.cfg, fwd=False)),
-                 "scan_dv": (NH * tv, NTF, scan_dv_smem(p, self.cfg)),
+                 "scan_dv": (NH * tv, NTF + FD_PT, scan_dv_smem(p, self.cfg)),
                  "rows": (NB * 3 * tk, NTG, 0), "scores": (NB, NTS, 0),
                  "intra": (NB * n_kt, self.cfg.KT, 0),
                  "dv": (NB * tv, NTG, dv_smem(self.cfg))}

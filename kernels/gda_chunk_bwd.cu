@@ -2357,8 +2357,9 @@ __device__ __forceinline__ void gda_fo_store(const float* so, const gda_chunk_at
 // a warpgroup's o^T (scan_o) or dv^T (scan_dv), its sums o over its key half kh, into so
 // ([FV][FOL] an array; the thread's rows row, row + 8): HALVES 2, each half its own array (FV
 // apart); 1, the second half's, then the first adds its own in place, a barrier between (the
-// caller's next barrier comes before so is read)
-template <int HALVES>
+// block's, or NAMED: named barrier 1 of the NTF threads of the products; the caller's next
+// barrier comes before so is read)
+template <int HALVES, bool NAMED = false>
 __device__ __forceinline__ void gda_fo_halves(float* so, const float (&o)[BT / 8][4], int kh, int row,
                                               int tq) {
     if (HALVES == 2 || kh == 1)
@@ -2369,7 +2370,8 @@ __device__ __forceinline__ void gda_fo_halves(float* so, const float (&o)[BT / 8
             *reinterpret_cast<float2*>(p + 8 * FOL) = make_float2(o[j][2], o[j][3]);
         }
     if constexpr (HALVES == 1) {
-        __syncthreads();
+        if (NAMED) gda_bar_sync(1, NTF);
+        else __syncthreads();
         if (kh == 0)
             #pragma unroll
             for (int j = 0; j < BT / 8; ++j) {
@@ -3004,14 +3006,18 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 
 // 9. SCAN_DV (sm_90a; a backward from the planes): the scan's backward half and dv's entry as
 // one kernel, scan_o's mirror (docs/perf-notes.md, "The backward's E scan and dv as one kernel
-// by wgmma"). Block: (sequence-head nh, FV value columns at n0), two warpgroups, one a key half,
-// holding E^T (FV value rows x KH keys a warpgroup) in wgmma accumulators as scan_o holds S^T;
-// each sequence's chunks from its last, E from d_final_state (0 without), its last E (the
-// gradient of the initial state) to dh0. A chunk b's operands come in two slots copied by
+// by wgmma"). Block: (sequence-head nh, FV value columns at n0), two warpgroups of the products,
+// one a key half, holding E^T (FV value rows x KH keys a warpgroup) in wgmma accumulators as
+// scan_o holds S^T, and a producer warpgroup (FD_PT threads, v68: scan_o's since v52); each
+// sequence's chunks from its last, E from d_final_state (0 without), its last E (the gradient of
+// the initial state) to dh0. A chunk b's operands come in two slots that the producer copies by
 // cp.async, each while the other's products run (A: k D's h, m planes, K-major as scan_o's q A;
 // do's plane of the block's columns; W. B: scale q A's TERMS planes, MN-major as scan_o's k D;
-// A_end). The planes lie in FO_SW's 128-byte swizzle, copied by gda_wg_copy_planes, 1,024-byte
-// aligned (v67: v53's layout, which took scan_o's L2 from 94 % to 29 % busy):
+// A_end), each slot behind two mbarriers as scan_o's: full (its bytes landed: each producer
+// thread's cp.async arrival and a plain one) and read (the products' 8 warps done with it: an
+// arrival each); the products issue no copies and meet on named barrier 1 of their NTF
+// threads. The planes lie in FO_SW's 128-byte swizzle, copied by gda_wg_copy_planes,
+// 1,024-byte aligned (v67: v53's layout, which took scan_o's L2 from 94 % to 29 % busy):
 //   E_b to et (rows reads it), then
 //   dv^T = E_b^T (k D)^T + do^T (scale W)^T: scan_o's o with k D for q A, do for v, W^T for W
 //          (DV_TERMS = 2: E^T's h + m a k-step against k D's planes, W split into h, m once a
@@ -3028,6 +3034,8 @@ gda_chunk_bwd_scan_o(GDA_CHUNK_BWD_PARAMS)
 // chunk_bwd.scan_dv_smem (checked here); in every other build its body is empty.
 #define FD_BYTES ((2 + TERMS) * FPB + 4 * BT * BT + 2 * BT * FVL + 4 * (BT * FWL + KP + FV * FOL + 4 * KP) \
                   + 1024)                       // (+ the planes' alignment)
+#define FD_PT 128                               // the producer's threads (a warpgroup:
+                                                //  setmaxnreg's unit; chunk_bwd.FD_PT)
 
 // scan_dv's chunks in the order it takes them: each sequence's from its last (c < 0: past them)
 struct gda_rev_chunks {
@@ -3048,10 +3056,12 @@ struct gda_rev_chunks {
 };
 
 #if GDA_HAS(9)
-extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_CHUNK_BWD_PARAMS)
+extern "C" __global__ void __launch_bounds__(NTF + FD_PT, 1) gda_chunk_bwd_scan_dv(GDA_CHUNK_BWD_PARAMS)
 {
 #if SCAN_DV
     static_assert(KH % 64 == 0 && KP <= 256 && FV == PT, "scan_dv: key halves of 64 or 128");
+    // (scan_o's register split: at 384 threads without setmaxnreg ptxas spilled 360 bytes)
+    static_assert(2 * 128 * FO_REGS_PRODUCTS + FD_PT * FO_REGS_PRODUCER <= 65536, "registers");
     extern __shared__ __align__(16) unsigned char d_sm[];
     unsigned char* const sk = d_sm + ((0u - gda_shared_at(d_sm)) & 1023);   // k D's h, m [2][FPB]
                                                                          //  (1,024-byte aligned)
@@ -3065,35 +3075,56 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
     unsigned dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     if (dyn < FD_BYTES) __trap();                       // (the launcher's scan_dv_smem is wrong)
+    if (blockDim.x != NTF + FD_PT) __trap();            // (the launcher's threads are wrong)
     constexpr int TN = VP / FV;
     const long long nh = blockIdx.x / TN, NB = NH * NC;
     const int n0 = blockIdx.x % TN * FV;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4, tq = lane % 4;
     const int vr = warp % 4 * 16, kh = warp / 4, kb = kh * KH;
-    for (int i = K_DIM + threadIdx.x; i < KP; i += NTF) sa[i] = 1.f;   // (keys past K: 0 stays 0)
+    for (int i = K_DIM + threadIdx.x; i < KP; i += NTF + FD_PT) sa[i] = 1.f;   // (keys past K:
+                                                                               //  0 stays 0)
+    // full: slot A's (B's) bytes of a chunk landed (2 FD_PT arrivals); read: slot A (B) of a
+    // chunk read by the products' 8 warps (an arrival each)
+    __shared__ __align__(8) unsigned long long d_bar[4];
+    const unsigned bar_fa = gda_shared_at(d_bar), bar_fb = bar_fa + 8;
+    const unsigned bar_ra = bar_fa + 16, bar_rb = bar_fa + 24;
+    if (threadIdx.x == 0) {
+        gda_mbar_init(bar_fa, 2 * FD_PT);
+        gda_mbar_init(bar_fb, 2 * FD_PT);
+        gda_mbar_init(bar_ra, NTF / 32);
+        gda_mbar_init(bar_rb, NTF / 32);
+        gda_mbar_init_fence();
+    }
+    __syncthreads();
+    if (warp >= NTF / 32) {                             // the producer: every chunk's slots, in
+        const unsigned pt = threadIdx.x - NTF;          //  the products' order
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(FO_REGS_PRODUCER));
+        const auto filled = [&](unsigned bar) {         // (cp.async's landing, then its own)
+            gda_cp_arrive(bar);
+            gda_mbar_arrive(bar);
+        };
+        gda_rev_chunks u(coff, coff ? N : 1, NC);
+        for (unsigned i = 0; u.c >= 0; ++i, u.next()) {
+            const long long b = nh * NC + u.c;
+            const gda_planes_at pc(pl, NB, b);
+            if (i > 0) gda_mbar_wait<true>(bar_ra, (i - 1) & 1);
+            gda_wg_copy_planes<FD_PT / 32>(pt, 2, gda_shared_at(sk), pc.k);   // k D's h, m
+            gda_stage_vw<true, FD_PT>(sdo, pc.d, n0, sw, ww, b, pt);           // do's, W
+            filled(bar_fa);
+            if (i > 0) gda_mbar_wait<true>(bar_rb, (i - 1) & 1);
+            gda_wg_copy_planes<FD_PT / 32>(pt, TERMS, gda_shared_at(sq), pc.q);   // scale q A's
+            gda_stage_ae<FD_PT>(sa, ae, b, pt);
+            filled(bar_fb);
+        }
+        gda_cp_wait<0>();
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(FO_REGS_PRODUCTS));
 
-    const auto issue_a = [&](const gda_rev_chunks& u) {  // slot A of u's chunk (none past them)
-        if (u.c >= 0) {
-            const long long b = nh * NC + u.c;
-            const gda_planes_at pc(pl, NB, b);
-            gda_wg_copy_planes<NTF / 32>(threadIdx.x, 2, gda_shared_at(sk), pc.k);
-            gda_stage_vw(sdo, pc.d, n0, sw, ww, b, threadIdx.x);
-        }
-        gda_cp_commit();
-    };
-    const auto issue_b = [&](const gda_rev_chunks& u) {  // slot B of u's chunk
-        if (u.c >= 0) {
-            const long long b = nh * NC + u.c;
-            const gda_planes_at pc(pl, NB, b);
-            gda_wg_copy_planes<NTF / 32>(threadIdx.x, TERMS, gda_shared_at(sq), pc.q);
-            gda_stage_ae(sa, ae, b, threadIdx.x);
-        }
-        gda_cp_commit();
-    };
     float s[KH / 8][4];                                 // E^T: [key tile][C fragment]
     const int key0 = kb + 2 * tq, col0 = n0 + vr + g8;  // (gda_so_each's)
     const long long hh = coff ? nh : nh % H;
-    gda_rev_chunks cur(coff, coff ? N : 1, NC), next_a = cur, next_b = cur;
+    gda_rev_chunks cur(coff, coff ? N : 1, NC);
     const auto state_at = [&]() {                       // cur's sequence's [K][V] in dht, dh0
         return ((coff ? cur.n : nh / H) * H + hh) * K_DIM * V_DIM;
     };
@@ -3101,22 +3132,17 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
         gda_so_get(s, dht ? dht + state_at() : nullptr, key0, col0);
     };
     get_e();
-    issue_a(next_a);
-    next_a.next();
-    issue_b(next_b);
-    next_b.next();
     float smax = 0.f;                                   // (the guard's)
-    while (cur.c >= 0) {
+    for (unsigned i = 0; cur.c >= 0; ++i) {
         const long long b = nh * NC + cur.c;
         GDA_CHUNK;
-        gda_cp_wait<1>();                               // slot A's copies (B's may be in flight)
-        gda_proxy_fence();
-        __syncthreads();
+        gda_mbar_wait<true>(bar_fa, i & 1);             // slot A filled by the producer
+        gda_proxy_fence();                              // (its copies, read by wgmma)
         gda_wg_split_b<BT, BT, NTF, false>([&](int t, int u) { return scale * sw[t * FWL + u]; },
                                            reinterpret_cast<unsigned*>(sp),
                                            reinterpret_cast<unsigned*>(sp + 2 * BT * BT), threadIdx.x);
         gda_proxy_fence();
-        __syncthreads();
+        gda_bar_sync(1, NTF);                           // (W's split planes, every warp's)
         unsigned fd[NBK][4];                           // do^T's A fragments, a k-step of steps each
         #pragma unroll
         for (int sg = 0; sg < NBK; ++sg)
@@ -3126,10 +3152,10 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
         float o[BT / 8][4] = {};                        // dv^T: [step tile][C fragment]
         gda_wg_o<true>(o, s, fd, kh, gda_shared_at(sp), gda_shared_at(sk) + kb * BT * 2);  // do^T (scale W)^T
                                                         //  + E_b^T (k D)^T
-        gda_fo_halves<1>(so, o, kh, vr + g8, tq);       // the second half's dv^T, then the first's
-        __syncthreads();                                // (slot A read: the next chunk's copies)
-        issue_a(next_a);
-        next_a.next();
+        __syncwarp();                                   // (slot A read: W before the named barrier
+        if (lane == 0) gda_mbar_arrive(bar_ra);         //  above, do into fd, k D by the waited chain)
+        gda_fo_halves<1, true>(so, o, kh, vr + g8, tq);     // the second half's dv^T, then the first's
+        gda_bar_sync(1, NTF);                           // (dv^T's sums in so)
         gda_fo_store<1>(so, ch, n0, dv);                // dv
         {                                               // rowsum(E_b (.) S0) (its loads in
             const float* s0 = st + b * K_DIM * V_DIM;   //  flight while slot B lands): the
@@ -3149,26 +3175,26 @@ extern "C" __global__ void __launch_bounds__(NTF, 1) gda_chunk_bwd_scan_dv(GDA_C
                     if (g8 == 0) sr[warp % 4 * KP + key0 + 8 * j + r] = y;
                 }
         }
-        gda_cp_wait<1>();                               // slot B's copies (A's next in flight)
+        gda_mbar_wait<true>(bar_fb, i & 1);             // slot B filled by the producer
         gda_proxy_fence();
-        __syncthreads();
-        for (int i = threadIdx.x; i < K_DIM; i += NTF)  // this tile's part of rowsum(E S0)
-            es[((long long)n0 / GN * NH * NC + b) * K_DIM + i] = sr[i] + sr[KP + i] + sr[2 * KP + i] + sr[3 * KP + i];
+        gda_bar_sync(1, NTF);                           // (sr's parts in; so read by dv's store)
+        for (int x = threadIdx.x; x < K_DIM; x += NTF)  // this tile's part of rowsum(E S0)
+            es[((long long)n0 / GN * NH * NC + b) * K_DIM + x] = sr[x] + sr[KP + x] + sr[2 * KP + x] + sr[3 * KP + x];
         gda_so_decay(s, sa, key0, smax);                // the guard on E_b, then E_b diag(A_end)
         float d[KH / 64][8][4] = {};                    // + do^T (scale q A): a k-step's planes
         #pragma unroll                                  //  l, m, h into fresh sums, added after
         for (int sg = 0; sg < NBK; ++sg)
             gda_wg_state<TERMS, true>(s, fd, gda_shared_at(sq) + kb * BT * 2, sg, sg + 1, d, [] {},
-                                [](int, int, float x, float y) { return x + y; });
-        __syncthreads();                                // (slot B read: the next chunk's copies)
-        issue_b(next_b);
-        next_b.next();
+                                      [](int, int, float x, float y) { return x + y; });
+        __syncwarp();                                   // (slot B read: A_end by the decay, q A
+        if (lane == 0) gda_mbar_arrive(bar_rb);         //  by the waited chains; sr and so are
+                                                        //  next written past the next chunk's
+                                                        //  named barriers)
         if (cur.c == cur.j0 && dh0)                     // a sequence's first chunk: its E,
             gda_so_put(s, dh0 + state_at(), key0, col0);    //  the initial state's gradient
         cur.next();
         if (coff && cur.c >= 0 && cur.c == cur.j1 - 1) get_e();   // the next sequence's
     }
-    gda_cp_wait<0>();
     if (!(smax <= GDA_BWD_STATE_MAX)) *flag = 1;    // (NaN fails)
 #endif
 }

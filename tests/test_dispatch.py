@@ -1033,7 +1033,7 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
     scan = (3, "scan", NH * 4 * TV, 128, chunk_bwd.smem(chunk_bwd.planes_config(p)))
     s0 = (3, "scan_o", NH * TV, 256, 109568) if wg else scan
     want = ([(1, "pack", NB, 128, 0), s0, (5, "scores", NB, 128, 0),
-             (3, "scan_dv", NH * TV, 256, 231424), (4, "rows", NB * 3 * 4, 128, 0),
+             (3, "scan_dv", NH * TV, 384, 231424), (4, "rows", NB * 3 * 4, 128, 0),
              (6, "intra", NB * 4, 64, 0)] if dv else
             [(1, "pack", NB, 128, 0), scan, (4, "rows", NB * 3 * 4, 128, 0),
              (5, "scores", NB, 128, 0), (6, "intra", NB * 4, 64, 0), (7, "dv", NB * TV, 128, 0)])
