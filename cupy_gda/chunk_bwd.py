@@ -82,9 +82,11 @@ USE_SCAN_O_MC = False    # with SCAN_O_WG, a ForwardPlan that keeps nothing runs
                          # scan_o blocks as a cluster sharing each chunk's planes of q A and k D
                          # (Config.SCAN_O_MC, scan_o_mc; v42): off, right but slower (clusters
                          # of 8 leave SMs idle, and pack's stores of the planes cost more)
-USE_SCAN_DV = False      # a backward from the planes on a Hopper GPU runs the scan's backward
-                         # half and dv as one wgmma kernel (Config.SCAN_DV, scan_dv_fits): off,
-                         # right but slower with scan_o's S0 (the backward 6.8 ms against 6.0)
+USE_SCAN_DV = True       # a backward from the planes on a Hopper GPU runs the scan's backward
+                         # half and dv as one wgmma kernel (Config.SCAN_DV, scan_dv_fits): on
+                         # since v69, its planes in the 128-byte swizzle (v67) and fed by a
+                         # producer warpgroup (v68); off before, slower (v40: the backward 6.8
+                         # ms against 6.0 with scan_o's S0)
 USE_SCAN_O_PRODUCER = True  # scan_o (sm_90 on) fed by warps more that copy each chunk's
                          # operands (SCAN_O_PRODUCER, scan_o_warps of them; v49): by mma.sync,
                          # and by wgmma (SCAN_O_WG) where not as clusters (v52)

@@ -646,8 +646,8 @@ def test_gpu_backward_from_the_kept_forward(case, scale, scan_dv, monkeypatch):
     wgmma form where K is whole key tiles (USE_SCAN_O_WG on, v41)."""
     import cupy
     from cupy_gda import _launch, chunk_bwd
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_DV", bool(scan_dv))    # (on by default: v69)
     if scan_dv:
-        monkeypatch.setattr(chunk_bwd, "USE_SCAN_DV", True)
         monkeypatch.setattr(chunk_bwd, "SCAN_DV_FROM", 0)
         monkeypatch.setattr(chunk_bwd, "CHUNKS_64", 0)
         monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_WG", scan_dv == "scan_dv-wg")

@@ -704,7 +704,9 @@ def test_kept_workspace_within_the_rule(T, H, want):
     pytest.param(_p(T=1024, K=64, B=4, H=8), (32, 64, False, False), id="gla64-T1024"),
     pytest.param(_p(T=4096, K=48, B=8, H=16), (32, 64, False, False), id="K48"),
 ])
-def test_chunk_backward_config(p, want):
+def test_chunk_backward_config(p, want, monkeypatch):
+    # (a GPU other than Hopper's: there a backward from the planes would take scan_dv, v69)
+    monkeypatch.setattr(chunk_bwd, "hopper", lambda: False)
     # dv's entry and rows' S0 and E in two terms for half inputs, three for float32 ones
     t = 2 if p.dtype == "bfloat16" else 3
     assert tuple(chunk_bwd.config(p)) == want + (False, 3, t, t, False, False, False, False)
@@ -930,6 +932,7 @@ def test_scan_dv_fits_a_hopper_backward_from_the_planes(monkeypatch):
     assert chunk_bwd.scan_dv_smem(p._replace(K=100), cfg) == 146944     # K rounded up to 128
     monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, 232448))
     monkeypatch.setattr(chunk_bwd, "hopper", lambda: True)
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_DV", False)
     assert not chunk_bwd.scan_dv_fits(p, cfg)                            # (USE_SCAN_DV off)
     monkeypatch.setattr(chunk_bwd, "USE_SCAN_DV", True)
     assert chunk_bwd.scan_dv_fits(p, cfg)
@@ -966,6 +969,7 @@ def test_scan_o_makes_the_s0_of_a_backward_with_scan_dv(monkeypatch):
     assert chunk_bwd.scan_o_smem(p._replace(K=128), keep._replace(SCAN_O_WG=True), fwd=False) == 59904
     monkeypatch.setattr(chunk_bwd, "device_limits", lambda: (132, 232448))
     monkeypatch.setattr(chunk_bwd, "hopper", lambda: True)
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_DV", False)
     assert not chunk_bwd.scan_o_s0(p, keep)                           # (USE_SCAN_DV off)
     assert chunk_bwd.planes_config(p, scan_o_wg=True) == keep
     monkeypatch.setattr(chunk_bwd, "USE_SCAN_DV", True)
