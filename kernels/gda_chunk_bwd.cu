@@ -143,6 +143,13 @@ static_assert(!VROWS || (FWD && TERMS == 2 && V_DIM % 8 == 0 && !GDA_HAS(3) && !
 // already touch them. Measured: scores 3-5 % faster, scan_o the same, L2's rate into the SMs
 // being its limit)
 #define PLANES_PANELS W_SPLIT
+// (W_SPLIT_DV: a backward from the planes with scan_dv, W's only reader there, in place of dv's
+// entry; the one from a ForwardPlan's kept stages reads the forward's W, whose scan_o reads it
+// whole) scores stores W as scan_dv's products read it, scale W's h, m planes in wgmma's B
+// layout (element (t, u) = scale W[t][u]), and scan_dv's producer copies them as they lie, so
+// that W is split once a chunk, not once a value tile, and not on the products' warps (v70:
+// v58's step for scan_o)
+#define W_SPLIT_DV (SCAN_DV && !KEEP)
 
 #define GDA_BWD_VAL_MAX 0x1p20f         // the guard: |q|, |k|, |v|, |do| at most this,
 #define GDA_BWD_GATE_MAX 1.09050773f    //   |g| at most 2^(1/8),
@@ -1396,8 +1403,9 @@ constexpr bool SCORES_PF = SCORES_PREFETCH && sizeof(io::t) == 2 && K_DIM % 8 ==
                            && (sizeof(gt::t) == 2 || (BT == 64 && DV_TERMS == 2 && __CUDA_ARCH__ >= 900));
 extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_scores(GDA_CHUNK_BWD_PARAMS)
 {
-#if W_SPLIT
-    // (W_SPLIT) the key steps' four arrays below in one, which holds W once they are done (v60)
+#if W_SPLIT || W_SPLIT_DV
+    // (W_SPLIT, W_SPLIT_DV) the key steps' four arrays below in one, which holds W once they
+    // are done (v60)
     constexpr int KG = 2 * KI * (BT + 1);               // (b_kg's floats)
     __shared__ __align__(16) float b_keys[KG + 3 * KI * QP];
     float2 (&b_kg)[KI][BT + 1] = *reinterpret_cast<float2 (*)[KI][BT + 1]>(b_keys);
@@ -1593,7 +1601,7 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
                 unsigned* const pk = reinterpret_cast<unsigned*>(gda_plane_at<true>(pc.k, t, i));
                 pq[0] = pq[BT * KP / 2] = pk[0] = pk[BT * KP / 2] = 0u;
             });
-#if W_SPLIT
+#if W_SPLIT || W_SPLIT_DV
     // W [BT][WL] in shared memory (rows 16-byte aligned; the split's reads, 8 rows apart a
     // lane's 4, without bank conflicts), once every key step's reads are done
     constexpr int WL = BT + 4;
@@ -1626,6 +1634,12 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
     __syncthreads();
     unsigned* const wp = reinterpret_cast<unsigned*>(ww + b * BT * BT);
     gda_wg_split_b<BT, BT, NTS, false>([&](int u, int s) { return __fmul_rn(scale, w[s * WL + u]); },
+                                       wp, wp + BT * BT / 2, threadIdx.x);
+#elif W_SPLIT_DV
+    // W as scan_dv splits it (element (t, u) = scale W[t][u]), likewise
+    __syncthreads();
+    unsigned* const wp = reinterpret_cast<unsigned*>(ww + b * BT * BT);
+    gda_wg_split_b<BT, BT, NTS, false>([&](int t, int u) { return __fmul_rn(scale, w[t * WL + u]); },
                                        wp, wp + BT * BT / 2, threadIdx.x);
 #endif
     if (VROWS && !(mqk <= GDA_BWD_VAL_MAX && mg <= GDA_BWD_GATE_MAX)) *flag = 1;
@@ -2264,8 +2278,9 @@ __device__ __forceinline__ void gda_stage_w(float* sw, const float* ww, long lon
     });
 }
 
-// (W_SPLIT) scan_o's producer's cp.async of chunk b's W as scores left it (scale W's h, m
-// planes, gda_wg_split_b) into dst (a shared address), as it lies: 16 bytes a copy
+// (W_SPLIT, W_SPLIT_DV) scan_o's or scan_dv's producer's cp.async of chunk b's W as scores left
+// it (scale W's h, m planes, gda_wg_split_b) into dst (a shared address), as it lies: 16 bytes
+// a copy
 template <int NT>
 __device__ __forceinline__ void gda_stage_w_split(unsigned dst, const float* ww, long long b,
                                                   unsigned tid) {
@@ -3109,7 +3124,12 @@ extern "C" __global__ void __launch_bounds__(NTF + FD_PT, 1) gda_chunk_bwd_scan_
             const gda_planes_at pc(pl, NB, b);
             if (i > 0) gda_mbar_wait<true>(bar_ra, (i - 1) & 1);
             gda_wg_copy_planes<FD_PT / 32>(pt, 2, gda_shared_at(sk), pc.k);   // k D's h, m
+#if W_SPLIT_DV
+            gda_stage_vw<false, FD_PT>(sdo, pc.d, n0, sw, ww, b, pt);          // do's, W's
+            gda_stage_w_split<FD_PT>(gda_shared_at(sp), ww, b, pt);            //  split planes
+#else
             gda_stage_vw<true, FD_PT>(sdo, pc.d, n0, sw, ww, b, pt);           // do's, W
+#endif
             filled(bar_fa);
             if (i > 0) gda_mbar_wait<true>(bar_rb, (i - 1) & 1);
             gda_wg_copy_planes<FD_PT / 32>(pt, TERMS, gda_shared_at(sq), pc.q);   // scale q A's
@@ -3138,11 +3158,13 @@ extern "C" __global__ void __launch_bounds__(NTF + FD_PT, 1) gda_chunk_bwd_scan_
         GDA_CHUNK;
         gda_mbar_wait<true>(bar_fa, i & 1);             // slot A filled by the producer
         gda_proxy_fence();                              // (its copies, read by wgmma)
-        gda_wg_split_b<BT, BT, NTF, false>([&](int t, int u) { return scale * sw[t * FWL + u]; },
+#if !W_SPLIT_DV                                         // (W_SPLIT_DV: split by scores)
+        gda_wg_split_b<BT, BT, NTF, false>([&](int t, int u) { return __fmul_rn(scale, sw[t * FWL + u]); },
                                            reinterpret_cast<unsigned*>(sp),
                                            reinterpret_cast<unsigned*>(sp + 2 * BT * BT), threadIdx.x);
         gda_proxy_fence();
         gda_bar_sync(1, NTF);                           // (W's split planes, every warp's)
+#endif
         unsigned fd[NBK][4];                           // do^T's A fragments, a k-step of steps each
         #pragma unroll
         for (int sg = 0; sg < NBK; ++sg)
@@ -3152,8 +3174,9 @@ extern "C" __global__ void __launch_bounds__(NTF + FD_PT, 1) gda_chunk_bwd_scan_
         float o[BT / 8][4] = {};                        // dv^T: [step tile][C fragment]
         gda_wg_o<true>(o, s, fd, kh, gda_shared_at(sp), gda_shared_at(sk) + kb * BT * 2);  // do^T (scale W)^T
                                                         //  + E_b^T (k D)^T
-        __syncwarp();                                   // (slot A read: W before the named barrier
-        if (lane == 0) gda_mbar_arrive(bar_ra);         //  above, do into fd, k D by the waited chain)
+        __syncwarp();                                   // (slot A read: do into fd, k D and W's
+        if (lane == 0) gda_mbar_arrive(bar_ra);         //  planes by the waited chain, W before
+                                                        //  the named barrier above)
         gda_fo_halves<1, true>(so, o, kh, vr + g8, tq);     // the second half's dv^T, then the first's
         gda_bar_sync(1, NTF);                           // (dv^T's sums in so)
         gda_fo_store<1>(so, ch, n0, dv);                // dv

@@ -797,6 +797,19 @@ def _planes(ws, plan):
     return out
 
 
+def _w_planes(ws, plan):
+    """scale W as scores leaves it for scan_dv (W_SPLIT_DV, v70): its h, m bfloat16 planes in
+    wgmma's B layout (gda_wg_split_b: element (t, u) in word 32 c + 4 (t % 8) + u / 2 % 4 of core
+    c = t / 8 BT / 8 + u / 8, the low half for an even u), summed (exactly, in float64): [NB][BT][BT]."""
+    import cupy
+    NB, C = plan.NB, plan.cfg.BT
+    words = ws[plan.at["ww"]:plan.at["ww"] + NB * C * C].view(np.uint32)
+    words = cupy.asnumpy(words).reshape(NB, 2, C * C // 2)
+    t, u = np.arange(C)[:, None], np.arange(C)[None, :]
+    half = words[:, :, 32 * (t // 8 * (C // 8) + u // 8) + 4 * (t % 8) + u // 2 % 4] >> (16 * (u % 2))
+    return ((half & 0xffff) << 16).astype(np.uint32).view(np.float32).astype(np.float64).sum(1)
+
+
 def _chunk_rows(x, BT, fill=0):
     """[B, T, H, d] -> the chunks' rows [B H NC][BT][d] in float32 (rows past T: fill)."""
     B, T, H, d = x.shape
@@ -933,9 +946,10 @@ def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT, dtyp
     check(sd, float(scale) * dp, s0.swapaxes(1, 2))
     check(view("ev", C, K), vp, e.swapaxes(1, 2))
     grads, _ = plan.run(*args, fallback=False, stages=7, ws=ws)
-    ww = view("ww", C, C)
-    want = kd @ e + ww @ (float(scale) * dp)
-    mag = np.abs(kd) @ np.abs(e) + np.abs(ww) @ np.abs(float(scale) * dp)
+    # scale W: scores' float32 W times scale, or with scan_dv its split planes (v70)
+    sww = _w_planes(ws, plan) if two else float(scale) * view("ww", C, C)
+    want = kd @ e + sww @ dp
+    mag = np.abs(kd) @ np.abs(e) + np.abs(sww) @ np.abs(dp)
     rows = want.reshape(B, H, -1, V)[:, :, :T].transpose(0, 2, 1, 3)      # chunk rows -> [B, T, H, V]
     rmag = mag.reshape(B, H, -1, V)[:, :, :T].transpose(0, 2, 1, 3)
     got = cupy.asnumpy(grads[2].astype(np.float32)).astype(np.float64)
