@@ -9,8 +9,8 @@
 #            clusters" where the CPU tests and the compile tests ran on a CPU machine after the
 #            same change), then cupy-gda verify, then (carry [".old"] too) the forward's stages of
 #            .old's tree and this one where time is left (STAGES, gla1.3b-bf16); all of it within
-#            SUITE_END s of the phase's start (580; less where the call ran something first, as
-#            docs/pending/first-call.sh does). The property
+#            SUITE_END s of the phase's start (580; less where the call ran something first).
+#            The property
 #            tests (tests/test_properties.py: their GPU draws compile some 70 kernels) need
 #            hypothesis and the workers pytest-xdist, which the device may lack: carry
 #            [".vendor"] from scripts/vendor_tests.sh. Without pytest-xdist the suite runs in one
@@ -24,8 +24,9 @@
 #            its autotuning at a new shape can take minutes, so it runs apart and cannot cost ours)
 #   sanitize-bwd: install, the backward's own GPU tests once (the kernel cache), then under
 #            memcheck, racecheck, synccheck and initcheck (each within the call's time left)
-#   sanitize-wg: the same (memcheck, racecheck, synccheck) for the opt-in wgmma forms' tests:
-#            scan_o as clusters against its wgmma form, the kept backward by scan_dv and scan_o's S0
+#   sanitize-wg: the same (memcheck, racecheck, synccheck) for the wgmma forms' tests: scan_o
+#            as clusters against its wgmma form, the kept backward by scan_dv and scan_o's S0,
+#            scan_dv in the lean backward (its default since v69)
 #   sanitize-producer: the same (memcheck, racecheck, synccheck, initcheck) for scan_o's
 #            producer warps' tests (v49; with SCAN_O_BULK's on a tree that has them), then
 #            racecheck over scripts/racecheck_mbar_probe.py (a ring of mbarriers right by
@@ -288,11 +289,13 @@ or varlen)) or forward_from_the_backward_stages or forward_from_planes_guard)" \
         exit 0
     fi
     if [ "$phase" = "sanitize-wg" ]; then
-        # the wgmma forms' own tests, opt-in (v39-v42): scan_o as clusters bit for bit its
-        # wgmma form (v39 and v42, every cluster size), the kept backward by scan_dv and scan_o's
-        # S0 (v40, v41)
-        san_tests wgmma-forms "gpu and (bit_for_bit_its_wgmma or (kept_forward and scan_dv-wg))" \
-            memcheck racecheck synccheck
+        # the wgmma forms' own tests: scan_o as clusters bit for bit its wgmma form (v39 and
+        # v42, every cluster size), the kept backward by scan_dv and scan_o's S0 (v40, v41), and
+        # scan_dv as the backward runs it by default since v69 (its producer warpgroup, v68; W
+        # split by scores, v70): its GEMM test's planes-dv, its guard, the chunked contract cases
+        san_tests wgmma-forms "gpu and (bit_for_bit_its_wgmma or (kept_forward and scan_dv) or \
+scan_dv_guard or (gemms_are_exact and planes-dv) or (backward_meets_the_contract and chunk and \
+(K256 or varlen)))" memcheck racecheck synccheck
         exit 0
     fi
     if [ "$phase" = "sanitize-producer" ]; then
