@@ -246,7 +246,8 @@ if [ "$phase" = "sanitize" ] || [ "${phase#sanitize-}" != "$phase" ]; then   # (
     only=()
     compute-sanitizer --kernel-name kns=gda_ true > /dev/null 2>&1 && only=(--kernel-name kns=gda_)
     echo "compute-sanitizer: $(compute-sanitizer --version 2>&1 | grep -i version | head -1); ${only[*]:-every kernel}"
-    end=530                  # s since the call began: the call's 600 s less transfers and slack
+    end=${SAN_END:-530}      # s since the call began: the call's 600 s less transfers and slack
+    #                          (SAN_END: less, where the call runs something after)
     said='ERROR SUMMARY|RACECHECK SUMMARY|^verify: |[0-9]+ (passed|failed|skipped|error)|Error: '
     # san TOOL TARGET CAP COMMAND...: COMMAND under TOOL for at most CAP s; one line, and its
     # log appended to $out/sanitize-TOOL.txt (one file a tool: the call brings back 8 files)
