@@ -10,11 +10,11 @@
 #            same change), then cupy-gda verify, then (carry [".old"] too) the forward's stages of
 #            .old's tree and this one where time is left (STAGES, gla1.3b-bf16); all of it within
 #            SUITE_END s of the phase's start (580; less where the call ran something first).
-#            The property
-#            tests (tests/test_properties.py: their GPU draws compile some 70 kernels) need
-#            hypothesis and the workers pytest-xdist, which the device may lack: carry
-#            [".vendor"] from scripts/vendor_tests.sh. Without pytest-xdist the suite runs in one
-#            process, cut at the call's cap: then suite-a and suite-b, in two calls, run it all
+#            The property tests (tests/test_properties.py: their GPU draws compile some 70
+#            kernels) need hypothesis and the workers pytest-xdist, which the device may lack:
+#            carry [".vendor"] from scripts/vendor_tests.sh. Without pytest-xdist the suite runs
+#            in one process, cut at the call's cap: then suite-a and suite-b, in two calls, run
+#            it all
 #   suite-a, suite-b: install, the test suite in two halves that each fit one call (a: the
 #            files in SUITE_A; b: every other file, so a new one is never left out), then (b)
 #            cupy-gda verify
