@@ -79,6 +79,9 @@
 #            for each form of [FORMS ("wg mma"): wg by wgmma (--scan-o-wg), mma by mma.sync]:
 #            its stages uninstrumented, the sections' details page and the SASS source page
 #            summed by scripts/ncu_sass.py (v52: the copies' L2 sectors and shared wavefronts)
+#   ncu-scan-dv: install, the same for one scan_dv launch (the lean backward's) at GLA-1.3B
+#            bf16 [with profile_chunk_bwd's FLAG, e.g. --no-scan-dv-prefetch]: where its chunks'
+#            time goes (v70: 11.4 us a chunk against scan_o's 3.6)
 #   wg-producer: install, the producer tests (mma.sync and wgmma forms), then the forward's
 #            stages of [NAMES (gla1.3b-bf16,gla340m-bf16)] by mma.sync, by wgmma with its
 #            producer warpgroup (v52) and by wgmma without, twice in turn, then scan_o's sweep
@@ -124,6 +127,7 @@
 #   bash scripts/device_run.sh <commit> planes-rule
 #   bash scripts/device_run.sh <commit> producer-ab [NAMES (gla1.3b-bf16,gla340m-bf16)]
 #   bash scripts/device_run.sh <commit> ncu-scan-o [FORMS ("wg mma")]
+#   bash scripts/device_run.sh <commit> ncu-scan-dv [FLAG]
 #   bash scripts/device_run.sh <commit> wg-producer [NAMES (gla1.3b-bf16,gla340m-bf16)]
 #   bash scripts/device_run.sh <commit> planes-long
 #   bash scripts/device_run.sh <commit> l2-rate [NAMES (gla1.3b-bf16)]
@@ -455,28 +459,41 @@ if [ "$phase" = "producer-ab" ]; then
     forward_ab "$out/producer-ab.txt" "${3:-gla1.3b-bf16,gla340m-bf16}" with "" --no-scan-o-producer
     exit 0
 fi
+# ncu_launch KERNEL LABEL ARGS...: ncu of one KERNEL launch (the second) in `profile_chunk_bwd
+# ARGS`, whose stages run uninstrumented first; the sections' details page and the SASS source
+# page summed by scripts/ncu_sass.py, each LABEL's
+ncu_launch() {
+    local kernel="$1" label="$2"
+    shift 2
+    local sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats
+                    --section SchedulerStats --section Occupancy --section LaunchStats
+                    --section SourceCounters --section MemoryWorkloadAnalysis --section InstructionStats)
+    timeout 80 python3 -m scripts.profile_chunk_bwd "$@" 2>&1 | grep -v "^bench" > "$out/stages-$label.txt"
+    head -3 "$out/stages-$label.txt"
+    timeout 150 ncu -k "regex:$kernel\$" -s 1 -c 1 "${sections[@]}" -o "$out/$label" \
+        python3 -m scripts.profile_chunk_bwd "$@" > /dev/null 2>&1
+    echo "ncu $label: rc $?"
+    ncu -i "$out/$label.ncu-rep" --page details > "$out/details-$label.txt" 2>&1
+    ncu -i "$out/$label.ncu-rep" --page source --print-source sass --csv 2>/dev/null \
+        | gzip > "$out/sass-$label.csv.gz"
+    rm -f "$out/$label.ncu-rep"
+    grep -E "Duration|L2 Cache Throughput|DRAM Throughput|Issue Slots Busy|Registers Per" \
+        "$out/details-$label.txt"
+    python3 -m scripts.ncu_sass "$out/sass-$label.csv.gz" 12 | head -8
+}
 if [ "$phase" = "ncu-scan-o" ]; then
-    sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats
-              --section SchedulerStats --section Occupancy --section LaunchStats
-              --section SourceCounters --section MemoryWorkloadAnalysis --section InstructionStats)
     for form in ${3:-wg mma}; do
         flag=()
         [ "$form" = wg ] && flag=(--scan-o-wg)
         [ "$form" = mma ] && flag=(--no-scan-o-wg)     # (the default takes wgmma: v53, v56)
-        timeout 80 python3 -m scripts.profile_chunk_bwd gla1.3b-bf16 --forward --stages "${flag[@]}" \
-            2>&1 | grep -v "^bench" > "$out/stages-$form.txt"
-        head -3 "$out/stages-$form.txt"
-        timeout 150 ncu -k regex:gda_chunk_bwd_scan_o -s 1 -c 1 "${sections[@]}" -o "$out/$form" \
-            python3 -m scripts.profile_chunk_bwd gla1.3b-bf16 --forward --stages "${flag[@]}" \
-            > /dev/null 2>&1
-        echo "ncu $form: rc $?"
-        ncu -i "$out/$form.ncu-rep" --page details > "$out/details-$form.txt" 2>&1
-        ncu -i "$out/$form.ncu-rep" --page source --print-source sass --csv 2>/dev/null \
-            | gzip > "$out/sass-$form.csv.gz"
-        rm -f "$out/$form.ncu-rep"
-        grep -E "Duration|L2 Cache Throughput|Issue Slots Busy|Registers Per" "$out/details-$form.txt"
-        python3 -m scripts.ncu_sass "$out/sass-$form.csv.gz" 12 | head -8
+        ncu_launch gda_chunk_bwd_scan_o "$form" gla1.3b-bf16 --forward --stages "${flag[@]}"
     done
+    exit 0
+fi
+if [ "$phase" = "ncu-scan-dv" ]; then
+    # the lean backward's second scan_dv launch (profile_chunk_bwd's first backwards are the
+    # chunked method's), with [FLAG: profile_chunk_bwd's, e.g. --no-scan-dv-prefetch]
+    ncu_launch gda_chunk_bwd_scan_dv "scan_dv${3:-}" gla1.3b-bf16 --stages ${3:-}
     exit 0
 fi
 if [ "$phase" = "wg-producer" ]; then

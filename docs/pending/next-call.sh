@@ -11,7 +11,9 @@
 #      warm; timeout_s 320): main's (.old) and v71's forward + backward rows at GLA-1.3B bf16,
 #      interleaved, twice; its last line names the tree that won (as first-call.sh's did);
 #   then, where v71 won, its whole GPU suite: `bash scripts/device_run.sh v71 suite` (carry
-#      [".vendor"]; timeout_s 600), and land the patch; delete docs/pending either way.
+#      [".vendor"]; timeout_s 600), and land the patch; delete docs/pending either way;
+#   where device time is left: `bash scripts/device_run.sh <c> ncu-scan-dv` (timeout_s 300),
+#      where scan_dv's chunks' time goes (its stall reasons by SASS line).
 set -uo pipefail
 what="${1:-stages}"
 out="${OUT:-/tmp/out}"
