@@ -24,7 +24,8 @@ if [ "$what" = stages ]; then
     python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARNING | tail -2
     xd=()
     PYTHONPATH="$PWD/.vendor" python3 -c "import xdist" 2>/dev/null && xd=(-n 8)
-    sel="gpu and ((kept_forward and scan_dv) or scan_dv_guard or (gemms_are_exact and planes-dv))"
+    sel="gpu and ((kept_forward and scan_dv) or scan_dv_guard or (gemms_are_exact and planes-dv) \
+or (backward_meets_the_contract and chunk and (K256 or varlen)))"     # (sanitize-wg's, less scan_o's)
     PYTHONPATH="$PWD/.vendor" timeout 150 python3 -m pytest -q -p no:cacheprovider \
         tests/test_backward.py -k "$sel" "${xd[@]}" > "$out/tests.txt" 2>&1
     echo "tests: $(tail -1 "$out/tests.txt") at $SECONDS s"
