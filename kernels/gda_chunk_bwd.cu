@@ -1628,19 +1628,15 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
     });
     for (int x = threadIdx.x; x < BT * BT; x += NTS)    // below the diagonal (s > u): 0
         if (x / BT > x % BT) w[WL == BT ? x : x / BT * WL + x % BT] = 0.f;
-#if W_SPLIT
-    // W as scan_o's wgmma form splits it, into global memory (scale W's h, m planes, element
-    // (u, s) = scale W[s][u]: u the output's step, s the input's), once all of it is stored
+#if W_SPLIT || W_SPLIT_DV
+    // W as its reader splits it, into global memory (scale W's h, m planes), once all of it is
+    // stored: element (r, c) = scale W[c][r] for scan_o's wgmma form (W_SPLIT: r the output's
+    // step, c the input's), scale W[r][c] for scan_dv's (W_SPLIT_DV)
     __syncthreads();
     unsigned* const wp = reinterpret_cast<unsigned*>(ww + b * BT * BT);
-    gda_wg_split_b<BT, BT, NTS, false>([&](int u, int s) { return __fmul_rn(scale, w[s * WL + u]); },
-                                       wp, wp + BT * BT / 2, threadIdx.x);
-#elif W_SPLIT_DV
-    // W as scan_dv splits it (element (t, u) = scale W[t][u]), likewise
-    __syncthreads();
-    unsigned* const wp = reinterpret_cast<unsigned*>(ww + b * BT * BT);
-    gda_wg_split_b<BT, BT, NTS, false>([&](int t, int u) { return __fmul_rn(scale, w[t * WL + u]); },
-                                       wp, wp + BT * BT / 2, threadIdx.x);
+    gda_wg_split_b<BT, BT, NTS, false>(
+        [&](int r, int c) { return __fmul_rn(scale, W_SPLIT ? w[c * WL + r] : w[r * WL + c]); },
+        wp, wp + BT * BT / 2, threadIdx.x);
 #endif
     if (VROWS && !(mqk <= GDA_BWD_VAL_MAX && mg <= GDA_BWD_GATE_MAX)) *flag = 1;
 }
