@@ -69,9 +69,12 @@ USE_SCAN_O = True        # a ForwardPlan that keeps nothing runs the scan and o 
                          # (gda_chunk_bwd_scan_o) where it fits (scan_o_fits; v38)
 NTF, FV = 256, 64        # scan_o's threads and value columns a block
 FD_PT = 128              # scan_dv's producer warpgroup's threads, beside NTF (the kernel's; v68)
-USE_SCAN_O_WG = False    # scan_o's products by wgmma on a Hopper GPU (Config.SCAN_O_WG; v39) in
-                         # every form that can (the keeping forward's S0 and at 128 keys too):
-                         # off, slower there (v39-v42, v52); SCAN_O_WG_KEYS takes it where it pays
+USE_SCAN_O_WG = True     # scan_o's products by wgmma on a Hopper GPU (Config.SCAN_O_WG; v39) in
+                         # every form that can: where scan_dv runs, the lean backward's S0 (no
+                         # o) and the keeping forward's (each S0 stored; scan_o_s0). Off before
+                         # v72, slower then (v39-v42, v52); on since v72 (an H100, GLA-1.3B bf16:
+                         # the backward's S0 0.54 ms against the scan's 0.96, the keeping
+                         # forward 1.50 against 2.31). SCAN_O_WG_KEYS rules the lean forward
 SCAN_O_WG_KEYS = (128, 256)  # without USE_SCAN_O_WG, a ForwardPlan that keeps nothing takes
                          # scan_o's wgmma form on a Hopper GPU where its planes are of these keys
                          # (v53, H100: the planes in the 128-byte swizzle, fed by a producer
@@ -310,8 +313,8 @@ def forward_config(p, varlen=False, keep=False, limits=None):
     (scan_o's: USE_SCAN_O_WG, or one that keeps nothing at SCAN_O_WG_KEYS, on a Hopper GPU).
     With ``limits`` (a GPU's, not asked) not SCAN_O_WG_KEYS' form: where it would run, on a
     Hopper GPU, mma.sync's fits as well (scan_o_smem 199,680 and 212,992 bytes at 256 keys)."""
-    wg = use_scan_o_wg() or (not keep and planes(p)[0] in SCAN_O_WG_KEYS and limits is None
-                             and hopper())
+    wg = limits is None and (use_scan_o_wg()
+                             or (not keep and planes(p)[0] in SCAN_O_WG_KEYS and hopper()))
     return planes_config(p, varlen, use_wgmma(), keep, wg)
 
 

@@ -739,6 +739,7 @@ def test_lean_forward_takes_scan_o_by_wgmma_at_128_and_256_keys(K, V, want, monk
     keeps its stages (its S0 stay by mma.sync), nor with SCAN_O_WG_KEYS empty."""
     p = _p(T=4096, K=K, B=8, H=4)._replace(V=V, **_BF16)
     assert chunk_bwd.config(p).BT == 64
+    monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_WG", False)      # (on since v72)
     for hopper in (True, False):
         monkeypatch.setattr(chunk_bwd, "hopper", lambda: hopper)
         assert chunk_bwd.forward_config(p).SCAN_O_WG == (want and hopper)
