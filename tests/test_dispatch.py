@@ -1016,6 +1016,23 @@ def _fake_launches(monkeypatch, scan_dv, scan_o_wg):
     return built
 
 
+def test_hopper_defaults_take_the_s0_from_scan_o_where_scan_dv_runs(monkeypatch):
+    """By default (USE_SCAN_DV since v69, USE_SCAN_O_WG since v72) a Hopper GPU's backward at
+    GLA-1.3B bf16 runs scan_dv with its S0 from scan_o's wgmma form, and the forward that keeps
+    its stages for it stores them from the same kernel; GLA-340M's (128 blocks, under one an
+    SM: no planes in its backward) runs neither."""
+    assert chunk_bwd.USE_SCAN_DV and chunk_bwd.USE_SCAN_O_WG
+    _fake_launches(monkeypatch, chunk_bwd.USE_SCAN_DV, chunk_bwd.USE_SCAN_O_WG)
+    p = Problem(B=8, T=4096, H=4, K=256, V=512, N=8, dtype="bfloat16", g_dtype="float32",
+                log_gate=False)
+    plan = chunk_bwd.BackwardPlan(p)
+    assert plan.cfg.SCAN_DV and plan.cfg.SCAN_O_WG
+    assert [e for _, e in chunk_bwd.backward_stages(plan.cfg)][1] == "scan_o"
+    assert chunk_bwd.ForwardPlan(p, keep=True).cfg.SCAN_O_WG
+    small = chunk_bwd.BackwardPlan(p._replace(K=128, V=256))
+    assert not small.cfg.SCAN_DV and not small.cfg.SCAN_O_WG
+
+
 @pytest.mark.parametrize("scan_dv, scan_o_wg", [(False, False), (True, False), (True, True),
                                                 (False, True)])
 def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv, scan_o_wg):
