@@ -80,8 +80,8 @@
 #            its stages uninstrumented, the sections' details page and the SASS source page
 #            summed by scripts/ncu_sass.py (v52: the copies' L2 sectors and shared wavefronts)
 #   ncu-scan-dv: install, the same for one scan_dv launch (the lean backward's) at GLA-1.3B
-#            bf16 [with profile_chunk_bwd's FLAG, e.g. --no-scan-dv-prefetch]: where its chunks'
-#            time goes (v70: 11.4 us a chunk against scan_o's 3.6)
+#            bf16 [with profile_chunk_bwd's FLAG, e.g. --scan-dv-wg, or one a pending patch
+#            adds]: where its chunks' time goes (v72: 11.5 us a chunk against scan_o's 3.6)
 #   wg-producer: install, the producer tests (mma.sync and wgmma forms), then the forward's
 #            stages of [NAMES (gla1.3b-bf16,gla340m-bf16)] by mma.sync, by wgmma with its
 #            producer warpgroup (v52) and by wgmma without, twice in turn, then scan_o's sweep
@@ -492,7 +492,7 @@ if [ "$phase" = "ncu-scan-o" ]; then
 fi
 if [ "$phase" = "ncu-scan-dv" ]; then
     # the lean backward's second scan_dv launch (profile_chunk_bwd's first backwards are the
-    # chunked method's), with [FLAG: profile_chunk_bwd's, e.g. --no-scan-dv-prefetch]
+    # chunked method's), with [FLAG: profile_chunk_bwd's, e.g. --scan-dv-wg]
     ncu_launch gda_chunk_bwd_scan_dv "scan_dv${3:-}" gla1.3b-bf16 --stages ${3:-}
     exit 0
 fi
