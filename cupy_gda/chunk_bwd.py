@@ -32,7 +32,9 @@ and scan_o's S0 (v41). With USE_SCAN_O_MC the wgmma form of the one that keeps n
 sequence-head's blocks as a cluster that shares each chunk's planes (SCAN_O_MC, v42). One that
 keeps nothing and runs scan_o copies v's rows from v itself, where V is a multiple of 8, and
 pack writes no plane of v (VROWS, v43); there scores does what pack did of q, k and g from its
-own loads, and pack is not launched (v44).
+own loads, and pack is not launched (v44). Likewise, in the backward by scan_dv that keeps
+nothing and in the forward that keeps its stages by scan_o's wgmma form, scores writes the
+planes of q A and k D (three terms) and pack those of v and do alone (QK_BY_SCORES, v75).
 """
 from typing import NamedTuple
 
@@ -97,6 +99,11 @@ USE_VROWS = True         # a ForwardPlan that keeps nothing and runs scan_o read
                          # itself (Config.VROWS, scan_o_vrows; v43): pack then neither reads v nor
                          # writes its plane (a third of its bytes at GLA-1.3B), scan_o checks v;
                          # and scores writes the planes of q A and k D, pack not launched (v44)
+USE_QK_BY_SCORES = True  # scores writes pack's planes of q A and k D (three terms) and A_end
+                         # from its own loads of q, k and g (QK_BY_SCORES, qk_by_scores; v75) in
+                         # the backward by scan_dv that keeps nothing and in the forward that
+                         # keeps its stages by scan_o's wgmma form: pack then reads and writes
+                         # v's and do's alone (at GLA-1.3B 448 of its 960 MiB in the backward)
 SCAN_DV_FROM = 1.0       # scan_dv's blocks an SM from which it runs (its blocks are scan_o's:
                          # SCAN_O_FROM's reason; not measured)
 SCAN_O_FROM = 0.2        # scan_o's blocks (sequence-heads x tiles of FV value columns) an SM
@@ -180,11 +187,14 @@ def backward_stages(cfg, keep=False):
     kept stages), in the order it launches them: run(stages=n) runs those numbered n or less.
     With SCAN_DV, E and dv come by scan_dv, numbered 3 though it runs after W (5): stages 3
     and 4 then hold E, S0 and rows' products, and dv, made from a W not yet written, is right
-    only from 5 on; the scan runs its forward half alone, or scan_o its S0 where SCAN_O_WG, and
-    none where the S0 are kept. KEEP launches no scores (W kept)."""
+    only from 5 on (from 1 where scores writes the planes of q A and k D, qk_by_scores: it then
+    runs right after pack, numbered 1 as pack's work); the scan runs its forward half alone, or
+    scan_o its S0 where SCAN_O_WG, and none where the S0 are kept. KEEP launches no scores (W
+    kept)."""
     if cfg.SCAN_DV:
-        boundary = ([] if keep else [(3, "scan_o" if cfg.SCAN_O_WG else "scan"), (5, "scores")]
-                    ) + [(3, "scan_dv")]
+        s0 = (3, "scan_o" if cfg.SCAN_O_WG else "scan")
+        boundary = ([] if keep else [(1, "scores"), s0] if qk_by_scores(cfg)
+                    else [s0, (5, "scores")]) + [(3, "scan_dv")]
     elif cfg.SCAN:
         boundary = [(3, "scan")]
     else:
@@ -201,6 +211,18 @@ def forward_stages(scan_o, vrows=False):
     if not scan_o:
         return ("pack", "scan", "scores", "dv")
     return ("scores", "scan_o") if vrows else ("pack", "scores", "scan_o")
+
+
+def qk_by_scores(cfg, fwd=False, keep=False):
+    """Whether scores writes pack's planes of q A and k D, A_end and the guard on q, k and g
+    (QK_BY_SCORES) in the build of Config ``cfg`` (a forward's where ``fwd``, a backward from
+    kept stages where ``keep``): in a forward with VROWS (v44), and with USE_QK_BY_SCORES in one
+    that keeps its stages by scan_o's wgmma form (three terms, SCAN_O_WG: scores runs before
+    scan_o there) and in a backward by scan_dv that keeps nothing (v75: scores then runs right
+    after pack, before the S0's scan)."""
+    if fwd:
+        return cfg.VROWS or (USE_QK_BY_SCORES and cfg.TERMS == 3 and cfg.SCAN_O_WG)
+    return USE_QK_BY_SCORES and cfg.SCAN_DV and not keep
 
 
 def entries(cfg, fwd=False, keep=False):
@@ -225,7 +247,8 @@ def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
                 DV_TERMS=min(cfg.TERMS, cfg.DV_TERMS) if fwd else cfg.DV_TERMS,
                 ROWS_TERMS=cfg.TERMS if fwd else cfg.ROWS_TERMS, SCAN_O_WG=int(cfg.SCAN_O_WG),
                 SCAN_O_MC=int(cfg.SCAN_O_MC and fwd), SCAN_DV=int(cfg.SCAN_DV and not fwd),
-                VROWS=int(cfg.VROWS and fwd), ENTRIES=entries(cfg, fwd, keep),
+                VROWS=int(cfg.VROWS and fwd), QK_BY_SCORES=int(qk_by_scores(cfg, fwd, keep)),
+                ENTRIES=entries(cfg, fwd, keep),
                 SCAN_O_PRODUCER=scan_o_warps(p, cfg) if USE_SCAN_O_PRODUCER and fwd
                                 and cfg.TERMS == 2 and not cfg.SCAN_O_MC else 0)
 

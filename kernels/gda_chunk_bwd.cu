@@ -31,7 +31,8 @@
 //   4. gda_chunk_bwd_rows:   M, scale do S0^T, v E^T (GEMMs; PLANES: v, do from the planes).
 //   5. gda_chunk_bwd_scores: W of each chunk: its 16-step blocks before the diagonal on the
 //                            tensor cores (keys anchored at each block), the diagonal blocks
-//                            on the CUDA cores.
+//                            on the CUDA cores; with QK_BY_SCORES pack's planes of q A and k D
+//                            too (then launched right after pack, before their readers).
 //   6. gda_chunk_bwd_intra:  dq, dk, dg of each chunk, a thread per key column, the steps in
 //                            reverse (X_t in registers, the chunk's k and g in shared memory).
 //   7. gda_chunk_bwd_dv:     dv = (k D) E + scale W do (GEMMs; PLANES: k D, do from the planes),
@@ -88,7 +89,11 @@
 //   VROWS scores then stores W as scan_o's wgmma form reads it, W_SPLIT below: v58),
 //   SCAN_DV (1, built for sm_90a, a
 //   backward with PLANES: the scan's backward half and dv's entry as one kernel by wgmma,
-//   gda_chunk_bwd_scan_dv; the scan runs its forward half alone, and none where KEEP), ENTRIES
+//   gda_chunk_bwd_scan_dv; the scan runs its forward half alone, and none where KEEP),
+//   QK_BY_SCORES (1: scores writes pack's planes of scale q A and k D, TERMS of each, and A_end,
+//   and checks q, k and g for the guard; pack, where launched, does v's and do's planes alone:
+//   with VROWS, in a backward with SCAN_DV that keeps nothing, and in a forward that keeps its
+//   stages by scan_o's wgmma form; scores runs before whatever reads the planes: v75), ENTRIES
 //   (the entries the build holds, bit i for entry i + 1 above: those its plans launch,
 //   chunk_bwd.entries; the others are left out, so a launch of one fails when its plan is made).
 //   Reference: cupy_gda.reference.gated_attention_backward_ref.
@@ -96,8 +101,8 @@
     || !defined(BT) || !defined(KT) || !defined(SCAN) || !defined(PLANES) || !defined(SMEM_BYTES) \
     || !defined(FWD) || !defined(KEEP) || !defined(WGMMA) || !defined(TERMS) || !defined(DV_TERMS) \
     || !defined(ROWS_TERMS) || !defined(SCAN_O_WG) || !defined(SCAN_O_MC) || !defined(SCAN_DV) \
-    || !defined(VROWS) || !defined(ENTRIES)
-#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA, TERMS, DV_TERMS, ROWS_TERMS, SCAN_O_WG, SCAN_O_MC, SCAN_DV, VROWS and ENTRIES are required"
+    || !defined(VROWS) || !defined(QK_BY_SCORES) || !defined(ENTRIES)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA, TERMS, DV_TERMS, ROWS_TERMS, SCAN_O_WG, SCAN_O_MC, SCAN_DV, VROWS, QK_BY_SCORES and ENTRIES are required"
 #endif
 static_assert(BT % 16 == 0 && BT >= 16 && BT <= 64, "BT: 16..64, a multiple of 16");
 static_assert(!PLANES || (SCAN && IO_DTYPE == 2), "PLANES: the fused scan's, bfloat16 inputs");
@@ -125,6 +130,13 @@ static_assert(!SCAN_O_MC || (SCAN_O_WG && FWD && TERMS == 2 && !GDA_HAS(3) && !G
 static_assert(!VROWS || (FWD && TERMS == 2 && V_DIM % 8 == 0 && !GDA_HAS(3) && !GDA_HAS(7)),
               "VROWS: scan_o in a forward that keeps nothing, V a multiple of 8, without the scan "
               "and dv's entry");
+// (QK_BY_SCORES: pack's planes of q A and k D by scores, where scores runs before their readers
+// and, in a backward, where it runs at all)
+static_assert(VROWS ? QK_BY_SCORES
+                    : !QK_BY_SCORES || (PLANES && GDA_HAS(5)
+                                        && (FWD ? SCAN_O_WG && TERMS == 3 : SCAN_DV && !KEEP)),
+              "QK_BY_SCORES: with VROWS, in a backward with scan_dv that keeps nothing, or in a "
+              "forward that keeps its stages by scan_o's wgmma form");
 
 #ifndef SCAN_O_PRODUCER
 #define SCAN_O_PRODUCER 0
@@ -342,7 +354,7 @@ __device__ __forceinline__ void gda_store_cols(float* c, const float (&x)[CW]) {
 // D_t by 16-step blocks: A_t = (the products of the whole blocks before t's) P(start of t's
 // block..t), D_t = P(t+1..end of t's block) (those of the whole blocks after it, from the last
 // down), each block's product in the order scores makes it, so that scores, which writes the
-// planes itself where VROWS (gda_scores_planes), writes the same bits.
+// planes itself where QK_BY_SCORES (gda_scores_planes), writes the same bits.
 // (8 blocks an SM, at most 64 registers: with no minimum ptxas still kept to 64 at K = V = 192
 // bfloat16 and spilled 16 bytes there; with the bound none of 72 builds of a sweep spills)
 #if GDA_HAS(0)
@@ -352,8 +364,9 @@ extern "C" __global__ void __launch_bounds__(NTP, 8) gda_chunk_bwd_pack(GDA_CHUN
     GDA_CHUNK;
     const gda_planes_at pc(pl, NH * NC, b);            // (PLANES: instead of qa, kd, vp, dp)
     bool ok = true;
-    for (int i = threadIdx.x * CWK; i < (KEEP ? 0 : PLANES ? KP : K_DIM); i += NTP * CWK) {
-        const bool on = i < K_DIM;                      // (KEEP: kept; i >= K_DIM: the planes'
+    for (int i = threadIdx.x * CWK; i < (KEEP || QK_BY_SCORES ? 0 : PLANES ? KP : K_DIM);
+         i += NTP * CWK) {                              // (KEEP: kept; QK_BY_SCORES: scores')
+        const bool on = i < K_DIM;                      // (i >= K_DIM: the planes'
         float a[CWK], pre[CWK];                         //  zeros) A_t = pre a: q A, A_end
         #pragma unroll
         for (int c = 0; c < CWK; ++c) a[c] = 1.f, pre[c] = 1.f;
@@ -1320,8 +1333,9 @@ __device__ __forceinline__ void gda_score_tiles(int warp, const F& f)
                 if (tile % 4 == warp) f(tile / 4, tau, sg, jn);
 }
 
-// (VROWS) pack's work in scores, an item (step t in 16-step block blk, keys i0 + ii and the next):
-// scale q A and k D into their planes, A_t and D_t from the block products as pack makes them
+// (QK_BY_SCORES) pack's work in scores, an item (step t in 16-step block blk, keys i0 + ii and
+// the next): scale q A and k D into their PA planes, A_t and D_t from the block products as pack
+// makes them
 // (pre: the blocks before, in order; suf: those after, from the last down; the same bits), and
 // at t = 0 A_end into ae (the chunk's)
 __device__ __forceinline__ void gda_scores_planes(
@@ -1329,7 +1343,6 @@ __device__ __forceinline__ void gda_scores_planes(
     const float2 (&kg)[KI][BT + 1], const float (&bq)[KI][QP], const float (&sp)[KI][QP],
     const float (&pr)[KI][QP], const float (&gb)[NBK][KI], float scale)
 {
-    static_assert(!VROWS || PA == 2, "VROWS: two terms");
     float xq[2], xk[2];
     #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -1351,10 +1364,12 @@ __device__ __forceinline__ void gda_scores_planes(
     unsigned* const pq = reinterpret_cast<unsigned*>(gda_plane_at<false>(pc.q, t, i0 + ii));
     pq[0] = h;
     pq[BT * KP / 2] = m;
+    if (PA == 3) pq[BT * KP] = l;
     gda_split3<false>(xk[0], xk[1], h, m, l);
     unsigned* const pk = reinterpret_cast<unsigned*>(gda_plane_at<true>(pc.k, t, i0 + ii));
     pk[0] = h;
     pk[BT * KP / 2] = m;
+    if (PA == 3) pk[BT * KP] = l;
 }
 
 // 5. Block (chunk b): W[b][s][u] = sum_i k_s[i] P(s+1..u)[i] q_u[i] for s <= u, 0 below, in
@@ -1366,8 +1381,10 @@ __device__ __forceinline__ void gda_scores_planes(
 // j-th (s, u) from u down for u (s = u - j, j <= u), then from 15 - u down for 15 - u (s =
 // 16 - j), each a running product from s = its column down: ND = 17, every s <= u once
 // (where a thread a column took all 16 s, half of them 0 above the diagonal). The key columns
-// in steps of KI. With VROWS (a forward that keeps
-// nothing and runs scan_o, v44) it does pack's work too, pack not launched: from the same loads,
+// in steps of KI. With QK_BY_SCORES (VROWS: a forward that keeps nothing and runs scan_o, v44,
+// where pack is not launched; v75: a backward by scan_dv, a forward keeping its stages by
+// scan_o's wgmma form, where pack does v's and do's planes alone) it does pack's work of q,
+// k and g too: from the same loads,
 // the guard on q, k and g, the planes of scale q A and k D (gda_scores_planes: pack's A_t and
 // D_t from the same block products, the same bits) and A_end, over every key column of the
 // planes (KP; the key steps past K's last write zeros only) and every chunk, those of no rows
@@ -1430,10 +1447,11 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
     __shared__ __align__(16) gt::t r_g[PFR][KI];
     const long long b = blockIdx.x;
     GDA_CHUNK;
-    if (!VROWS && ch.rows == 0) return;                 // (dv skips the chunk too)
-    float mqk = 0.f, mg = 0.f;                          // (VROWS: the guard's running max of
-                                                        //  |q|, |k| and of |g|; a NaN stays)
-    const gda_planes_at pc(pl, NH * NC, b);             // (VROWS: the planes it writes)
+    if (!QK_BY_SCORES && ch.rows == 0) return;          // (dv skips the chunk too)
+    float mqk = 0.f, mg = 0.f;                          // (QK_BY_SCORES: the guard's running
+                                                        //  max of |q|, |k| and of |g|; a NaN
+                                                        //  stays)
+    const gda_planes_at pc(pl, NH * NC, b);             // (QK_BY_SCORES: the planes it writes)
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4, t4 = lane % 4;
     const int pair = threadIdx.x / DP, part = threadIdx.x % DP;  // the diagonal blocks' thread:
     const int s0 = pair / 8 * 16, u = pair % 8;         //  block s0's columns u and 15 - u
@@ -1486,7 +1504,7 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
                         gv = gda_gate(g[e]);
                         qv = io::load(q[e]);
                     }
-                    if (VROWS) {
+                    if (QK_BY_SCORES) {
                         gda_absmax(mqk, qv);
                         gda_absmax(mqk, kv);
                         gda_absmax(mg, gv);
@@ -1547,7 +1565,7 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
                 b_qa[1][t - 16][ip] = m;
                 if (DV_TERMS == 3) b_qa[DV_TERMS - 1][t - 16][ip] = l;
             }
-            if constexpr (VROWS)
+            if constexpr (QK_BY_SCORES)
                 gda_scores_planes(pc, ae + b * K_DIM, i0, ii, t, blk, b_kg, b_q, b_sp, b_pr, b_gb,
                                   scale);
         });
@@ -1593,7 +1611,7 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
             }
         }
     }
-    if constexpr (VROWS)                                // the planes' key columns past the
+    if constexpr (QK_BY_SCORES)                         // the planes' key columns past the
         for (int i0 = (K_DIM + KI - 1) / KI * KI; i0 < KP; i0 += KI)   //  last step of keys: 0
             gda_grid_each<BT, KI / 2, NTS>([&](int r0, int dr, int ip) {
                 const int t = r0 + dr, i = i0 + 2 * ip;
@@ -1638,7 +1656,7 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
         [&](int r, int c) { return __fmul_rn(scale, W_SPLIT ? w[c * WL + r] : w[r * WL + c]); },
         wp, wp + BT * BT / 2, threadIdx.x);
 #endif
-    if (VROWS && !(mqk <= GDA_BWD_VAL_MAX && mg <= GDA_BWD_GATE_MAX)) *flag = 1;
+    if (QK_BY_SCORES && !(mqk <= GDA_BWD_VAL_MAX && mg <= GDA_BWD_GATE_MAX)) *flag = 1;
 }
 #endif
 

@@ -50,6 +50,9 @@
 #            64 on a Hopper GPU, by wgmma), then `profile_chunk_bwd --scan-o-sweep` (both forms
 #            against the scan and dv's entry over B, H and K) and the forward's stages of
 #            [NAMES (gla1.3b-bf16,gla340m-bf16,big128-bf16)] with scan_o by wgmma (--scan-o-wg)
+#   qk-ab:   install, the backward's GPU tests of the paths where scores writes the planes of
+#            q A and k D (QK_BY_SCORES, v75: scan_dv, the kept forward, the planes, the guard),
+#            then the stages of [NAMES (gla1.3b-bf16)] with it and without (--no-qk-by-scores)
 #   scan-dv: install, the backward's GPU tests of gda_chunk_bwd_scan_dv (planes-dv, scan_dv) and
 #            of scan_o's S0 by wgmma (planes-dv-wg, scan_dv-wg, s0-wg, keep-terms3-wg), then
 #            `profile_chunk_bwd [NAMES (gla1.3b-bf16)] --stages` with --scan-dv-wg, --scan-dv and
@@ -116,6 +119,7 @@
 #   bash scripts/device_run.sh <commit> suite|suite-a|suite-b|sanitize|sanitize-bwd|sanitize-wg|sanitize-producer|sanitize-dist|bench|fla|dist2
 #   bash scripts/device_run.sh <commit> bwd [NAMES (all)]
 #   bash scripts/device_run.sh <commit> terms [NAMES (gla1.3b-bf16,big128-bf16)]
+#   bash scripts/device_run.sh <commit> qk-ab [NAMES (gla1.3b-bf16)]
 #   bash scripts/device_run.sh <commit> fwdbwd-fla [SHAPE (gla1.3b-bf16)]
 #   bash scripts/device_run.sh <commit> scan-o [NAMES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> scan-dv [NAMES (gla1.3b-bf16)]
@@ -415,6 +419,11 @@ tests_then_stages() {
         cat "$out/bwd-stages$flag.txt"
     done
 }
+if [ "$phase" = "qk-ab" ]; then
+    tests_then_stages "scan_dv or kept or planes or by_scores" qk "${3:-gla1.3b-bf16}" "" \
+        --no-qk-by-scores
+    exit 0
+fi
 if [ "$phase" = "terms" ]; then
     # the backward's products in two terms (chunk_bwd.DV_TWO_TERMS, ROWS_TWO_TERMS; perf-notes
     # v36, v37) or three: their GPU tests, then the stages with and without them

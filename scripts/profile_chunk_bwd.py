@@ -20,6 +20,9 @@
         key step's q, k and g itself, not from the stage copied while the step before ran: v46).
         --no-scan-o: with chunk_bwd.USE_SCAN_O off (the forward that keeps nothing from the
         scan and dv's entry, not gda_chunk_bwd_scan_o: v38), likewise.
+        --no-qk-by-scores: with chunk_bwd.USE_QK_BY_SCORES off (pack, not scores, writes the
+        planes of q A and k D in the backward by scan_dv and the forward that keeps its stages:
+        v75's A/B).
         --no-scan-o-producer: with chunk_bwd.USE_SCAN_O_PRODUCER off (scan_o's mma.sync form
         with no warps that only copy: the A/B of v49).
         --no-scan-o-wg: with chunk_bwd.SCAN_O_WG_KEYS empty (the forward that keeps nothing runs
@@ -338,6 +341,10 @@ def main(argv):
         from cupy_gda import chunk_bwd
         chunk_bwd.USE_SCAN_O = False
         print("(chunk_bwd.USE_SCAN_O off)", flush=True)
+    if "--no-qk-by-scores" in argv:     # pack writes the planes of q A and k D (v75's A/B)
+        from cupy_gda import chunk_bwd
+        chunk_bwd.USE_QK_BY_SCORES = False
+        print("(chunk_bwd.USE_QK_BY_SCORES off)", flush=True)
     if "--scan-o-sweep" in argv:
         scan_o_sweep()
         return

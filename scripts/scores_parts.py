@@ -10,9 +10,10 @@ silently), in a process of its own, and prints the forward's stages
 Variants (VARIANTS): as is; no diagonal (the 16 x 16 diagonal blocks' running products on the
 CUDA cores: what sub-anchors would take most of, perf-notes v43's "Next"); no tiles (the
 blocks before the diagonal on the tensor cores); no split (the anchored keys' and queries'
-bfloat16 terms for those tiles); no planes (VROWS: pack's planes of q A and k D, written by
-scores); and the loads alone (all four off: the loads, the block products, W's stores and
-split). scores' time less a variant's is that part's share, where the parts do not overlap.
+bfloat16 terms for those tiles); no planes (VROWS, QK_BY_SCORES: pack's planes of q A and k
+D, written by scores); and the loads alone (all four off: the loads, the block products, W's
+stores and split). scores' time less a variant's is that part's share, where the parts do not
+overlap.
 """
 import functools
 import subprocess
@@ -31,7 +32,7 @@ EDITS = {
     "split": [("                if (tau > blk) {", "                if (false && tau > blk) {"),
               ("            if (blk > 0) {\n                const float q0",
                "            if (false && blk > 0) {\n                const float q0")],
-    "planes": [("            if constexpr (VROWS)\n                gda_scores_planes(pc,",
+    "planes": [("            if constexpr (QK_BY_SCORES)\n                gda_scores_planes(pc,",
                 "            if constexpr (false)\n                gda_scores_planes(pc,")],
 }
 VARIANTS = {"as-is": (), "no-diagonal": ("diagonal",), "no-tiles": ("tiles",),

@@ -682,6 +682,49 @@ def test_gpu_backward_from_the_kept_forward(case, scale, scan_dv, monkeypatch):
         chunk_bwd.plan(p, varlen, False).run(*args, kept=kept)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("case, scale", KEPT_CASES, ids=lambda c: getattr(c, "id", str(c)))
+def test_gpu_planes_of_q_and_k_by_scores_are_pack_s(case, scale, monkeypatch):
+    """scores writing the planes of q A and k D, A_end and the guard on q, k and g (QK_BY_SCORES,
+    v75: in the backward by scan_dv that keeps nothing and the forward that keeps its stages by
+    scan_o's wgmma form) gives every output bit for bit as pack writing them (USE_QK_BY_SCORES
+    off): the lean backward's gradients and flag, the keeping forward's o, final state and
+    flag, and the gradients from its kept stages (poisoned outputs); on a Hopper GPU, chunks of
+    64, scan_dv and scan_o at any number of blocks (planes of 128 or 256 keys: the others, K =
+    100 and 192 here, take neither, and the same plans either way)."""
+    import cupy
+    from cupy_gda import chunk_bwd
+    _need_hopper()
+    monkeypatch.setattr(chunk_bwd, "SCAN_DV_FROM", 0)
+    monkeypatch.setattr(chunk_bwd, "CHUNKS_64", 0)
+    p, call, _, _ = _forward_plan_inputs(case)
+    q, k, v, g, _, h0, cu, _, _ = call
+    call = (q, k, v, g, scale, h0, cu, True, None)
+    varlen = cu is not None
+    rng = np.random.default_rng(9)
+    do = cupy.asarray(rng.standard_normal(v.shape).astype(_verify._dtype(case.dtype)))
+    dht = cupy.asarray(rng.standard_normal((p.N, p.H, p.K, p.V)).astype(np.float32))
+    args = (q, k, v, g, do, scale, h0, dht, cu)
+    out = {}
+    for qk in (False, True):
+        monkeypatch.setattr(chunk_bwd, "USE_QK_BY_SCORES", qk)
+        plan = chunk_bwd.BackwardPlan(p, varlen, False)
+        fplan = chunk_bwd.ForwardPlan(p, varlen, False, True)
+        whole = p.K % 64 == 0 and chunk_bwd.planes(p)[0] in (128, 256)
+        assert plan.cfg.SCAN_DV == fplan.scan_o == whole
+        order = [e for _, e in chunk_bwd.backward_stages(plan.cfg)]
+        assert (order[1] == "scores") == (qk and whole)
+        assert chunk_bwd.qk_by_scores(fplan.cfg, fwd=True) == (qk and whole)
+        fwd_flag = cupy.zeros((1,), np.int32)
+        o, ht, kept = fplan.run(*call, flag=fwd_flag, keep=True)
+        grads, flag = plan.run(*args)
+        kgrads, kflag = chunk_bwd.BackwardPlan(p, varlen, False, keep=True).run(*args, kept=kept)
+        out[qk] = [o, ht, fwd_flag, *grads, flag, *kgrads, kflag]
+    for i, (a, b) in enumerate(zip(out[False], out[True])):
+        assert (a is None) == (b is None), i
+        assert a is None or cupy.array_equal(a, b, equal_nan=True), i
+
+
 def test_keep_states_on_the_cpu_keeps_none():
     """keep_states: the CPU forward keeps nothing (None after o, and after the final state), the
     same o; the backward takes states=None, and refuses anything else before any work."""
@@ -1047,11 +1090,13 @@ def test_gpu_chunked_backward_guard_flags_and_falls_back(what):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("wg", [False, True], ids=["", "s0-wg"])
-@pytest.mark.parametrize("what", ["large-dht", "big-gate", "inf-do", "large-h0"])
+@pytest.mark.parametrize("what", ["large-dht", "big-gate", "nan-q", "large-k", "inf-do",
+                                  "large-h0"])
 def test_gpu_scan_dv_guard_flags_as_the_scan(what, wg):
     """A backward from the planes with scan_dv (SCAN_DV: chunks of 64, a Hopper GPU) sets the
     guard's flag where the one with the scan's backward half and dv's entry does (E past the
-    range from d_final_state, which scan_dv guards; a gate or do past it, which pack does; S0
+    range from d_final_state, which scan_dv guards; a gate, q or k past it, which pack does
+    there and scores here, QK_BY_SCORES, v75; do past it, which pack does in both; S0
     past it from the initial state, which the scan guards, or with s0-wg scan_o's wgmma form
     that makes the S0 then, SCAN_O_WG), and the reverse loop then overwrites every gradient:
     the same arrays either way."""
@@ -1072,6 +1117,10 @@ def test_gpu_scan_dv_guard_flags_as_the_scan(what, wg):
         h0[0, 1, 100, 40] = 2.0 ** 41
     elif what == "big-gate":
         g[1, 100, 0, 3] = 1.5
+    elif what == "nan-q":
+        q[0, 70, 1, 33] = np.nan
+    elif what == "large-k":
+        k[1, 10, 0, K - 1] = 2.0 ** 21
     else:
         do[1, 149, 1, 11] = np.inf
     p = Problem(B, T, H, K, V, B, "bfloat16", "float32", False)

@@ -1019,16 +1019,21 @@ def _fake_launches(monkeypatch, scan_dv, scan_o_wg):
 def test_hopper_defaults_take_the_s0_from_scan_o_where_scan_dv_runs(monkeypatch):
     """By default (USE_SCAN_DV since v69, USE_SCAN_O_WG since v72) a Hopper GPU's backward at
     GLA-1.3B bf16 runs scan_dv with its S0 from scan_o's wgmma form, and the forward that keeps
-    its stages for it stores them from the same kernel; GLA-340M's (128 blocks, under one an
-    SM: no planes in its backward) runs neither."""
-    assert chunk_bwd.USE_SCAN_DV and chunk_bwd.USE_SCAN_O_WG
-    _fake_launches(monkeypatch, chunk_bwd.USE_SCAN_DV, chunk_bwd.USE_SCAN_O_WG)
+    its stages for it stores them from the same kernel; in both scores writes the planes of q A
+    and k D (USE_QK_BY_SCORES since v75), before scan_o reads them; GLA-340M's (128 blocks,
+    under one an SM: no planes in its backward) runs neither."""
+    assert chunk_bwd.USE_SCAN_DV and chunk_bwd.USE_SCAN_O_WG and chunk_bwd.USE_QK_BY_SCORES
+    built = _fake_launches(monkeypatch, chunk_bwd.USE_SCAN_DV, chunk_bwd.USE_SCAN_O_WG)
     p = Problem(B=8, T=4096, H=4, K=256, V=512, N=8, dtype="bfloat16", g_dtype="float32",
                 log_gate=False)
     plan = chunk_bwd.BackwardPlan(p)
     assert plan.cfg.SCAN_DV and plan.cfg.SCAN_O_WG
-    assert [e for _, e in chunk_bwd.backward_stages(plan.cfg)][1] == "scan_o"
+    assert [e for _, e in chunk_bwd.backward_stages(plan.cfg)][:4] == [
+        "pack", "scores", "scan_o", "scan_dv"]
+    assert built["gda_chunk_bwd_scores"]["QK_BY_SCORES"] == 1
     assert chunk_bwd.ForwardPlan(p, keep=True).cfg.SCAN_O_WG
+    d = built["gda_chunk_bwd_scores"]                   # (the keeping forward's build)
+    assert d["QK_BY_SCORES"] == 1 and d["FWD"] == 1
     small = chunk_bwd.BackwardPlan(p._replace(K=128, V=256))
     assert not small.cfg.SCAN_DV and not small.cfg.SCAN_O_WG
 
@@ -1042,7 +1047,10 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
     half, scores, then scan_dv (none of dv's entry; the kept backward no scan); with scan_o's
     wgmma form too (v41) the backward's S0 by scan_o without o, and the forward that keeps its
     stages by scan_o storing them; scan_o's wgmma form alone changes the lean forward only,
-    which takes it at 256 keys without USE_SCAN_O_WG too (SCAN_O_WG_KEYS, v53, v56)."""
+    which takes it at 256 keys without USE_SCAN_O_WG too (SCAN_O_WG_KEYS, v53, v56). With
+    scan_dv, and in the forward that keeps its stages by scan_o, scores writes the planes of q
+    A and k D (QK_BY_SCORES, v75; a backward's scores then right after pack, numbered 1), and
+    with USE_QK_BY_SCORES off pack does, as before."""
     p = Problem(B=8, T=4096, H=4, K=256, V=512, N=8, dtype="bfloat16", g_dtype="float32",
                 log_gate=False)
     built = _fake_launches(monkeypatch, scan_dv, scan_o_wg)
@@ -1054,7 +1062,7 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
 
     scan = (3, "scan", NH * 4 * TV, 128, chunk_bwd.smem(chunk_bwd.planes_config(p)))
     s0 = (3, "scan_o", NH * TV, 256, 109568) if wg else scan
-    want = ([(1, "pack", NB, 128, 0), s0, (5, "scores", NB, 128, 0),
+    want = ([(1, "pack", NB, 128, 0), (1, "scores", NB, 128, 0), s0,
              (3, "scan_dv", NH * TV, 384, 231424), (4, "rows", NB * 3 * 4, 128, 0),
              (6, "intra", NB * 4, 64, 0)] if dv else
             [(1, "pack", NB, 128, 0), scan, (4, "rows", NB * 3 * 4, 128, 0),
@@ -1062,6 +1070,13 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
     plan = chunk_bwd.BackwardPlan(p)
     assert (plan.cfg.PLANES, plan.cfg.SCAN_DV, plan.cfg.SCAN_O_WG) == (True, dv, wg)
     assert entries(plan.stages) == want
+    assert built["gda_chunk_bwd_pack"]["QK_BY_SCORES"] == dv
+    if dv:                                              # (pack's planes of q A and k D by pack)
+        monkeypatch.setattr(chunk_bwd, "USE_QK_BY_SCORES", False)
+        old = entries(chunk_bwd.BackwardPlan(p).stages)
+        assert old == [want[0], want[2], (5, *want[1][1:]), *want[3:]]
+        assert built["gda_chunk_bwd_pack"]["QK_BY_SCORES"] == 0
+        monkeypatch.setattr(chunk_bwd, "USE_QK_BY_SCORES", True)
     assert (built["gda_chunk_bwd_pack"]["SCAN_DV"], built["gda_chunk_bwd_pack"]["SCAN_O_WG"]) == (
         dv, wg)
     assert plan.sizes["st"] == NB * 256 * 512           # (every S0, whichever kernel makes them)
@@ -1072,6 +1087,7 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
     assert built["gda_chunk_bwd_pack"]["KEEP"] == 1
     fk = chunk_bwd.ForwardPlan(p, keep=True)            # the forward that keeps its stages
     assert fk.scan_o == fk.cfg.SCAN_O_WG == wg
+    assert built["gda_chunk_bwd_pack"]["QK_BY_SCORES"] == wg
     assert [e[1:] for e in entries([(0, s) for s in fk.stages])] == (
         [("pack", NB, 128, 0), ("scores", NB, 128, 0), ("scan_o", NH * TV, 256, 227328)] if wg else
         [("pack", NB, 128, 0), scan[1:], ("scores", NB, 128, 0), ("dv", NB * TV, 128, 0)])
