@@ -148,6 +148,10 @@ class Config(NamedTuple):
                              # v's rows from v itself and checks them for the guard, scores
                              # writes the planes of q A and k D and checks q, k, g, and pack is
                              # not launched (scan_o_vrows; the build holds scores and scan_o)
+    PANELS: bool = False     # the planes of q A and k D in 64-key panels of BT rows of 128
+                             # bytes, as scan_o's wgmma form and scan_dv hold them (their only
+                             # readers here), so that scores writes them fast and they copy them
+                             # as they lie (panels(); v75)
 
 
 def config(p, varlen=False, sms=132, wgmma=False):
@@ -225,6 +229,19 @@ def qk_by_scores(cfg, fwd=False, keep=False):
     return USE_QK_BY_SCORES and cfg.SCAN_DV and not keep
 
 
+def panels(p, cfg, fwd=False, keep=False):
+    """Whether the planes of q A and k D lie in 64-key panels (Config.PANELS, v75) in a plan of
+    Config ``cfg`` for Problem ``p`` on the current device (a ForwardPlan's where ``fwd``, a
+    BackwardPlan's from kept stages where ``keep``): where scores writes them (qk_by_scores) and
+    scan_o's wgmma form and scan_dv alone read them, the forward that keeps its stages by
+    scan_o's wgmma form and the backward by scan_dv with scan_o's S0; and in a backward from the
+    former's kept stages, which it runs where the lean backward would take scan_o's S0
+    (BackwardPlan's rule: USE_SCAN_O_WG, whole key tiles, scan_dv)."""
+    if keep:
+        return (USE_QK_BY_SCORES and cfg.SCAN_DV and use_scan_o_wg() and p.K % GT == 0)
+    return qk_by_scores(cfg, fwd) and not cfg.VROWS and cfg.SCAN_O_WG and cfg.TERMS == 3
+
+
 def entries(cfg, fwd=False, keep=False):
     """The build's ENTRIES (bit i: ENTRIES[i]): the entries its plans launch, the others left
     out of it (its compile a third faster at K = 256; a launch of one left out fails when the
@@ -248,6 +265,7 @@ def defines(p, cfg, seq_int64=False, fwd=False, keep=False):
                 ROWS_TERMS=cfg.TERMS if fwd else cfg.ROWS_TERMS, SCAN_O_WG=int(cfg.SCAN_O_WG),
                 SCAN_O_MC=int(cfg.SCAN_O_MC and fwd), SCAN_DV=int(cfg.SCAN_DV and not fwd),
                 VROWS=int(cfg.VROWS and fwd), QK_BY_SCORES=int(qk_by_scores(cfg, fwd, keep)),
+                PANELS=int(cfg.PANELS),
                 ENTRIES=entries(cfg, fwd, keep),
                 SCAN_O_PRODUCER=scan_o_warps(p, cfg) if USE_SCAN_O_PRODUCER and fwd
                                 and cfg.TERMS == 2 and not cfg.SCAN_O_MC else 0)
@@ -518,6 +536,7 @@ class BackwardPlan:
                    else config(p, varlen, device_limits()[0], use_wgmma()))
             so = not keep and use_scan_o_wg() and scan_o_s0(p, cfg, varlen)   # (S0 by scan_o, v41)
             cfg = cfg._replace(SCAN_DV=scan_dv_fits(p, cfg, varlen), SCAN_O_WG=so)
+            cfg = cfg._replace(PANELS=panels(p, cfg, keep=keep))
         self.p, self.varlen = p, varlen
         self.cfg = cfg
         self.keep = keep
@@ -625,6 +644,7 @@ class ForwardPlan:
         self.scan_o = scan_o_fits(p, cfg, varlen)          # (the scan and o as one kernel)
         self.cfg = cfg._replace(SCAN_O_MC=self.scan_o and scan_o_mc(p, cfg),
                                 VROWS=self.scan_o and scan_o_vrows(p, cfg))
+        self.cfg = self.cfg._replace(PANELS=panels(p, self.cfg, fwd=True))
         NH, self.NC = chunks(p, self.cfg.BT, varlen)
         self.NB = NH * self.NC if p.N else 0
         d = defines(p, self.cfg, seq_int64, fwd=True)

@@ -93,7 +93,11 @@
 //   QK_BY_SCORES (1: scores writes pack's planes of scale q A and k D, TERMS of each, and A_end,
 //   and checks q, k and g for the guard; pack, where launched, does v's and do's planes alone:
 //   with VROWS, in a backward with SCAN_DV that keeps nothing, and in a forward that keeps its
-//   stages by scan_o's wgmma form; scores runs before whatever reads the planes: v75), ENTRIES
+//   stages by scan_o's wgmma form; scores runs before whatever reads the planes: v75), PANELS
+//   (1, with QK_BY_SCORES in the forward that keeps its stages by scan_o's wgmma form and the
+//   backward by scan_dv with scan_o's S0, and in the backward from the former's kept stages:
+//   the planes of q A and k D in 64-key panels, PLANES_PANELS below, read by scan_o's wgmma form
+//   and scan_dv alone: v75), ENTRIES
 //   (the entries the build holds, bit i for entry i + 1 above: those its plans launch,
 //   chunk_bwd.entries; the others are left out, so a launch of one fails when its plan is made).
 //   Reference: cupy_gda.reference.gated_attention_backward_ref.
@@ -101,8 +105,8 @@
     || !defined(BT) || !defined(KT) || !defined(SCAN) || !defined(PLANES) || !defined(SMEM_BYTES) \
     || !defined(FWD) || !defined(KEEP) || !defined(WGMMA) || !defined(TERMS) || !defined(DV_TERMS) \
     || !defined(ROWS_TERMS) || !defined(SCAN_O_WG) || !defined(SCAN_O_MC) || !defined(SCAN_DV) \
-    || !defined(VROWS) || !defined(QK_BY_SCORES) || !defined(ENTRIES)
-#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA, TERMS, DV_TERMS, ROWS_TERMS, SCAN_O_WG, SCAN_O_MC, SCAN_DV, VROWS, QK_BY_SCORES and ENTRIES are required"
+    || !defined(VROWS) || !defined(QK_BY_SCORES) || !defined(PANELS) || !defined(ENTRIES)
+#error "K_DIM, V_DIM, LOG_GATE, SEQ_INT64, BT, KT, SCAN, PLANES, SMEM_BYTES, FWD, KEEP, WGMMA, TERMS, DV_TERMS, ROWS_TERMS, SCAN_O_WG, SCAN_O_MC, SCAN_DV, VROWS, QK_BY_SCORES, PANELS and ENTRIES are required"
 #endif
 static_assert(BT % 16 == 0 && BT >= 16 && BT <= 64, "BT: 16..64, a multiple of 16");
 static_assert(!PLANES || (SCAN && IO_DTYPE == 2), "PLANES: the fused scan's, bfloat16 inputs");
@@ -147,14 +151,20 @@ static_assert(VROWS ? QK_BY_SCORES
 // once a chunk, not once a value tile, and not on the products' warps: v58)
 #define W_SPLIT (VROWS && SCAN_O_WG && SCAN_O_PRODUCER && !SCAN_O_MC)
 // (PLANES_PANELS, the same builds: scan_o's wgmma form fed by its producer, scores writing the
-// planes) scores stores the planes of q A and k D as scan_o's shared memory holds them, in
+// planes; and PANELS' builds, v75) scores stores the planes of q A and k D as scan_o's (and
+// scan_dv's) shared memory holds them, in
 // FO_SW's 128-byte swizzle (gda_plane_at), so that each 64-key panel of a plane is BT rows of
 // 128 bytes, contiguous, and the producer copies a chunk's planes as 2 KP / 64 bulk copies by
 // one thread, not 16-byte cp.async by its 128 (v65: v50's bulk copies took 7 % off scan_o, but
 // its rows of KP + 8 halves doubled scores' time; these rows are 128 bytes, as scores' stores
 // already touch them. Measured: scores 3-5 % faster, scan_o the same, L2's rate into the SMs
-// being its limit)
-#define PLANES_PANELS W_SPLIT
+// being its limit. v75: scores' time doubled by three terms of each plane in rows of KP
+// halves, +0.29 ms at GLA-1.3B; where scan_o's wgmma form and scan_dv alone read them, PANELS,
+// they copy them as they lie by 16-byte cp.async, gda_wg_copy_planes)
+#define PLANES_PANELS (W_SPLIT || PANELS)
+static_assert(!PANELS || (QK_BY_SCORES && !VROWS && SCAN_O_WG && TERMS == 3) || (KEEP && SCAN_DV),
+              "PANELS: scores writes the planes (three terms) for scan_o's wgmma form, or a "
+              "backward from its kept stages reads them by scan_dv");
 // (W_SPLIT_DV: a backward from the planes with scan_dv, W's only reader there, in place of dv's
 // entry; the one from a ForwardPlan's kept stages reads the forward's W, whose scan_o reads it
 // whole) scores stores W as scan_dv's products read it, scale W's h, m planes in wgmma's B
@@ -178,6 +188,8 @@ static_assert(VROWS ? QK_BY_SCORES
 #define VP ((V_DIM + PT - 1) / PT * PT)         //   and of v, do
 #define PA TERMS                                // planes of q A scale and of k D
 #define PB 1                                    //   and of v and of do
+static_assert(!PLANES_PANELS || (KP % 64 == 0 && !GDA_HAS(3) && !GDA_HAS(7)),
+              "PLANES_PANELS: whole panels, read by no scan or dv entry");
 
 #define GDA_CHUNK_BWD_PARAMS                                                                       \
     const io::t* __restrict__ q, const io::t* __restrict__ k, const io::t* __restrict__ v,       \
@@ -439,8 +451,10 @@ extern "C" __global__ void __launch_bounds__(NTP, 8) gda_chunk_bwd_pack(GDA_CHUN
     }
     for (int j = threadIdx.x * CWV; j < (VROWS ? 0 : PLANES ? VP : V_DIM); j += NTP * CWV) {
         const bool on = j < V_DIM;
-        #pragma unroll (PA == 2 ? 4 : 8)                // (two terms at 8: ptxas spilled 4
-                                                        //  bytes at K = 100, V = 72)
+        #pragma unroll (PA == 2 ? 4 : PANELS ? 2 : 8)   // (two terms at 8: ptxas spilled 4
+                                                        //  bytes at K = 100, V = 72; PANELS'
+                                                        //  at 4 and 8: 20 and 40 at K = 256,
+                                                        //  V = 72)
         for (int t = 0; t < BT; ++t) {
             float vv[CWV], dov[CWV];
             #pragma unroll
@@ -1618,6 +1632,7 @@ extern "C" __global__ void __launch_bounds__(NTS, SCORES_BLOCKS) gda_chunk_bwd_s
                 unsigned* const pq = reinterpret_cast<unsigned*>(gda_plane_at<false>(pc.q, t, i));
                 unsigned* const pk = reinterpret_cast<unsigned*>(gda_plane_at<true>(pc.k, t, i));
                 pq[0] = pq[BT * KP / 2] = pk[0] = pk[BT * KP / 2] = 0u;
+                if (PA == 3) pq[BT * KP] = pk[BT * KP] = 0u;
             });
 #if W_SPLIT || W_SPLIT_DV
     // W [BT][WL] in shared memory (rows 16-byte aligned; the split's reads, 8 rows apart a
@@ -2515,8 +2530,19 @@ __device__ __forceinline__ void gda_wg_state(float (&x)[KH / 8][4], const unsign
 // remainders and 64-bit sums of each copy's addresses were 25 instructions a copy, most of the
 // producer's. (The planes' loop is not unrolled, so that no copy's address is invariant over a
 // block's chunks: hoisted out of them, the producer's 64 registers would not hold them all.)
+// With PLANES_PANELS the planes lie so already: each copied as it lies, 16 bytes a thread in
+// turn (v75).
 template <int NW>
 __device__ __forceinline__ void gda_wg_copy_planes(int tid, int np, unsigned dst, const unsigned short* src) {
+    if constexpr (PLANES_PANELS) {
+        static_assert(BT * KP / 8 % (32 * NW) == 0, "gda_wg_copy_planes: whole rounds of pieces");
+        #pragma unroll 1
+        for (int p = 0; p < np; ++p, dst += FPB, src += BT * KP)
+            #pragma unroll
+            for (int x = tid; x < BT * KP / 8; x += 32 * NW)
+                gda_cp16_at(dst + 16 * x, src + 8 * x);
+        return;
+    }
     constexpr int LINES = KP / 64, STEP = NW / LINES * 4;   // a row's lines; rows between a thread's
     static_assert(KP % 64 == 0 && NW % LINES == 0 && BT % STEP == 0 && (STEP == 4 || STEP % 8 == 0),
                   "gda_wg_copy_planes: whole lines, rows 4 or a multiple of 8 apart");

@@ -307,11 +307,12 @@ def test_gpu_chunked_backward_itself_meets_the_contract(case, scan):
     """The chunked form's own gradients (the reverse loop left out), with the guard not hit, with
     each form of the boundary scan (SCANS), and from the planes with the scan's backward half
     and dv as one kernel (planes-dv: SCAN_DV, chunks of 64 steps, a Hopper GPU), there with
-    the S0 by scan_o's wgmma form too (planes-dv-wg: SCAN_O_WG, whole key tiles)."""
+    the S0 by scan_o's wgmma form too (planes-dv-wg: SCAN_O_WG, whole key tiles; the planes of
+    q A and k D in panels, PANELS, as the plans take them there)."""
     if scan.startswith("planes-dv"):
         _need_hopper()
         _check_chunked_own(case, SCAN=True, PLANES=True, BT=64, SCAN_DV=True,
-                           SCAN_O_WG=scan == "planes-dv-wg")
+                           SCAN_O_WG=scan == "planes-dv-wg", PANELS=scan == "planes-dv-wg")
         return
     fused, planes = SCANS[scan]
     _check_chunked_own(case, SCAN=fused, PLANES=planes)
@@ -664,13 +665,14 @@ def test_gpu_backward_from_the_kept_forward(case, scale, scan_dv, monkeypatch):
     cfg = chunk_bwd.planes_config(p, varlen)
     so = chunk_bwd.use_scan_o_wg() and chunk_bwd.scan_o_s0(p, cfg, varlen)
     cfg = cfg._replace(SCAN_DV=chunk_bwd.scan_dv_fits(p, cfg, varlen), SCAN_O_WG=so)
+    cfg = cfg._replace(PANELS=chunk_bwd.panels(p, cfg))   # (the planes in panels, v75)
     assert cfg.SCAN_DV == (bool(scan_dv) and _launch.hopper() and chunk_bwd.planes(p)[0] in (128, 256))
-    assert so == (cfg.SCAN_DV and scan_dv == "scan_dv-wg" and p.K % 64 == 0)
+    assert so == (cfg.SCAN_DV and scan_dv == "scan_dv-wg" and p.K % 64 == 0) == cfg.PANELS
     fplan = chunk_bwd.ForwardPlan(p, varlen, False, True)
-    assert fplan.cfg.SCAN_O_WG == fplan.scan_o == so
+    assert fplan.cfg.SCAN_O_WG == fplan.scan_o == fplan.cfg.PANELS == so
     want, wflag = chunk_bwd.BackwardPlan(p, varlen, False, cfg).run(*args)
     kplan = chunk_bwd.BackwardPlan(p, varlen, False, keep=True)
-    assert kplan.cfg == cfg._replace(SCAN_O_WG=False)     # (no S0 of its own)
+    assert kplan.cfg == cfg._replace(SCAN_O_WG=False)     # (no S0 of its own; the panels)
     got, gflag = kplan.run(*args, kept=kept)
     hit = int(case.gate == "big")
     assert int(fwd_flag[0]) == int(wflag[0]) == int(gflag[0]) == hit
@@ -690,8 +692,10 @@ def test_gpu_planes_of_q_and_k_by_scores_are_pack_s(case, scale, monkeypatch):
     scan_o's wgmma form) gives every output bit for bit as pack writing them (USE_QK_BY_SCORES
     off): the lean backward's gradients and flag, the keeping forward's o, final state and
     flag, and the gradients from its kept stages (poisoned outputs); on a Hopper GPU, chunks of
-    64, scan_dv and scan_o at any number of blocks (planes of 128 or 256 keys: the others, K =
-    100 and 192 here, take neither, and the same plans either way)."""
+    64, scan_dv and scan_o at any number of blocks (scan_dv where the planes are of 128 or 256
+    keys, K = 100 too, there with the scan's S0 and its planes' keys past K; scan_o where K is
+    whole key tiles, there the planes of q A and k D in panels, PANELS; K = 192 takes neither,
+    and the same plans either way)."""
     import cupy
     from cupy_gda import chunk_bwd
     _need_hopper()
@@ -708,13 +712,18 @@ def test_gpu_planes_of_q_and_k_by_scores_are_pack_s(case, scale, monkeypatch):
     out = {}
     for qk in (False, True):
         monkeypatch.setattr(chunk_bwd, "USE_QK_BY_SCORES", qk)
-        plan = chunk_bwd.BackwardPlan(p, varlen, False)
+        cfg = chunk_bwd.planes_config(p, varlen)        # (as BackwardPlan's at any size)
+        so = chunk_bwd.use_scan_o_wg() and chunk_bwd.scan_o_s0(p, cfg, varlen)
+        cfg = cfg._replace(SCAN_DV=chunk_bwd.scan_dv_fits(p, cfg, varlen), SCAN_O_WG=so)
+        cfg = cfg._replace(PANELS=chunk_bwd.panels(p, cfg))
+        plan = chunk_bwd.BackwardPlan(p, varlen, False, cfg)
         fplan = chunk_bwd.ForwardPlan(p, varlen, False, True)
-        whole = p.K % 64 == 0 and chunk_bwd.planes(p)[0] in (128, 256)
-        assert plan.cfg.SCAN_DV == fplan.scan_o == whole
+        dv = chunk_bwd.planes(p)[0] in (128, 256)      # (K = 100 too: the scan's S0)
+        assert plan.cfg.SCAN_DV == dv and fplan.scan_o == (dv and p.K % 64 == 0)
+        assert plan.cfg.PANELS == fplan.cfg.PANELS == (qk and fplan.scan_o)
         order = [e for _, e in chunk_bwd.backward_stages(plan.cfg)]
-        assert (order[1] == "scores") == (qk and whole)
-        assert chunk_bwd.qk_by_scores(fplan.cfg, fwd=True) == (qk and whole)
+        assert (order[1] == "scores") == (qk and dv)
+        assert chunk_bwd.qk_by_scores(fplan.cfg, fwd=True) == (qk and fplan.scan_o)
         fwd_flag = cupy.zeros((1,), np.int32)
         o, ht, kept = fplan.run(*call, flag=fwd_flag, keep=True)
         grads, flag = plan.run(*args)
@@ -824,7 +833,8 @@ def test_gpu_auto_forward_runs_from_the_planes(lens, monkeypatch):
 
 def _planes(ws, plan):
     """The planes (PLANES: every GEMM's operands) as pack split them, summed (exactly, in
-    float64): scale q A, k D, v, do, each [NB][BT][K or V]."""
+    float64): scale q A, k D, v, do, each [NB][BT][K or V] (with PANELS, q A's and k D's from
+    their 64-key panels: row t's 8-key piece j at j ^ t % 8)."""
     import cupy
     from cupy_gda import chunk_bwd
     kp, vp = chunk_bwd.planes(plan.p)
@@ -833,8 +843,12 @@ def _planes(ws, plan):
     x = cupy.asnumpy(words.view(np.uint16)).astype(np.uint32) << 16     # bfloat16 -> float32 bits
     x = x.view(np.float32).astype(np.float64)
     out, at = [], 0
-    for n, cols, width in ((3, kp, K), (3, kp, K), (1, vp, V), (1, vp, V)):
+    for i, (n, cols, width) in enumerate(((3, kp, K), (3, kp, K), (1, vp, V), (1, vp, V))):
         part = x[at:at + NB * n * C * cols].reshape(NB, n, C, cols)
+        if i < 2 and plan.cfg.PANELS:               # [panel][t][piece ^ t % 8][8] -> [t][key]
+            part = part.reshape(NB, n, cols // 64, C, 8, 8)
+            t, j = np.arange(C)[:, None], np.arange(8)[None, :]
+            part = part[:, :, :, t, j ^ t % 8].transpose(0, 1, 3, 2, 4, 5).reshape(NB, n, C, cols)
         out.append(part.sum(1)[:, :, :width])
         at += NB * n * C * cols
     return out
@@ -945,7 +959,8 @@ def test_gpu_chunked_backward_gemms_are_exact_to_float32(B, T, H, K, V, BT, dtyp
     fused, planes = SCANS["planes" if two else scan]
     plan = chunk_bwd.BackwardPlan(p, cfg=chunk_bwd.Config(BT, 32 if K <= 32 else 64, fused, planes,
                                                           DV_TERMS=2 if two else 3, SCAN_DV=two,
-                                                          SCAN_O_WG=scan == "planes-dv-wg"))
+                                                          SCAN_O_WG=scan == "planes-dv-wg",
+                                                          PANELS=scan == "planes-dv-wg"))
     x = {n: cupy.asarray(rng.standard_normal((B, T, H, d)), np.float32).astype(dtype)
          for n, d in (("q", K), ("k", K), ("v", V), ("do", V))}
     g = cupy.asarray(rng.uniform(0.9, 1.0, (B, T, H, K)), np.float32)
@@ -1128,7 +1143,8 @@ def test_gpu_scan_dv_guard_flags_as_the_scan(what, wg):
     got = []
     for dv in (False, True):
         plan = chunk_bwd.BackwardPlan(p, cfg=chunk_bwd.Config(64, 64, True, True, DV_TERMS=2,
-                                                              SCAN_DV=dv, SCAN_O_WG=dv and wg))
+                                                              SCAN_DV=dv, SCAN_O_WG=dv and wg,
+                                                              PANELS=dv and wg))
         assert int(plan.run(*args, fallback=False)[1][0]) == 1
         got.append(plan(*args))
     for name, a, b in zip(R.Gradients._fields, *got):

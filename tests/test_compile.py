@@ -125,6 +125,9 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=Non
             cfg = cfg._replace(SCAN_DV=True, DV_TERMS=2)
         if vrows:       # scan_o copying v's rows from v (the forward's two-term stages)
             cfg = cfg._replace(VROWS=True)
+        if planes:      # the planes of q A and k D in panels where the plans take them (v75;
+            cfg = cfg._replace(PANELS=scan_dv and K % 64 == 0 if planes == "keep"   # the kept
+                               else chunk_bwd.panels(p, cfg, fwd=planes == "fwdkeep"))  # S0's)
         defines = chunk_bwd.defines(p, cfg, int64, fwd=planes in ("fwd", "fwdkeep"),
                                     keep=planes == "keep")
         if not producer:    # scan_o's mma.sync form without its producer warps (SCAN_O_PRODUCER)
@@ -133,6 +136,7 @@ def _case(kernel, arch, K, V, variant, BH=FEW, align=16, wgmma=False, planes=Non
                  + ("-wgmma" if wgmma else "") + ("-t3" if terms3 else "")
                  + ("-sowg" if scan_o_wg else "") + ("-mc" if scan_o_mc else "")
                  + ("-scandv" if scan_dv else "") + ("-vrows" if vrows else "")
+                 + ("-panels" if cfg.PANELS else "")
                  + ("" if producer else "-noproducer"))
     else:
         defines = step.defines(p, idx_int64=int64, align=align)

@@ -709,11 +709,11 @@ def test_chunk_backward_config(p, want, monkeypatch):
     monkeypatch.setattr(chunk_bwd, "hopper", lambda: False)
     # dv's entry and rows' S0 and E in two terms for half inputs, three for float32 ones
     t = 2 if p.dtype == "bfloat16" else 3
-    assert tuple(chunk_bwd.config(p)) == want + (False, 3, t, t, False, False, False, False)
+    assert tuple(chunk_bwd.config(p)) == want + (False, 3, t, t, False, False, False, False, False)
     # on a Hopper GPU dv's wgmma entry (three terms), where the chunks are of 64 steps (m64)
     wg = want[0] == 64
     assert tuple(chunk_bwd.config(p, wgmma=True)) == want + (wg, 3, 3 if wg else t, t, False, False,
-                                                             False, False)
+                                                             False, False, False)
     # the forward from the planes: three terms where it keeps them for the backward, else two
     # and no wgmma
     keep, lean = (chunk_bwd.planes_config(p, wgmma=True, keep=x) for x in (True, False))
