@@ -180,7 +180,7 @@ def shape_line(name, stages):
     # the other chunk length, and the other boundary scan: from the planes -> the fused one
     # without; else fused <-> not (neither by scan_dv nor scan_o's S0, which need chunks of 64
     # from the planes)
-    plain = plan.cfg._replace(SCAN_DV=False, SCAN_O_WG=False)
+    plain = plan.cfg._replace(SCAN_DV=False, SCAN_O_WG=False, PANELS=False)
     other = chunk_bwd.BackwardPlan(p, cfg=plain._replace(BT=96 - plan.cfg.BT))
     flip = chunk_bwd.BackwardPlan(p, cfg=plain._replace(PLANES=False)
                                   if plan.cfg.PLANES else plain._replace(SCAN=not plan.cfg.SCAN))
