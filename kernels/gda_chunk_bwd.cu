@@ -451,10 +451,10 @@ extern "C" __global__ void __launch_bounds__(NTP, 8) gda_chunk_bwd_pack(GDA_CHUN
     }
     for (int j = threadIdx.x * CWV; j < (VROWS ? 0 : PLANES ? VP : V_DIM); j += NTP * CWV) {
         const bool on = j < V_DIM;
-        #pragma unroll (PA == 2 ? 4 : PANELS ? 2 : 8)   // (two terms at 8: ptxas spilled 4
-                                                        //  bytes at K = 100, V = 72; PANELS'
-                                                        //  at 4 and 8: 20 and 40 at K = 256,
-                                                        //  V = 72)
+        #pragma unroll (PA == 2 ? 4 : PANELS && !KEEP ? 2 : 8)  // (two terms at 8: ptxas
+                                                        //  spilled 4 bytes at K = 100, V = 72;
+                                                        //  the backward's with PANELS at 4 and
+                                                        //  8: 20 and 40 at K = 256, V = 72)
         for (int t = 0; t < BT; ++t) {
             float vv[CWV], dov[CWV];
             #pragma unroll
