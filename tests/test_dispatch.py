@@ -1071,6 +1071,7 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
     assert (plan.cfg.PLANES, plan.cfg.SCAN_DV, plan.cfg.SCAN_O_WG) == (True, dv, wg)
     assert entries(plan.stages) == want
     assert built["gda_chunk_bwd_pack"]["QK_BY_SCORES"] == dv
+    assert plan.cfg.PANELS == wg                        # (the planes in panels: scan_o's S0)
     if dv:                                              # (pack's planes of q A and k D by pack)
         monkeypatch.setattr(chunk_bwd, "USE_QK_BY_SCORES", False)
         old = entries(chunk_bwd.BackwardPlan(p).stages)
@@ -1083,10 +1084,10 @@ def test_chunk_backward_plans_launch_their_stages_in_order(monkeypatch, scan_dv,
     kplan = chunk_bwd.BackwardPlan(p, keep=True)        # from the kept forward: no scores, and
     gone = ("scores", "scan", "scan_o") if dv else ("scores",)   # the scan for E alone (none
     assert entries(kplan.stages) == [w for w in want if w[1] not in gone]   # with scan_dv)
-    assert (kplan.cfg.SCAN_DV, kplan.cfg.SCAN_O_WG) == (dv, False)
+    assert (kplan.cfg.SCAN_DV, kplan.cfg.SCAN_O_WG, kplan.cfg.PANELS) == (dv, False, wg)
     assert built["gda_chunk_bwd_pack"]["KEEP"] == 1
     fk = chunk_bwd.ForwardPlan(p, keep=True)            # the forward that keeps its stages
-    assert fk.scan_o == fk.cfg.SCAN_O_WG == wg
+    assert fk.scan_o == fk.cfg.SCAN_O_WG == fk.cfg.PANELS == wg
     assert built["gda_chunk_bwd_pack"]["QK_BY_SCORES"] == wg
     assert [e[1:] for e in entries([(0, s) for s in fk.stages])] == (
         [("pack", NB, 128, 0), ("scores", NB, 128, 0), ("scan_o", NH * TV, 256, 227328)] if wg else
