@@ -85,6 +85,9 @@
 #   ncu-scan-dv: install, the same for one scan_dv launch (the lean backward's) at GLA-1.3B
 #            bf16 [with profile_chunk_bwd's FLAG, e.g. --scan-dv-wg, or one a pending patch
 #            adds]: where its chunks' time goes (v72: 11.5 us a chunk against scan_o's 3.6)
+#   ncu-scores: install, ncu of one launch of the lean backward's scores at GLA-1.3B bf16 [with
+#            FLAG --no-qk-by-scores: without pack's planes of q A and k D, v75], its sections'
+#            details page and its SASS source page summed by scripts/ncu_sass.py
 #   wg-producer: install, the producer tests (mma.sync and wgmma forms), then the forward's
 #            stages of [NAMES (gla1.3b-bf16,gla340m-bf16)] by mma.sync, by wgmma with its
 #            producer warpgroup (v52) and by wgmma without, twice in turn, then scan_o's sweep
@@ -503,6 +506,40 @@ if [ "$phase" = "ncu-scan-dv" ]; then
     # the lean backward's second scan_dv launch (profile_chunk_bwd's first backwards are the
     # chunked method's), with [FLAG: profile_chunk_bwd's, e.g. --scan-dv-wg]
     ncu_launch gda_chunk_bwd_scan_dv "scan_dv${3:-}" gla1.3b-bf16 --stages ${3:-}
+    exit 0
+fi
+if [ "$phase" = "ncu-scores" ]; then
+    # the lean backward's scores at GLA-1.3B bf16 (v75: with the planes of q A and k D it took
+    # 0.51 ms against 0.27 without): ncu of its second launch in three backwards that run
+    # nothing else first, [FLAG --no-qk-by-scores: without the planes] (perf-notes v75, "Next")
+    sections=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats
+              --section Occupancy --section LaunchStats --section SourceCounters
+              --section MemoryWorkloadAnalysis --section InstructionStats)
+    label="scores${3:-}"
+    cat > /tmp/bwd3.py <<'PY'
+import sys
+import cupy
+from cupy_gda import _verify, chunk_bwd
+from cupy_gda._checks import Problem
+from scripts.profile_chunk_bwd import inputs
+chunk_bwd.USE_QK_BY_SCORES = "--no-qk-by-scores" not in sys.argv
+args, do = inputs(_verify.Case(8, 4096, 4, 256, 512, dtype="bfloat16", init=False))
+plan = chunk_bwd.plan(Problem(8, 4096, 4, 256, 512, 8, "bfloat16", "float32", False))
+for _ in range(3):
+    plan.run(args["q"], args["k"], args["v"], args["gate"], do, 1.0, None, None)
+cupy.cuda.runtime.deviceSynchronize()
+PY
+    timeout 200 ncu -k "regex:gda_chunk_bwd_scores\$" -s 1 -c 1 "${sections[@]}" -o "$out/$label" \
+        env PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 /tmp/bwd3.py ${3:-} \
+        > "$out/ncu-$label.log" 2>&1
+    echo "ncu $label: rc $?"
+    ncu -i "$out/$label.ncu-rep" --page details > "$out/details-$label.txt" 2>&1
+    ncu -i "$out/$label.ncu-rep" --page source --print-source sass --csv 2>/dev/null \
+        | gzip > "$out/sass-$label.csv.gz"
+    rm -f "$out/$label.ncu-rep"
+    grep -E "Duration|L2 Cache Throughput|DRAM Throughput|Issue Slots Busy|Registers Per" \
+        "$out/details-$label.txt"
+    python3 -m scripts.ncu_sass "$out/sass-$label.csv.gz" 12 | head -8
     exit 0
 fi
 if [ "$phase" = "wg-producer" ]; then
