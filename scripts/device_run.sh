@@ -471,20 +471,27 @@ if [ "$phase" = "producer-ab" ]; then
     forward_ab "$out/producer-ab.txt" "${3:-gla1.3b-bf16,gla340m-bf16}" with "" --no-scan-o-producer
     exit 0
 fi
+# the sections every ncu call below collects
+ncu_sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats
+              --section SchedulerStats --section Occupancy --section LaunchStats
+              --section SourceCounters --section MemoryWorkloadAnalysis --section InstructionStats)
 # ncu_launch KERNEL LABEL ARGS...: ncu of one KERNEL launch (the second) in `profile_chunk_bwd
 # ARGS`, whose stages run uninstrumented first; the sections' details page and the SASS source
-# page summed by scripts/ncu_sass.py, each LABEL's
+# page summed by scripts/ncu_sass.py, each LABEL's (ncu_report)
 ncu_launch() {
     local kernel="$1" label="$2"
     shift 2
-    local sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats
-                    --section SchedulerStats --section Occupancy --section LaunchStats
-                    --section SourceCounters --section MemoryWorkloadAnalysis --section InstructionStats)
     timeout 80 python3 -m scripts.profile_chunk_bwd "$@" 2>&1 | grep -v "^bench" > "$out/stages-$label.txt"
     head -3 "$out/stages-$label.txt"
-    timeout 150 ncu -k "regex:$kernel\$" -s 1 -c 1 "${sections[@]}" -o "$out/$label" \
+    timeout 150 ncu -k "regex:$kernel\$" -s 1 -c 1 "${ncu_sections[@]}" -o "$out/$label" \
         python3 -m scripts.profile_chunk_bwd "$@" > /dev/null 2>&1
     echo "ncu $label: rc $?"
+    ncu_report "$label"
+}
+# ncu's report $out/LABEL.ncu-rep as its details page and its SASS source page (kept gzipped and
+# summed by scripts/ncu_sass.py), the report itself removed, and the lines that say most
+ncu_report() {
+    local label="$1"
     ncu -i "$out/$label.ncu-rep" --page details > "$out/details-$label.txt" 2>&1
     ncu -i "$out/$label.ncu-rep" --page source --print-source sass --csv 2>/dev/null \
         | gzip > "$out/sass-$label.csv.gz"
@@ -512,9 +519,6 @@ if [ "$phase" = "ncu-scores" ]; then
     # the lean backward's scores at GLA-1.3B bf16 (v75: with the planes of q A and k D it took
     # 0.51 ms against 0.27 without): ncu of its second launch in three backwards that run
     # nothing else first, [FLAG --no-qk-by-scores: without the planes] (perf-notes v75, "Next")
-    sections=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats
-              --section Occupancy --section LaunchStats --section SourceCounters
-              --section MemoryWorkloadAnalysis --section InstructionStats)
     label="scores${3:-}"
     cat > /tmp/bwd3.py <<'PY'
 import sys
@@ -529,17 +533,11 @@ for _ in range(3):
     plan.run(args["q"], args["k"], args["v"], args["gate"], do, 1.0, None, None)
 cupy.cuda.runtime.deviceSynchronize()
 PY
-    timeout 200 ncu -k "regex:gda_chunk_bwd_scores\$" -s 1 -c 1 "${sections[@]}" -o "$out/$label" \
+    timeout 200 ncu -k "regex:gda_chunk_bwd_scores\$" -s 1 -c 1 "${ncu_sections[@]}" -o "$out/$label" \
         env PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 /tmp/bwd3.py ${3:-} \
         > "$out/ncu-$label.log" 2>&1
     echo "ncu $label: rc $?"
-    ncu -i "$out/$label.ncu-rep" --page details > "$out/details-$label.txt" 2>&1
-    ncu -i "$out/$label.ncu-rep" --page source --print-source sass --csv 2>/dev/null \
-        | gzip > "$out/sass-$label.csv.gz"
-    rm -f "$out/$label.ncu-rep"
-    grep -E "Duration|L2 Cache Throughput|DRAM Throughput|Issue Slots Busy|Registers Per" \
-        "$out/details-$label.txt"
-    python3 -m scripts.ncu_sass "$out/sass-$label.csv.gz" 12 | head -8
+    ncu_report "$label"
     exit 0
 fi
 if [ "$phase" = "wg-producer" ]; then

@@ -634,6 +634,29 @@ KEPT_CASES = [
 ]
 
 
+def _kept_inputs(case, scale, seed):
+    """(Problem, varlen, ForwardPlan.run's arguments but the flag, BackwardPlan.run's) of Case
+    ``case`` at ``scale``, the final state asked for; do and d_final_state random (``seed``)."""
+    import cupy
+    p, call, _, _ = _forward_plan_inputs(case)
+    q, k, v, g, _, h0, cu, _, _ = call
+    rng = np.random.default_rng(seed)
+    do = cupy.asarray(rng.standard_normal(v.shape).astype(_verify._dtype(case.dtype)))
+    dht = cupy.asarray(rng.standard_normal((p.N, p.H, p.K, p.V)).astype(np.float32))
+    return (p, cu is not None, (q, k, v, g, scale, h0, cu, True, None),
+            (q, k, v, g, do, scale, h0, dht, cu))
+
+
+def _lean_config(p, varlen):
+    """The Config of the BackwardPlan that keeps nothing, as BackwardPlan makes it, from
+    planes_config (the planes at any size)."""
+    from cupy_gda import chunk_bwd
+    cfg = chunk_bwd.planes_config(p, varlen)
+    so = chunk_bwd.use_scan_o_wg() and chunk_bwd.scan_o_s0(p, cfg, varlen)
+    cfg = cfg._replace(SCAN_DV=chunk_bwd.scan_dv_fits(p, cfg, varlen), SCAN_O_WG=so)
+    return cfg._replace(PANELS=chunk_bwd.panels(p, cfg))    # (the planes in panels, v75)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("scan_dv", ["", "scan_dv", "scan_dv-wg"])
 @pytest.mark.parametrize("case, scale", KEPT_CASES, ids=lambda c: getattr(c, "id", str(c)))
@@ -652,20 +675,11 @@ def test_gpu_backward_from_the_kept_forward(case, scale, scan_dv, monkeypatch):
         monkeypatch.setattr(chunk_bwd, "SCAN_DV_FROM", 0)
         monkeypatch.setattr(chunk_bwd, "CHUNKS_64", 0)
         monkeypatch.setattr(chunk_bwd, "USE_SCAN_O_WG", scan_dv == "scan_dv-wg")
-    p, call, _, _ = _forward_plan_inputs(case)
-    q, k, v, g, _, h0, cu, _, _ = call
-    call = (q, k, v, g, scale, h0, cu, True, None)
-    varlen = cu is not None
-    rng = np.random.default_rng(8)
-    do = cupy.asarray(rng.standard_normal(v.shape).astype(_verify._dtype(case.dtype)))
-    dht = cupy.asarray(rng.standard_normal((p.N, p.H, p.K, p.V)).astype(np.float32))
+    p, varlen, call, args = _kept_inputs(case, scale, 8)
     fwd_flag = cupy.zeros((1,), np.int32)
     _, _, kept = chunk_bwd.ForwardPlan(p, varlen, False, True).run(*call, flag=fwd_flag, keep=True)
-    args = (q, k, v, g, do, scale, h0, dht, cu)
-    cfg = chunk_bwd.planes_config(p, varlen)
-    so = chunk_bwd.use_scan_o_wg() and chunk_bwd.scan_o_s0(p, cfg, varlen)
-    cfg = cfg._replace(SCAN_DV=chunk_bwd.scan_dv_fits(p, cfg, varlen), SCAN_O_WG=so)
-    cfg = cfg._replace(PANELS=chunk_bwd.panels(p, cfg))   # (the planes in panels, v75)
+    cfg = _lean_config(p, varlen)
+    so = cfg.SCAN_O_WG
     assert cfg.SCAN_DV == (bool(scan_dv) and _launch.hopper() and chunk_bwd.planes(p)[0] in (128, 256))
     assert so == (cfg.SCAN_DV and scan_dv == "scan_dv-wg" and p.K % 64 == 0) == cfg.PANELS
     fplan = chunk_bwd.ForwardPlan(p, varlen, False, True)
@@ -701,22 +715,11 @@ def test_gpu_planes_of_q_and_k_by_scores_are_pack_s(case, scale, monkeypatch):
     _need_hopper()
     monkeypatch.setattr(chunk_bwd, "SCAN_DV_FROM", 0)
     monkeypatch.setattr(chunk_bwd, "CHUNKS_64", 0)
-    p, call, _, _ = _forward_plan_inputs(case)
-    q, k, v, g, _, h0, cu, _, _ = call
-    call = (q, k, v, g, scale, h0, cu, True, None)
-    varlen = cu is not None
-    rng = np.random.default_rng(9)
-    do = cupy.asarray(rng.standard_normal(v.shape).astype(_verify._dtype(case.dtype)))
-    dht = cupy.asarray(rng.standard_normal((p.N, p.H, p.K, p.V)).astype(np.float32))
-    args = (q, k, v, g, do, scale, h0, dht, cu)
+    p, varlen, call, args = _kept_inputs(case, scale, 9)
     out = {}
     for qk in (False, True):
         monkeypatch.setattr(chunk_bwd, "USE_QK_BY_SCORES", qk)
-        cfg = chunk_bwd.planes_config(p, varlen)        # (as BackwardPlan's at any size)
-        so = chunk_bwd.use_scan_o_wg() and chunk_bwd.scan_o_s0(p, cfg, varlen)
-        cfg = cfg._replace(SCAN_DV=chunk_bwd.scan_dv_fits(p, cfg, varlen), SCAN_O_WG=so)
-        cfg = cfg._replace(PANELS=chunk_bwd.panels(p, cfg))
-        plan = chunk_bwd.BackwardPlan(p, varlen, False, cfg)
+        plan = chunk_bwd.BackwardPlan(p, varlen, False, _lean_config(p, varlen))
         fplan = chunk_bwd.ForwardPlan(p, varlen, False, True)
         dv = chunk_bwd.planes(p)[0] in (128, 256)      # (K = 100 too: the scan's S0)
         assert plan.cfg.SCAN_DV == dv and fplan.scan_o == (dv and p.K % 64 == 0)
