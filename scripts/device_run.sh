@@ -85,9 +85,10 @@
 #   ncu-scan-dv: install, the same for one scan_dv launch (the lean backward's) at GLA-1.3B
 #            bf16 [with profile_chunk_bwd's FLAG, e.g. --scan-dv-wg, or one a pending patch
 #            adds]: where its chunks' time goes (v72: 11.5 us a chunk against scan_o's 3.6)
-#   ncu-scores: install, ncu of one launch of the lean backward's scores at GLA-1.3B bf16 [with
-#            FLAG --no-qk-by-scores: without pack's planes of q A and k D, v75], its sections'
-#            details page and its SASS source page summed by scripts/ncu_sass.py
+#   ncu-bwd: install, ncu of one launch of each of the lean backward's [KERNELS ("scores rows
+#            intra")] at GLA-1.3B bf16 [with FLAG, e.g. --no-qk-by-scores: pack writes the
+#            planes of q A and k D, as before v75], the sections' details page and the SASS
+#            source page summed by scripts/ncu_sass.py, each kernel's
 #   wg-producer: install, the producer tests (mma.sync and wgmma forms), then the forward's
 #            stages of [NAMES (gla1.3b-bf16,gla340m-bf16)] by mma.sync, by wgmma with its
 #            producer warpgroup (v52) and by wgmma without, twice in turn, then scan_o's sweep
@@ -123,6 +124,7 @@
 #   bash scripts/device_run.sh <commit> bwd [NAMES (all)]
 #   bash scripts/device_run.sh <commit> terms [NAMES (gla1.3b-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> qk-ab [NAMES (gla1.3b-bf16)]
+#   bash scripts/device_run.sh <commit> ncu-bwd ["KERNELS" ("scores rows intra")] [FLAG]
 #   bash scripts/device_run.sh <commit> fwdbwd-fla [SHAPE (gla1.3b-bf16)]
 #   bash scripts/device_run.sh <commit> scan-o [NAMES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> scan-dv [NAMES (gla1.3b-bf16)]
@@ -515,11 +517,12 @@ if [ "$phase" = "ncu-scan-dv" ]; then
     ncu_launch gda_chunk_bwd_scan_dv "scan_dv${3:-}" gla1.3b-bf16 --stages ${3:-}
     exit 0
 fi
-if [ "$phase" = "ncu-scores" ]; then
-    # the lean backward's scores at GLA-1.3B bf16 (v75: with the planes of q A and k D it took
-    # 0.51 ms against 0.27 without): ncu of its second launch in three backwards that run
-    # nothing else first, [FLAG --no-qk-by-scores: without the planes] (perf-notes v75, "Next")
-    label="scores${3:-}"
+if [ "$phase" = "ncu-bwd" ]; then
+    # the lean backward's launches at GLA-1.3B bf16 that no profile has looked into (v75: scores
+    # with the planes of q A and k D 0.51 ms against 0.27 without; rows 1.19, some 0.86 at the
+    # DRAM's rate; intra 0.87): ncu of the second launch of each of [KERNELS ("scores rows
+    # intra")] in three backwards that run nothing else first, [FLAG --no-qk-by-scores: pack
+    # writes the planes] (perf-notes v75, "Next")
     cat > /tmp/bwd3.py <<'PY'
 import sys
 import cupy
@@ -533,11 +536,14 @@ for _ in range(3):
     plan.run(args["q"], args["k"], args["v"], args["gate"], do, 1.0, None, None)
 cupy.cuda.runtime.deviceSynchronize()
 PY
-    timeout 200 ncu -k "regex:gda_chunk_bwd_scores\$" -s 1 -c 1 "${ncu_sections[@]}" -o "$out/$label" \
-        env PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 /tmp/bwd3.py ${3:-} \
-        > "$out/ncu-$label.log" 2>&1
-    echo "ncu $label: rc $?"
-    ncu_report "$label"
+    for kernel in ${3:-scores rows intra}; do
+        label="$kernel${4:-}"
+        timeout 150 ncu -k "regex:gda_chunk_bwd_$kernel\$" -s 1 -c 1 "${ncu_sections[@]}" \
+            -o "$out/$label" env PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 /tmp/bwd3.py \
+            ${4:-} > "$out/ncu-$label.log" 2>&1
+        echo "ncu $label: rc $?"
+        ncu_report "$label"
+    done
     exit 0
 fi
 if [ "$phase" = "wg-producer" ]; then
