@@ -6,6 +6,7 @@ emptied after each module (pytest-xdist's workers share the GPU)."""
 import os
 import sys
 
+import numpy as np
 import pytest
 
 # JAX (test_jax.py, test_interop.py) would take 75 % of the GPU at first use, in every
@@ -92,6 +93,27 @@ def to_backend(x, backend):
 
 _run_case = _verify.run_case        # the real one: tests monkeypatch _verify.run_case
 _numpy_runs = {}
+_backward_references = _verify.backward_references
+_backward_refs = {}
+
+
+def _shared_backward_references(case, args, do, dht):
+    """_verify.backward_references (the float64 and float32 reverse loops), once a session for
+    the same case and the same input bytes: test_api's NumPy runs of verify's backward cases and
+    test_backward's by each method (the same inputs, seed 0) share them."""
+    import hashlib
+    digest = hashlib.sha1()
+    for name, x in (*sorted(args.items()), ("do", do), ("dht", dht)):
+        digest.update(f"{name} {None if x is None else (x.dtype, x.shape)}".encode())
+        if x is not None:
+            digest.update(np.ascontiguousarray(x).tobytes())
+    key = (case, digest.hexdigest())
+    if key not in _backward_refs:
+        _backward_refs[key] = _backward_references(case, args, do, dht)
+    return _backward_refs[key]
+
+
+_verify.backward_references = _shared_backward_references
 
 
 def run_case(case, backend="numpy", seed=0, method="auto"):
