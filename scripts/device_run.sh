@@ -97,6 +97,8 @@
 #   forms:   install, the bench's model rows [SHAPES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
 #            (forward, forward + backward, kept) with every opt-in Hopper form on (USE_SCAN_O_WG,
 #            USE_SCAN_O_MC, USE_SCAN_DV), then with the defaults
+#   models-fla: (carry [".baselines"]) install, ours and fla's forward at issue 13's model rows
+#            [SHAPES (gla1.3b-bf16,gla340m-bf16,big128-bf16,gla1.3b,big128)] in one run
 #   fwdbwd-fla: (carry [".baselines"]) install, ours and fla's forward + backward rows at one
 #            shape in one run (SHAPE, default gla1.3b-bf16), fla's autotune given 480 s
 #   compare: `cupy-gda bench --shapes SHAPES --impl ours` of an older tree (its files in .old/,
@@ -126,6 +128,7 @@
 #   bash scripts/device_run.sh <commit> qk-ab [NAMES (gla1.3b-bf16)]
 #   bash scripts/device_run.sh <commit> ncu-bwd ["KERNELS" ("scores rows intra")] [FLAG]
 #   bash scripts/device_run.sh <commit> fwdbwd-fla [SHAPE (gla1.3b-bf16)]
+#   bash scripts/device_run.sh <commit> models-fla [SHAPES]
 #   bash scripts/device_run.sh <commit> scan-o [NAMES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
 #   bash scripts/device_run.sh <commit> scan-dv [NAMES (gla1.3b-bf16)]
 #   bash scripts/device_run.sh <commit> wg [NAMES (gla1.3b-bf16,gla340m-bf16,big128-bf16)]
@@ -717,6 +720,15 @@ if [ "$phase" = "fwdbwd-fla" ]; then
         --impl ours-auto,ours-auto-fwd+bwd,ours-keep-fwd+bwd,fla-chunk_gla-fwd+bwd \
         --shapes "${3:-gla1.3b-bf16}" --json "$out/fwdbwd-fla.json" > "$out/fwdbwd-fla.txt" 2>&1
     grep -v "^bench: [^:]*$" "$out/fwdbwd-fla.txt" | head -40
+    exit 0
+fi
+if [ "$phase" = "models-fla" ]; then
+    # issue 13's model rows, ours and fla's chunk_gla forward in one run (SHAPES; fla's autotune
+    # some 200 s in all on a fresh machine); each row is logged as it is done
+    PYTHONPATH=.baselines timeout 560 python3 -m scripts.baselines --budget 2 --fla-timeout 240 \
+        --impl ours-auto,fla-chunk_gla --shapes "${3:-gla1.3b-bf16,gla340m-bf16,big128-bf16,gla1.3b,big128}" \
+        --json "$out/models-fla.json" > "$out/models-fla.txt" 2>&1
+    grep -v "^bench: [^:]*$" "$out/models-fla.txt" | head -40
     exit 0
 fi
 if [ "$phase" = "fla" ]; then
