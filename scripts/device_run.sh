@@ -712,23 +712,27 @@ if [ "$phase" = "scores-parts" ]; then
     grep -E "^==|gda_chunk_bwd_scores|from the planes " "$out/scores-parts.txt" | cut -c1-120
     exit 0
 fi
+# ours and fla's rows of IMPL at SHAPES in one run (fla's autotune given FLA_S s a shape), into
+# NAME.txt and NAME.json; each row is logged as it is done, so a run cut off keeps the rows it has
+beside_fla() {
+    local name="$1" impl="$2" shapes="$3" fla_s="$4"
+    PYTHONPATH=.baselines timeout 560 python3 -m scripts.baselines --budget 2 \
+        --fla-timeout "$fla_s" --impl "$impl" --shapes "$shapes" --json "$out/$name.json" \
+        > "$out/$name.txt" 2>&1
+    grep -v "^bench: [^:]*$" "$out/$name.txt" | head -40
+}
 if [ "$phase" = "fwdbwd-fla" ]; then
-    # ours and fla's forward + backward at one shape (SHAPE, default gla1.3b-bf16) in one run:
-    # fla's autotune takes minutes a shape on a fresh machine (perf-notes v37), so one a call;
-    # each row is logged as it is done, so a run cut off keeps the rows it has
-    PYTHONPATH=.baselines timeout 560 python3 -m scripts.baselines --budget 2 --fla-timeout 480 \
-        --impl ours-auto,ours-auto-fwd+bwd,ours-keep-fwd+bwd,fla-chunk_gla-fwd+bwd \
-        --shapes "${3:-gla1.3b-bf16}" --json "$out/fwdbwd-fla.json" > "$out/fwdbwd-fla.txt" 2>&1
-    grep -v "^bench: [^:]*$" "$out/fwdbwd-fla.txt" | head -40
+    # forward + backward at one shape (SHAPE, default gla1.3b-bf16): fla's autotune takes
+    # minutes a shape on a fresh machine (perf-notes v37), so one a call
+    beside_fla fwdbwd-fla ours-auto,ours-auto-fwd+bwd,ours-keep-fwd+bwd,fla-chunk_gla-fwd+bwd \
+        "${3:-gla1.3b-bf16}" 480
     exit 0
 fi
 if [ "$phase" = "models-fla" ]; then
-    # issue 13's model rows, ours and fla's chunk_gla forward in one run (SHAPES; fla's autotune
-    # some 200 s in all on a fresh machine); each row is logged as it is done
-    PYTHONPATH=.baselines timeout 560 python3 -m scripts.baselines --budget 2 --fla-timeout 240 \
-        --impl ours-auto,fla-chunk_gla --shapes "${3:-gla1.3b-bf16,gla340m-bf16,big128-bf16,gla1.3b,big128}" \
-        --json "$out/models-fla.json" > "$out/models-fla.txt" 2>&1
-    grep -v "^bench: [^:]*$" "$out/models-fla.txt" | head -40
+    # issue 13's model rows, the forward (SHAPES; fla's autotune some 200 s in all on a fresh
+    # machine)
+    beside_fla models-fla ours-auto,fla-chunk_gla \
+        "${3:-gla1.3b-bf16,gla340m-bf16,big128-bf16,gla1.3b,big128}" 240
     exit 0
 fi
 if [ "$phase" = "fla" ]; then
